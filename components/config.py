@@ -1,0 +1,357 @@
+"""The deployment's settings: one validated model read once from stack config.
+
+Pure logic: no resources. Every key is camelCase in the stack file (namespace
+`dsv41-exl3`); every error names the key path, the bad value and the fix, and all
+errors are reported together so one edit of the stack file fixes them all.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic.alias_generators import to_camel
+
+from components import capacity
+
+NAMESPACE = "dsv41-exl3"
+RECIPE_IMAGE = "ghcr.io/miaai-lab/deepseek-v4.1-flash-exl3-2x-dgx-sparks:2.9bpw"
+RECIPE_SERVED_NAME = "DeepSeek-v4.1-Flash-EXL3"
+
+# Keys whose values are credentials: they must be stored encrypted (`--secret`).
+SECRET_KEYS = {"ssh.privateKey", "weights.hfToken", "serve.apiKey"}
+
+# Flags the program renders itself from structured keys; passing them through
+# `serve.extraArgs` would make two sources of truth that silently disagree.
+OWNED_FLAGS = {
+    "--tensor-parallel-size": "it is the number of entries in `nodes`",
+    "--nnodes": "it is the number of entries in `nodes`",
+    "--node-rank": "it is each node's position in `nodes`",
+    "--master-addr": "it is the head's `fabricIp`",
+    "--master-port": "set `serve.masterPort`",
+    "--headless": "workers get it automatically",
+    "--port": "set `serve.port`",
+    "--served-model-name": "set `serve.servedModelName`",
+    "--max-model-len": "set `serve.maxModelLen`",
+    "--max-num-seqs": "set `serve.maxNumSeqs`",
+    "--max-num-batched-tokens": "set `serve.maxNumBatchedTokens`",
+    "--kv-cache-memory-bytes": "set `serve.kvCacheMemoryBytes`",
+    "--gpu-memory-utilization": "set `serve.gpuMemoryUtilization`",
+    "--enforce-eager": "set `serve.enforceEager: true`",
+    "--quantization": "set `serve.quantization`",
+    "--speculative-config": "set `serve.numSpeculativeTokens`",
+    "--api-key": "set `serve.apiKey` as a secret (it is passed by environment, never argv)",
+}
+
+_PLACEHOLDER = re.compile(r"^\s*$|^<.*>$|^CHANGE[-_ ]?ME$", re.IGNORECASE)
+
+
+class ConfigError(ValueError):
+    """All configuration problems found, one per line."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__(
+            f"{len(problems)} problem(s) in stack config (namespace `{NAMESPACE}`):\n"
+            + "\n".join(f"  - {p}" for p in problems)
+        )
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+
+def _not_placeholder(value: str) -> str:
+    if _PLACEHOLDER.match(value):
+        raise ValueError("is empty or a placeholder: fill in the real value")
+    return value
+
+
+class Node(_Model):
+    """One Spark. The first entry of `nodes` is the head (rank 0)."""
+
+    name: str
+    host: str
+    port: int = Field(default=22, ge=1, le=65535)
+    user: str
+    fabric_ip: str
+    fabric_interface: str = "enp1s0f1np1"
+    ib_hcas: list[str] = Field(default_factory=lambda: ["rocep1s0f1"])
+    gid_index: int | Literal["auto"] = "auto"
+    gpus: str = "all"
+    rdma_devices: list[str] = Field(default_factory=lambda: ["/dev/infiniband"])
+
+    _check_text = field_validator("name", "host", "user", "fabric_ip")(_not_placeholder)
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_dns_label(cls, v: str) -> str:
+        if not re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?", v):
+            raise ValueError("must be lowercase letters, digits and '-' (it names containers and resources)")
+        return v
+
+    @field_validator("fabric_ip")
+    @classmethod
+    def _ipv4(cls, v: str) -> str:
+        try:
+            ipaddress.IPv4Address(v)
+        except ValueError:
+            raise ValueError("must be the node's ConnectX-7 IPv4 address, e.g. 192.168.100.1") from None
+        return v
+
+    @field_validator("gid_index")
+    @classmethod
+    def _gid_range(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and not 0 <= v <= 255:
+            raise ValueError("must be `auto` or an index 0-255 from /sys/class/infiniband/<hca>/ports/1/gids")
+        return v
+
+
+class Ssh(_Model):
+    private_key: SecretStr | None = None
+    agent_socket: str | None = None
+
+
+class Weights(_Model):
+    root: str = "~/dsv41-exl3"
+    share: Literal["nfs", "bind"] = "nfs"
+    hf_token: SecretStr | None = None
+    hf_endpoint: str | None = None
+    model_repo: str = "Mia-AiLab/DeepSeek-V4.1-Flash-EXL3-2.9bpw"
+    engram_repo: str = "deepseek-ai/DeepSeek-V4.1-Flash"
+    revision: str = "main"
+    stage_timeout_minutes: int = Field(default=720, ge=1)
+
+
+class Serve(_Model):
+    served_model_name: str = RECIPE_SERVED_NAME
+    port: int = Field(default=8888, ge=1, le=65535)
+    master_port: int = Field(default=29521, ge=1, le=65535)
+    max_model_len: int = Field(default=600_000, ge=1024)
+    max_num_seqs: int = Field(default=2, ge=1)
+    max_num_batched_tokens: int = Field(default=1536, ge=1)
+    kv_cache_memory_bytes: int = Field(default=2_684_354_560, ge=1)
+    gpu_memory_utilization: float = Field(default=0.88, gt=0, le=1)
+    enforce_eager: bool = False
+    quantization: str = "exl3"
+    num_speculative_tokens: int = Field(default=3, ge=0)
+    extra_args: list[str] = Field(default_factory=list)
+    extra_env: dict[str, str] = Field(default_factory=dict)
+    api_key: SecretStr | None = None
+
+
+class Preflight(_Model):
+    min_mem_available_gi_b: float = Field(default=111.5, ge=0, alias="minMemAvailableGiB")
+    min_free_disk_gi_b: float = Field(default=387, ge=0, alias="minFreeDiskGiB")
+
+
+class Watchdog(_Model):
+    enabled: bool = True
+    mem_available_floor_gi_b: float = Field(default=5, ge=0, alias="memAvailableFloorGiB")
+    sample_seconds: int = Field(default=5, ge=1)
+    consecutive_samples: int = Field(default=3, ge=1)
+
+
+class Gates(_Model):
+    rendezvous_timeout_seconds: int = Field(default=900, ge=1)
+    # A first boot after an NCCL topology change can spend ~36 min in JIT.
+    ready_timeout_seconds: int = Field(default=2700, ge=1)
+    # The recipe's launcher calls a hang after 420 s of log silence; weight streaming over NFS is quieter.
+    stall_seconds: int = Field(default=600, ge=1)
+    verify_timeout_seconds: int = Field(default=300, ge=1)
+    min_decode_tokens_per_second: float | None = Field(default=None, gt=0)
+
+
+class Settings(_Model):
+    nodes: list[Node]
+    ssh: Ssh = Ssh()
+    weights: Weights = Weights()
+    image: str = RECIPE_IMAGE
+    image_pull_timeout_minutes: int = Field(default=90, ge=1)
+    serve: Serve = Serve()
+    preflight: Preflight = Preflight()
+    watchdog: Watchdog = Watchdog()
+    gates: Gates = Gates()
+
+    @property
+    def head(self) -> Node:
+        return self.nodes[0]
+
+    @property
+    def workers(self) -> list[Node]:
+        return self.nodes[1:]
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        # One GB10 GPU per Spark: one rank per node.
+        return len(self.nodes)
+
+
+class Loaded(BaseModel):
+    """Settings plus the warnings worth showing (not errors)."""
+
+    settings: Settings
+    warnings: list[str]
+
+
+def _loc(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _lookup(raw: Mapping[str, Any], loc: tuple[int | str, ...]) -> Any:
+    cur: Any = raw
+    for part in loc:
+        try:
+            cur = cur[part]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return cur
+
+
+def _show(value: Any, key: str) -> str:
+    if any(key.endswith(s.split(".")[-1]) for s in SECRET_KEYS):
+        return "[secret]"
+    return json.dumps(value) if value is not None else "(missing)"
+
+
+def _pydantic_problems(err: ValidationError, raw: Mapping[str, Any]) -> list[str]:
+    problems = []
+    for e in err.errors():
+        loc = tuple(e["loc"])
+        # Union errors repeat the location with the member type appended; keep the key path only.
+        loc = tuple(p for p in loc if not (isinstance(p, str) and p in {"int", "literal['auto']"}))
+        key = _loc(loc)
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "missing":
+            msg = "is required"
+        elif e["type"] == "extra_forbidden":
+            msg = "is not a known key: check the spelling against the README's configuration table"
+        problems.append(f"`{key}` = {_show(_lookup(raw, loc), key)}: {msg}")
+    # A union reports each member; one line per key is enough.
+    return list(dict.fromkeys(problems))
+
+
+def _rules(s: Settings) -> tuple[list[str], list[str]]:
+    """The recipe's rules that a schema cannot express. Returns (problems, warnings)."""
+    problems: list[str] = []
+    warnings: list[str] = []
+
+    for flag in s.serve.extra_args:
+        name = flag.split("=", 1)[0]
+        if name == "--kv-cache-dtype":
+            problems.append(
+                f"`serve.extraArgs` contains {flag!r}: do not pass --kv-cache-dtype; vLLM picks fp8_ds_mla "
+                "itself for this model (recipe section 3). Remove it."
+            )
+        elif name in OWNED_FLAGS:
+            problems.append(f"`serve.extraArgs` contains {flag!r}: the program renders it; {OWNED_FLAGS[name]}.")
+
+    for key in ("name", "host", "fabric_ip"):
+        seen: dict[str, int] = {}
+        for i, n in enumerate(s.nodes):
+            value = getattr(n, key) if key != "host" else f"{n.host}:{n.port}"
+            if value in seen:
+                problems.append(
+                    f"`nodes[{i}].{to_camel(key)}` = {json.dumps(value)} duplicates nodes[{seen[value]}]: "
+                    "each Spark must appear once"
+                )
+            seen.setdefault(value, i)
+
+    if s.serve.port == s.serve.master_port:
+        problems.append(
+            f"`serve.masterPort` = {s.serve.master_port} equals `serve.port`: the rendezvous and the API need "
+            "different ports"
+        )
+
+    problems += capacity.problems(
+        tensor_parallel_size=s.tensor_parallel_size,
+        max_model_len=s.serve.max_model_len,
+        kv_cache_memory_bytes=s.serve.kv_cache_memory_bytes,
+    )
+
+    if s.serve.enforce_eager:
+        warnings.append(
+            "`serve.enforceEager` is true: no CUDA graphs and no speculative decoding; expect 11-13 tok/s "
+            "instead of ~23"
+        )
+    if s.gates.ready_timeout_seconds < 36 * 60:
+        warnings.append(
+            f"`gates.readyTimeoutSeconds` = {s.gates.ready_timeout_seconds} is under 36 minutes: a first boot "
+            "after an NCCL topology change can spend that long in JIT"
+        )
+    return problems, warnings
+
+
+def parse(raw: Mapping[str, Any], *, plaintext_keys: frozenset[str] = frozenset()) -> Loaded:
+    """Validate raw stack config (the namespace's keys, already JSON-decoded).
+
+    `plaintext_keys` lists top-level keys stored unencrypted; a credential under one is refused.
+    """
+    problems: list[str] = []
+    for secret in sorted(SECRET_KEYS):
+        top, leaf = secret.split(".")
+        if top in plaintext_keys and isinstance(raw.get(top), Mapping) and raw[top].get(leaf):
+            problems.append(
+                f"`{secret}` is stored in plain text: store it encrypted with "
+                f"`pulumi config set --secret --path {secret} ...`"
+            )
+    ssh = raw.get("ssh")
+    if not isinstance(ssh, Mapping) or not (ssh.get("privateKey") or ssh.get("agentSocket")):
+        problems.append(
+            "`ssh` has neither `privateKey` nor `agentSocket`: set one, e.g. "
+            "`pulumi config set --secret --path ssh.privateKey < ~/.ssh/id_ed25519`"
+        )
+    if "nodes" not in raw or not raw.get("nodes"):
+        problems.append(
+            "`nodes` = (missing): list every Spark, the head first, each with name, host, user and fabricIp "
+            "(see Pulumi.dev.yaml)"
+        )
+        raw = {**raw, "nodes": []}
+    try:
+        settings = Settings.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(problems + _pydantic_problems(err, raw)) from None
+    if not settings.nodes:
+        raise ConfigError(problems)
+    rule_problems, warnings = _rules(settings)
+    problems += rule_problems
+    if problems:
+        raise ConfigError(problems)
+    return Loaded(settings=settings, warnings=warnings)
+
+
+def read_raw(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The namespace's keys from the full config map (`ns:key` -> raw string), JSON-decoded.
+
+    Every key of the namespace is kept, so a misspelt top-level key reaches validation
+    and is reported instead of silently falling back to a default.
+    """
+    raw: dict[str, Any] = {}
+    prefix = f"{NAMESPACE}:"
+    for full_key, text in config.items():
+        if not full_key.startswith(prefix):
+            continue
+        key = full_key[len(prefix):]
+        try:
+            raw[key] = json.loads(text) if isinstance(text, str) else text
+        except json.JSONDecodeError:
+            raw[key] = text
+    return raw
+
+
+def from_stack() -> Loaded:
+    """Read and validate this stack's config. Raises ConfigError before any resource exists."""
+    from pulumi.runtime import config as runtime_config
+
+    raw = read_raw({**(runtime_config.get_config_env() or {}), **runtime_config.CONFIG.get()})
+    plaintext = frozenset(k for k in raw if not runtime_config.is_config_secret(f"{NAMESPACE}:{k}"))
+    return parse(raw, plaintext_keys=plaintext)

@@ -1,0 +1,140 @@
+"""Serving: one vLLM container per node, head and workers rendered from one spec.
+
+Ordering encodes the hardware's rendezvous: every worker's container is created before
+the head's (a headless worker blocks in init_process_group until the head comes), and
+nothing here waits on health; the gates after this layer do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import pulumi
+import pulumi_docker as docker
+
+from components import serve_spec
+from components.config import Node, Settings
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankInputs:
+    """What one node's container needs from the layers before it."""
+
+    node: Node
+    provider: docker.Provider
+    image_id: pulumi.Input[str]
+    gid_index: pulumi.Input[int | None]
+    model_source: pulumi.Input[str]
+    engram_source: pulumi.Input[str]
+    mount_type: Literal["bind", "volume"]
+    depends_on: list[pulumi.Resource] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServingClusterArgs:
+    settings: Settings
+    stack: str
+    generation: str
+    ranks: list[RankInputs]  # rank order: the head first
+
+
+def _env(settings: Settings, node: Node, is_head: bool, gid: int | None) -> list[str]:
+    env = serve_spec.node_env(settings, node, gid)
+    if is_head and settings.serve.api_key is not None:
+        # By environment, never argv: `ps` and `docker inspect .Args` would show a flag.
+        env["VLLM_API_KEY"] = settings.serve.api_key.get_secret_value()
+    return serve_spec.env_list(env)
+
+
+class ServingCluster(pulumi.ComponentResource):
+    """Every rank's container."""
+
+    container_names: dict[str, str]
+    """Per node name, the container's name."""
+    container_ids: pulumi.Output[list[str]]
+    """Every rank's container id, head first: the gates and the verifier re-run when one changes."""
+    containers: dict[str, docker.Container]
+    """Per node name, the container resource."""
+
+    def __init__(self, name: str, args: ServingClusterArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("dsv41-exl3:serving:ServingCluster", name, None, opts)
+        s = args.settings
+        self.containers = {}
+        self.container_names = {}
+        workers = [(rank, r) for rank, r in enumerate(args.ranks) if rank > 0]
+        worker_containers = [self._container(name, args, rank, r, []) for rank, r in workers]
+        head = self._container(name, args, 0, args.ranks[0], worker_containers)
+        ordered = [head, *worker_containers]
+        self.container_ids = pulumi.Output.all(*[c.id for c in ordered])
+        self.register_outputs({
+            "containerNames": self.container_names,
+            "containerIds": self.container_ids,
+            "clusterGeneration": args.generation,
+            "tensorParallelSize": s.tensor_parallel_size,
+        })
+
+    def _container(
+        self, name: str, args: ServingClusterArgs, rank: int, r: RankInputs, after: list[docker.Container]
+    ) -> docker.Container:
+        s, node, shape = args.settings, r.node, serve_spec.DOCKER_RUN
+        cname = serve_spec.container_name(args.stack, node)
+        caches = [
+            docker.Volume(
+                f"{name}-{node.name}-{cache}-cache",
+                name=f"{cname}-{cache}-cache",
+                labels=[docker.VolumeLabelArgs(label=serve_spec.STACK_LABEL, value=args.stack)],
+                opts=pulumi.ResourceOptions(parent=self, provider=r.provider),
+            )
+            for cache in serve_spec.CACHE_VOLUMES
+        ]
+        mounts = [
+            docker.ContainerMountArgs(target=serve_spec.MODEL_MOUNT, source=r.model_source, type=r.mount_type,
+                                      read_only=True),
+            docker.ContainerMountArgs(target=serve_spec.ENGRAM_MOUNT, source=r.engram_source,
+                                      type=r.mount_type, read_only=True),
+            *[
+                docker.ContainerMountArgs(target=path, source=vol.name, type="volume")
+                for vol, path in zip(caches, serve_spec.CACHE_VOLUMES.values(), strict=True)
+            ],
+        ]
+        envs = pulumi.Output.from_input(r.gid_index).apply(lambda gid: _env(s, node, rank == 0, gid))
+        if rank == 0 and s.serve.api_key is not None:
+            envs = pulumi.Output.secret(envs)
+        container = docker.Container(
+            f"{name}-{node.name}",
+            name=cname,
+            image=r.image_id,
+            entrypoints=["vllm"],
+            command=serve_spec.rank_command(s, rank),
+            envs=envs,
+            gpus=node.gpus or None,
+            devices=[docker.ContainerDeviceArgs(host_path=d, container_path=d) for d in node.rdma_devices],
+            network_mode="host",
+            ipc_mode="host",
+            shm_size=shape.shm_size_mb,
+            ulimits=[
+                docker.ContainerUlimitArgs(name="memlock", soft=shape.memlock, hard=shape.memlock),
+                docker.ContainerUlimitArgs(name="stack", soft=shape.stack_bytes, hard=shape.stack_bytes),
+            ],
+            capabilities=docker.ContainerCapabilitiesArgs(adds=list(shape.capabilities)),
+            mounts=mounts,
+            labels=[docker.ContainerLabelArgs(label=k, value=v)
+                    for k, v in serve_spec.labels(args.stack, args.generation, rank).items()],
+            # A crashed rank must stay down: restarted alone it would block at rendezvous forever.
+            restart="no",
+            must_run=True,
+            stop_timeout=shape.stop_timeout_s,
+            destroy_grace_seconds=shape.stop_timeout_s,
+            log_opts={"max-size": "100m", "max-file": "3"},
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                provider=r.provider,
+                depends_on=[*r.depends_on, *caches, *after],
+                # Fixed names, and 128 GB of unified memory: the old rank must be gone first.
+                delete_before_replace=True,
+            ),
+        )
+        self.containers[node.name] = container
+        self.container_names[node.name] = cname
+        return container

@@ -1,0 +1,233 @@
+"""Config validation: the recipe's rules, each refused with the key, the value and the fix."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+from components import capacity
+from components.config import NAMESPACE, ConfigError, parse, read_raw
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def two_sparks(**overrides: Any) -> dict[str, Any]:
+    raw: dict[str, Any] = {
+        "nodes": [
+            {"name": "spark-head", "host": "10.0.0.1", "user": "me", "fabricIp": "192.168.100.1"},
+            {"name": "spark-worker", "host": "10.0.0.2", "user": "me", "fabricIp": "192.168.100.2",
+             "fabricInterface": "enp1s0f0np0", "ibHcas": ["rocep1s0f0"], "gidIndex": 3},
+        ],
+        "ssh": {"privateKey": "-----BEGIN OPENSSH PRIVATE KEY-----\nabc\n-----END OPENSSH PRIVATE KEY-----"},
+    }
+    for key, value in overrides.items():
+        raw[key] = value
+    return raw
+
+
+def problems_of(raw: dict[str, Any], **kw: Any) -> list[str]:
+    with pytest.raises(ConfigError) as err:
+        parse(raw, **kw)
+    return err.value.problems
+
+
+def test_recipe_defaults_apply_when_only_nodes_and_ssh_are_given() -> None:
+    s = parse(two_sparks()).settings
+    assert s.serve.max_model_len == 600_000
+    assert s.serve.max_num_seqs == 2
+    assert s.serve.max_num_batched_tokens == 1536
+    assert s.serve.kv_cache_memory_bytes == 2_684_354_560
+    assert s.serve.gpu_memory_utilization == 0.88
+    assert s.serve.enforce_eager is False
+    assert s.serve.quantization == "exl3"
+    assert s.serve.num_speculative_tokens == 3
+    assert s.serve.port == 8888
+    assert s.serve.served_model_name == "DeepSeek-v4.1-Flash-EXL3"
+    assert s.preflight.min_mem_available_gi_b == 111.5
+    assert s.preflight.min_free_disk_gi_b == 387
+    assert s.watchdog.enabled and s.watchdog.mem_available_floor_gi_b == 5
+    assert s.head.fabric_interface == "enp1s0f1np1" and s.head.ib_hcas == ["rocep1s0f1"]
+    assert s.head.gid_index == "auto" and s.workers[0].gid_index == 3
+    assert s.head.rdma_devices == ["/dev/infiniband"] and s.head.gpus == "all"
+    assert s.tensor_parallel_size == 2
+
+
+def test_unfilled_dev_stack_lists_every_missing_key_at_once() -> None:
+    stack = yaml.safe_load((ROOT / "Pulumi.dev.yaml").read_text())["config"]
+    # The engine hands structured values to the program as JSON text.
+    raw = read_raw({k: json.dumps(v) if not isinstance(v, str) else v for k, v in stack.items()})
+    problems = problems_of(raw)
+    text = "\n".join(problems)
+    for i in (0, 1):
+        for key in ("host", "user", "fabricIp"):
+            assert f"`nodes[{i}].{key}`" in text, f"missing key nodes[{i}].{key} not named:\n{text}"
+    assert "`ssh`" in text, "the missing SSH credential must be reported with the others"
+    assert "placeholder" in text
+
+
+def test_read_raw_keeps_only_the_namespace_and_decodes_json() -> None:
+    raw = read_raw({f"{NAMESPACE}:serve": '{"port": 9000}', f"{NAMESPACE}:image": "img:1", "other:x": "1"})
+    assert raw == {"serve": {"port": 9000}, "image": "img:1"}
+
+
+def test_misspelt_keys_are_reported_not_ignored() -> None:
+    raw = two_sparks(serve={"maxModelLength": 500000}, imgae="x")
+    text = "\n".join(problems_of(raw))
+    assert "`serve.maxModelLength`" in text and "`imgae`" in text and "not a known key" in text
+
+
+def test_kv_cache_dtype_in_extra_args_is_refused() -> None:
+    raw = two_sparks(serve={"extraArgs": ["--kv-cache-dtype=fp8"]})
+    (p,) = problems_of(raw)
+    assert "`serve.extraArgs`" in p and "--kv-cache-dtype" in p and "fp8_ds_mla" in p
+
+
+def test_flags_the_program_owns_are_refused_in_extra_args() -> None:
+    raw = two_sparks(serve={"extraArgs": ["--tensor-parallel-size", "4", "--master-port=1"]})
+    text = "\n".join(problems_of(raw))
+    assert "--tensor-parallel-size" in text and "number of entries in `nodes`" in text
+    assert "serve.masterPort" in text
+
+
+def test_one_million_context_on_two_nodes_is_refused_with_the_recipe_arithmetic() -> None:
+    raw = two_sparks(serve={"maxModelLen": 1_000_000})
+    text = "\n".join(problems_of(raw))
+    assert "`serve.maxModelLen` = 1000000 on 2 nodes" in text
+    assert "1M needs TP=4" in text
+
+
+def test_one_million_context_on_four_nodes_with_a_4_gib_pool_is_accepted() -> None:
+    raw = two_sparks(serve={"maxModelLen": 1_000_000, "kvCacheMemoryBytes": 4 * 1024**3})
+    raw["nodes"] += [
+        {"name": "spark-3", "host": "10.0.0.3", "user": "me", "fabricIp": "192.168.100.3"},
+        {"name": "spark-4", "host": "10.0.0.4", "user": "me", "fabricIp": "192.168.100.4"},
+    ]
+    s = parse(raw).settings
+    assert s.tensor_parallel_size == 4
+
+
+def test_a_3_gib_pool_on_two_nodes_is_refused_for_the_head_margin() -> None:
+    raw = two_sparks(serve={"kvCacheMemoryBytes": 3 * 1024**3})
+    (p,) = problems_of(raw)
+    assert "`serve.kvCacheMemoryBytes` = 3221225472" in p and "prefill margin" in p and "470K" in p
+
+
+def test_pool_too_small_for_max_model_len_is_refused() -> None:
+    raw = two_sparks(serve={"kvCacheMemoryBytes": 1024**3})
+    (p,) = problems_of(raw)
+    assert "cannot hold one 600000-token request" in p
+
+
+@pytest.mark.parametrize("count", [1, 3])
+def test_node_counts_that_cannot_be_a_tensor_parallel_size_are_refused(count: int) -> None:
+    raw = two_sparks()
+    raw["nodes"] = [
+        {"name": f"n{i}", "host": f"10.0.0.{i}", "user": "me", "fabricIp": f"192.168.100.{i}"}
+        for i in range(1, count + 1)
+    ]
+    (p,) = problems_of(raw)
+    assert f"`nodes` has {count} entr" in p
+
+
+def test_duplicate_hosts_fabric_ips_and_names_are_refused() -> None:
+    raw = two_sparks()
+    raw["nodes"][1].update(host="10.0.0.1", fabricIp="192.168.100.1", name="spark-head")
+    text = "\n".join(problems_of(raw))
+    assert "`nodes[1].host`" in text and "`nodes[1].fabricIp`" in text and "`nodes[1].name`" in text
+
+
+def test_same_host_on_another_port_is_a_different_node() -> None:
+    raw = two_sparks()
+    raw["nodes"][1].update(host="10.0.0.1", port=2222)
+    assert parse(raw).settings.nodes[1].port == 2222
+
+
+@pytest.mark.parametrize("value", ["", "<head SSH address>", "CHANGE-ME"])
+def test_placeholders_are_refused(value: str) -> None:
+    raw = two_sparks()
+    raw["nodes"][0]["host"] = value
+    (p,) = problems_of(raw)
+    assert "`nodes[0].host`" in p and "placeholder" in p
+
+
+def test_bad_values_name_key_value_and_fix() -> None:
+    raw = two_sparks(serve={"gpuMemoryUtilization": 1.5, "port": 29521})
+    raw["nodes"][0]["fabricIp"] = "not-an-ip"
+    raw["nodes"][1]["gidIndex"] = 300
+    text = "\n".join(problems_of(raw))
+    assert '`nodes[0].fabricIp` = "not-an-ip"' in text and "IPv4" in text
+    assert "`nodes[1].gidIndex` = 300" in text and "auto" in text
+    assert "`serve.gpuMemoryUtilization` = 1.5" in text
+
+
+def test_rendezvous_port_must_differ_from_api_port() -> None:
+    raw = two_sparks(serve={"port": 29521})
+    (p,) = problems_of(raw)
+    assert "`serve.masterPort`" in p
+
+
+def test_enforce_eager_is_allowed_with_a_warning_about_speed() -> None:
+    loaded = parse(two_sparks(serve={"enforceEager": True}))
+    assert any("11-13 tok/s" in w for w in loaded.warnings)
+
+
+def test_plaintext_secrets_are_refused_and_never_echoed() -> None:
+    raw = two_sparks(serve={"apiKey": "sk-very-secret"})
+    text = "\n".join(problems_of(raw, plaintext_keys=frozenset({"serve", "ssh"})))
+    assert "`serve.apiKey` is stored in plain text" in text and "--secret" in text
+    assert "`ssh.privateKey` is stored in plain text" in text
+    assert "sk-very-secret" not in text and "OPENSSH" not in text
+
+
+def test_secret_values_never_appear_in_validation_errors() -> None:
+    raw = two_sparks(serve={"apiKey": 12345})
+    raw["ssh"]["privateKey"] = ["not", "a", "string"]
+    text = "\n".join(problems_of(raw))
+    assert "[secret]" in text and "12345" not in text and "not" not in text.split("[secret]")[0][-5:]
+
+
+def test_settings_repr_hides_secrets() -> None:
+    s = parse(two_sparks(serve={"apiKey": "sk-abc"})).settings
+    assert "sk-abc" not in repr(s) and "OPENSSH" not in repr(s)
+
+
+def test_ssh_needs_a_key_or_an_agent() -> None:
+    raw = two_sparks(ssh={})
+    (p,) = problems_of(raw)
+    assert "privateKey" in p and "agentSocket" in p
+    raw = two_sparks(ssh={"agentSocket": "/run/user/1000/ssh-agent.sock"})
+    assert parse(raw).settings.ssh.agent_socket
+
+
+@given(st.integers(min_value=1024, max_value=2_000_000), st.integers(min_value=2**28, max_value=8 * 2**30),
+       st.sampled_from([2, 4, 8]))
+def test_capacity_rules_are_monotonic(max_len: int, pool: int, tp: int) -> None:
+    """If a config passes, a shorter context or more nodes with the same pool also passes."""
+    ok = not capacity.problems(tensor_parallel_size=tp, max_model_len=max_len, kv_cache_memory_bytes=pool)
+    if ok:
+        assert not capacity.problems(tensor_parallel_size=tp, max_model_len=max_len // 2,
+                                     kv_cache_memory_bytes=pool)
+        if tp < 8:
+            assert not capacity.problems(tensor_parallel_size=tp * 2, max_model_len=max_len,
+                                         kv_cache_memory_bytes=pool)
+
+
+def test_recipe_working_point_passes_and_its_failing_point_does_not() -> None:
+    assert capacity.head_margin_gib(2.5, 2) == pytest.approx(2.1)
+    assert capacity.head_margin_gib(3.0, 2) == pytest.approx(1.1)
+    assert not capacity.problems(tensor_parallel_size=2, max_model_len=600_000, kv_cache_memory_bytes=2_684_354_560)
+    assert capacity.problems(tensor_parallel_size=2, max_model_len=600_000, kv_cache_memory_bytes=3 * 1024**3)
+
+
+def test_parse_does_not_mutate_its_input() -> None:
+    raw = two_sparks()
+    before = copy.deepcopy(raw)
+    parse(raw)
+    assert raw == before
