@@ -1,0 +1,70 @@
+# dsv41-exl3 developer and CI entry points. Every pulumi call runs in the environment of toolchain/env.sh.
+SHELL := bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := test
+
+include toolchain/versions.env
+
+PYTHON ?= python3
+VENV := venv
+PY := $(VENV)/bin/python
+# The venv is rebuilt when the requirements change: its stamp is named after their hash.
+REQ_HASH := $(shell cat requirements.txt requirements-dev.txt | sha256sum | cut -c1-16)
+VENV_STAMP := $(VENV)/.installed-$(REQ_HASH)
+WITH_ENV := . toolchain/env.sh &&
+
+.PHONY: venv toolchain plugins env lint typecheck test-unit test-engine test clean clean-cache
+
+venv: $(VENV_STAMP)
+
+$(VENV_STAMP): requirements.txt requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --disable-pip-version-check --quiet -r requirements-dev.txt
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+# Builds (or finds) the CLI and plugins in the cache outside the tree, then installs the providers that
+# could be built into PULUMI_HOME at the exact versions the Python SDKs request.
+toolchain: venv
+	bash toolchain/build.sh
+	$(MAKE) --no-print-directory plugins
+
+plugins:
+	@$(WITH_ENV) for spec in docker:$(DOCKER_PROVIDER_VERSION) command:$(COMMAND_PROVIDER_VERSION); do \
+	    name=$${spec%%:*}; version=$${spec#*:}; bin="$$DSV41_TOOLCHAIN_BIN/pulumi-resource-$$name"; \
+	    if [ ! -x "$$bin" ]; then \
+	        echo "plugins: pulumi-resource-$$name not built (see $$DSV41_TOOLCHAIN_DIR/missing.txt); not installed"; \
+	    elif [ -d "$$PULUMI_HOME/plugins/resource-$$name-v$$version" ]; then \
+	        echo "plugins: resource $$name $$version already installed in $$PULUMI_HOME"; \
+	    else \
+	        pulumi plugin install resource "$$name" "$$version" --file "$$bin" --exact; \
+	    fi; \
+	done
+
+# Usage: eval "$(make -s env)"
+env:
+	@bash toolchain/env.sh --print
+
+lint: venv
+	$(VENV)/bin/ruff check .
+
+typecheck: venv
+	$(VENV)/bin/mypy
+
+test-unit: venv
+	$(PY) -m pytest -m "not engine"
+
+# DSV41_REQUIRE_TOOLCHAIN turns the engine tests' "toolchain not built" skip into a failure.
+test-engine: toolchain
+	$(WITH_ENV) DSV41_REQUIRE_TOOLCHAIN=1 $(PY) -m pytest -m engine tests/integration
+
+test: lint typecheck test-unit test-engine
+
+# Keeps .state (stack state and the generated passphrase) and the toolchain cache outside the tree.
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	find . -name __pycache__ -type d -prune -not -path './.git/*' -exec rm -rf {} +
+
+# Deletes this version's toolchain build (not Go's module and build caches, which other projects share).
+clean-cache:
+	@$(WITH_ENV) echo "removing $$DSV41_TOOLCHAIN_DIR" && rm -rf "$$DSV41_TOOLCHAIN_DIR"

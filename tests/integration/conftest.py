@@ -1,0 +1,59 @@
+"""Fixtures for engine tests: the project's own Pulumi toolchain, a file:// backend per test, no downloads."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from engine_support import toolchain_dir
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="session")
+def pulumi_root() -> Path:
+    """Directory whose bin/ holds the project's pulumi; skips (or fails under `make test`) when not built."""
+    root = toolchain_dir()
+    if not os.access(root / "bin" / "pulumi", os.X_OK):
+        reason = f"Pulumi toolchain not built at {root}/bin/pulumi; run `make toolchain`"
+        if os.environ.get("DSV41_REQUIRE_TOOLCHAIN") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return root
+
+
+@pytest.fixture
+def engine_env(pulumi_root: Path, tmp_path: Path) -> dict[str, str]:
+    """Environment for every pulumi call of a test: its own backend and PULUMI_HOME, never a download."""
+    backend = tmp_path / "backend"
+    home = tmp_path / "pulumi-home"
+    backend.mkdir()
+    home.mkdir()
+    python_bin = str(Path(sys.executable).parent)
+    return {
+        "PULUMI_BACKEND_URL": f"file://{backend}",
+        "PULUMI_HOME": str(home),
+        "PULUMI_CONFIG_PASSPHRASE": "engine-test-only",
+        "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": "true",
+        "PULUMI_SKIP_UPDATE_CHECK": "true",
+        "PULUMI_IGNORE_AMBIENT_PLUGINS": "true",
+        # The dynamic-provider shim and the language host run this Python, which has the SDK.
+        "PULUMI_PYTHON_CMD": sys.executable,
+        "PATH": os.pathsep.join([str(pulumi_root / "bin"), python_bin, os.environ.get("PATH", "")]),
+        # The dynamic provider process imports the resource's provider class from here.
+        "PYTHONPATH": os.pathsep.join(p for p in [str(HERE), os.environ.get("PYTHONPATH", "")] if p),
+    }
+
+
+@pytest.fixture(scope="session")
+def standin_language_host(pulumi_root: Path) -> Path:
+    """The stand-in pulumi-language-python that build.sh installs next to pulumi."""
+    host = pulumi_root / "bin" / "pulumi-language-python"
+    if not os.access(host, os.X_OK):
+        reason = f"no pulumi-language-python at {host}; run `make toolchain`"
+        if os.environ.get("DSV41_REQUIRE_TOOLCHAIN") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return host
