@@ -128,13 +128,22 @@ def cluster_generation(s: Settings) -> str:
     agreed = {
         "image": s.image,
         "flags": model_flags(s),
-        "nodes": [(n.name, n.fabric_ip, n.fabric_interface, n.ib_hcas, str(n.gid_index)) for n in s.nodes],
+        "nodes": [n.model_dump(mode="json") for n in s.nodes],
         "masterPort": s.serve.master_port,
         "env": sorted(s.serve.extra_env.items()),
         "weights": [s.weights.root, s.weights.model_repo, s.weights.engram_repo, s.weights.revision],
-        "apiKeySet": s.serve.api_key is not None,
+        # The head alone would be replaced by a new key; a worker left behind would hang at rendezvous.
+        "apiKey": hashlib.sha256(s.serve.api_key.get_secret_value().encode()).hexdigest() if s.serve.api_key else None,
     }
     return hashlib.sha256(json.dumps(agreed, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def runtime_generation(config_generation: str, per_node: list[object]) -> str:
+    """The generation every container carries: the config hash plus what earlier layers resolved
+    per node (image id, GID index, weight sources). A change on any one node replaces every rank."""
+    return hashlib.sha256(json.dumps([config_generation, per_node], sort_keys=True, default=str).encode()).hexdigest()[
+        :16
+    ]
 
 
 def container_name(stack: str, node: Node) -> str:

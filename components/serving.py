@@ -56,26 +56,39 @@ class ServingCluster(pulumi.ComponentResource):
     """Every rank's container id, head first: the gates and the verifier re-run when one changes."""
     containers: dict[str, docker.Container]
     """Per node name, the container resource."""
+    generation: pulumi.Output[str]
+    """The generation label every rank carries (config plus what each node resolved)."""
 
     def __init__(self, name: str, args: ServingClusterArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("dsv41-exl3:serving:ServingCluster", name, None, opts)
         s = args.settings
         self.containers = {}
         self.container_names = {}
+        # Every rank carries one generation label: a change that would replace any rank replaces all.
+        generation = pulumi.Output.all(
+            *[pulumi.Output.all(r.image_id, r.gid_index, r.model_source, r.engram_source) for r in args.ranks]
+        ).apply(lambda per_node: serve_spec.runtime_generation(args.generation, list(per_node)))
+        self.generation = generation
         workers = [(rank, r) for rank, r in enumerate(args.ranks) if rank > 0]
-        worker_containers = [self._container(name, args, rank, r, []) for rank, r in workers]
-        head = self._container(name, args, 0, args.ranks[0], worker_containers)
+        worker_containers = [self._container(name, args, rank, r, generation, []) for rank, r in workers]
+        head = self._container(name, args, 0, args.ranks[0], generation, worker_containers)
         ordered = [head, *worker_containers]
         self.container_ids = pulumi.Output.all(*[c.id for c in ordered])
         self.register_outputs({
             "containerNames": self.container_names,
             "containerIds": self.container_ids,
-            "clusterGeneration": args.generation,
+            "clusterGeneration": generation,
             "tensorParallelSize": s.tensor_parallel_size,
         })
 
     def _container(
-        self, name: str, args: ServingClusterArgs, rank: int, r: RankInputs, after: list[docker.Container]
+        self,
+        name: str,
+        args: ServingClusterArgs,
+        rank: int,
+        r: RankInputs,
+        generation: pulumi.Output[str],
+        after: list[docker.Container],
     ) -> docker.Container:
         s, node, shape = args.settings, r.node, serve_spec.DOCKER_RUN
         cname = serve_spec.container_name(args.stack, node)
@@ -119,8 +132,9 @@ class ServingCluster(pulumi.ComponentResource):
             ],
             capabilities=docker.ContainerCapabilitiesArgs(adds=list(shape.capabilities)),
             mounts=mounts,
-            labels=[docker.ContainerLabelArgs(label=k, value=v)
-                    for k, v in serve_spec.labels(args.stack, args.generation, rank).items()],
+            labels=generation.apply(lambda g: [
+                docker.ContainerLabelArgs(label=k, value=v) for k, v in serve_spec.labels(args.stack, g, rank).items()
+            ]),
             # A crashed rank must stay down: restarted alone it would block at rendezvous forever.
             restart="no",
             must_run=True,

@@ -1,0 +1,166 @@
+"""A recording mock engine: what the program registered, with its options and edges.
+
+Pulumi's mocks do not expose dependencies, parents or resource options, so this
+monitor records the raw RegisterResource requests (the pattern of the SDK's own
+tests) and answers them like the stock MockMonitor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pulumi
+from google.protobuf import json_format
+from pulumi.runtime import mocks as pmocks
+from pulumi.runtime import rpc
+from pulumi.runtime.mocks import _sync_await  # noqa: PLC2701 - the SDK's sync bridge for mocks
+from pulumi.runtime.settings import SETTINGS
+from pulumi.runtime.stack import run_pulumi_func
+
+SECRET_SIG = rpc._special_sig_key  # noqa: SLF001 - the wire marker of a secret value
+SECRET_VALUE = rpc._special_secret_sig  # noqa: SLF001
+
+
+@dataclass
+class Registration:
+    typ: str
+    name: str
+    urn: str
+    parent: str
+    dependencies: list[str]
+    property_dependencies: dict[str, list[str]]
+    provider: str
+    delete_before_replace: bool
+    retain_on_delete: bool
+    custom_timeouts: dict[str, str]
+    inputs: dict[str, Any]
+    raw_inputs: dict[str, Any] = field(repr=False)
+
+    def secret_paths(self) -> set[str]:
+        """Top-level input keys whose value (or part of it) is marked secret on the wire."""
+        found: set[str] = set()
+
+        def walk(key: str, v: Any) -> None:
+            if isinstance(v, dict):
+                if v.get(SECRET_SIG) == SECRET_VALUE:
+                    found.add(key)
+                for x in v.values():
+                    walk(key, x)
+            elif isinstance(v, list):
+                for x in v:
+                    walk(key, x)
+
+        for k, v in self.raw_inputs.items():
+            walk(k, v)
+        return found
+
+
+class Outputs(pulumi.runtime.Mocks):
+    """Default answers: id = name, outputs = inputs plus per-type fixtures."""
+
+    def __init__(self, fixtures: dict[str, Callable[[pulumi.runtime.MockResourceArgs], dict[str, Any]]]) -> None:
+        self.fixtures = fixtures
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict[str, Any]]:
+        extra = self.fixtures.get(args.typ, lambda a: {})(args)
+        return f"{args.name}-id", {**args.inputs, **extra}
+
+    def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict[str, Any], list[tuple[str, str]] | None]:
+        return {}, None
+
+
+class RecordingMonitor(pmocks.MockMonitor):
+    def __init__(self, mocks: pulumi.runtime.Mocks) -> None:
+        super().__init__(mocks)
+        self.registrations: list[Registration] = []
+
+    def RegisterResource(self, request: Any) -> Any:  # noqa: N802 - gRPC method name
+        response = super().RegisterResource(request)
+        if request.type != "pulumi:pulumi:Stack":
+            raw = json_format.MessageToDict(request.object)
+            ct = request.customTimeouts
+            self.registrations.append(Registration(
+                typ=request.type,
+                name=request.name,
+                urn=response.urn,
+                parent=request.parent,
+                dependencies=list(request.dependencies),
+                property_dependencies={k: list(v.urns) for k, v in request.propertyDependencies.items()},
+                provider=request.provider,
+                delete_before_replace=request.deleteBeforeReplace,
+                retain_on_delete=request.retainOnDelete,
+                custom_timeouts={"create": ct.create, "update": ct.update, "delete": ct.delete},
+                inputs=rpc.deserialize_properties(request.object),
+                raw_inputs=raw,
+            ))
+        return response
+
+
+@dataclass
+class Recorded:
+    registrations: list[Registration]
+    outputs: dict[str, Any]
+
+    def of_type(self, typ: str) -> list[Registration]:
+        return [r for r in self.registrations if r.typ == typ]
+
+    def named(self, name: str) -> Registration:
+        (r,) = [r for r in self.registrations if r.name == name]
+        return r
+
+    def by_urn(self, urn: str) -> Registration:
+        (r,) = [r for r in self.registrations if r.urn == urn]
+        return r
+
+    def ancestors(self, reg: Registration) -> list[Registration]:
+        out = []
+        while reg.parent and not reg.parent.endswith("::stack-stack"):
+            try:
+                reg = self.by_urn(reg.parent)
+            except ValueError:
+                break
+            out.append(reg)
+        return out
+
+    def depends_on(self, reg: Registration, other: Registration) -> bool:
+        """True when `reg` waits for `other`: directly or through a component `other` belongs to."""
+        deps = set(reg.dependencies)
+        for urns in reg.property_dependencies.values():
+            deps.update(urns)
+        for d in deps:
+            if d == other.urn:
+                return True
+            try:
+                dep = self.by_urn(d)
+            except ValueError:
+                continue
+            if other.urn in [a.urn for a in self.ancestors(other)] or dep.urn in [a.urn for a in self.ancestors(other)]:
+                return True
+        return False
+
+
+def run(
+    program: Callable[[], dict[str, Any] | None],
+    fixtures: dict[str, Callable[[pulumi.runtime.MockResourceArgs], dict[str, Any]]] | None = None,
+    *,
+    preview: bool = False,
+    stack: str = "test",
+) -> Recorded:
+    """Run `program` under the recording mock; return every registration and the resolved outputs."""
+    mocks = Outputs(fixtures or {})
+    monitor = RecordingMonitor(mocks)
+    pulumi.runtime.set_mocks(mocks, project="dsv41-exl3", stack=stack, preview=preview, monitor=monitor)
+    SETTINGS.rpc_manager.clear()
+    SETTINGS.outputs.clear()
+    outputs: dict[str, Any] = {}
+
+    def body() -> None:
+        result = program() or {}
+        for k, v in result.items():
+            outputs[k] = _sync_await(pulumi.Output.from_input(v).future())
+
+    # The SDK's own barrier: returns once every registration and output has settled.
+    _sync_await(run_pulumi_func(body))
+    return Recorded(monitor.registrations, outputs)

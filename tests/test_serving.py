@@ -1,0 +1,144 @@
+"""ServingCluster under the recording mock: one spec per rank, ordering, mounts, secrets."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pulumi_docker as docker
+
+from components import serve_spec
+from components.config import Settings, parse
+from components.serving import RankInputs, ServingCluster, ServingClusterArgs
+from tests import recording
+from tests.test_config import two_sparks
+
+CONTAINER = "docker:index/container:Container"
+
+
+def nodes(count: int) -> dict[str, Any]:
+    raw = two_sparks()
+    raw["nodes"] = [
+        {"name": f"spark-{i}", "host": f"127.0.0.{i + 2}", "user": "me", "fabricIp": f"192.168.100.{i + 1}"}
+        for i in range(count)
+    ]
+    return raw
+
+
+def build(s: Settings, *, gid: Any = 3) -> dict[str, Any]:
+    ranks = []
+    for n in s.nodes:
+        provider = docker.Provider(f"p-{n.name}", host=f"ssh://{n.user}@{n.host}")
+        ranks.append(RankInputs(
+            node=n, provider=provider, image_id=f"sha256:{n.name}", gid_index=gid,
+            model_source="/w/model" if n is s.head else "vol-model", engram_source="/w/engram-src",
+            mount_type="bind",
+        ))
+    cluster = ServingCluster("serving", ServingClusterArgs(settings=s, stack="dev", generation="g1", ranks=ranks))
+    return {"ids": cluster.container_ids, "generation": cluster.generation}
+
+
+def run(raw: dict[str, Any], **kw: Any) -> recording.Recorded:
+    s = parse(raw).settings
+    return recording.run(lambda: build(s, **kw))
+
+
+def test_every_worker_container_precedes_the_head_and_never_the_reverse() -> None:
+    rec = run(nodes(4))
+    head = rec.named("serving-spark-0")
+    workers = [rec.named(f"serving-spark-{i}") for i in (1, 2, 3)]
+    for w in workers:
+        assert w.urn in head.dependencies, "the head must be created after every worker (rendezvous order)"
+        assert head.urn not in w.dependencies, "a worker must never wait for the head"
+        for other in workers:
+            assert other.urn not in w.dependencies, "workers start independently of each other"
+
+
+def test_one_container_per_node_parented_to_the_cluster_with_fixed_names() -> None:
+    rec = run(nodes(2))
+    containers = rec.of_type(CONTAINER)
+    assert len(containers) == 2
+    cluster = rec.of_type("dsv41-exl3:serving:ServingCluster")[0]
+    for c in containers:
+        assert c.parent == cluster.urn
+    assert {c.inputs["name"] for c in containers} == {"dsv41-exl3-dev-spark-0", "dsv41-exl3-dev-spark-1"}
+
+
+def test_container_is_deleted_before_its_replacement_is_created() -> None:
+    for c in run(nodes(2)).of_type(CONTAINER):
+        assert c.delete_before_replace, "128 GB unified memory: the old rank must free its memory first"
+
+
+def test_weights_are_mounted_read_only_and_caches_are_volumes() -> None:
+    for c in run(nodes(2)).of_type(CONTAINER):
+        mounts = {m["target"]: m for m in c.inputs["mounts"]}
+        assert mounts["/model"]["readOnly"] is True and mounts["/engram-src"]["readOnly"] is True
+        for path in serve_spec.CACHE_VOLUMES.values():
+            assert mounts[path]["type"] == "volume"
+
+
+def test_roce_devices_gpu_and_docker_run_shape() -> None:
+    for c in run(nodes(2)).of_type(CONTAINER):
+        i = c.inputs
+        assert i["gpus"] == "all" and i["networkMode"] == "host" and i["ipcMode"] == "host"
+        assert i["devices"] == [{"hostPath": "/dev/infiniband", "containerPath": "/dev/infiniband"}]
+        assert {"name": "memlock", "soft": -1, "hard": -1} in i["ulimits"]
+        assert set(i["capabilities"]["adds"]) == {"IPC_LOCK", "SYS_PTRACE"}
+        assert i["restart"] == "no", "a rank restarted alone would block at rendezvous forever"
+
+
+def test_simulated_nodes_without_gpu_or_rdma_get_neither() -> None:
+    raw = nodes(2)
+    for n in raw["nodes"]:
+        n.update(gpus="", rdmaDevices=[], ibHcas=[])
+    for c in run(raw).of_type(CONTAINER):
+        assert "gpus" not in c.inputs and c.inputs.get("devices", []) == []
+
+
+def test_each_rank_has_its_own_env_and_the_unresolved_gid_is_omitted() -> None:
+    rec = run(nodes(2), gid=None)
+    env0 = dict(e.split("=", 1) for e in rec.named("serving-spark-0").inputs["envs"])
+    env1 = dict(e.split("=", 1) for e in rec.named("serving-spark-1").inputs["envs"])
+    assert env0["VLLM_HOST_IP"] == "192.168.100.1" and env1["VLLM_HOST_IP"] == "192.168.100.2"
+    assert "NCCL_IB_GID_INDEX" not in env0 and "NCCL_IB_GID_INDEX" not in env1
+
+
+def test_api_key_reaches_only_the_head_by_secret_env_never_argv() -> None:
+    raw = nodes(2)
+    raw["serve"] = {"apiKey": "sk-topsecret"}
+    rec = run(raw)
+    head, worker = rec.named("serving-spark-0"), rec.named("serving-spark-1")
+    assert "envs" in head.secret_paths(), "the head's env holds the key: it must be a secret input"
+    assert "VLLM_API_KEY=sk-topsecret" in head.inputs["envs"]["value"]
+    assert not any("sk-topsecret" in e for e in worker.inputs["envs"])
+    for c in (head, worker):
+        assert not any("sk-topsecret" in a for a in c.inputs["command"])
+
+
+def test_all_ranks_carry_the_same_generation_label() -> None:
+    rec = run(nodes(2))
+    labels = [
+        {x["label"]: x["value"] for x in c.inputs["labels"]} for c in rec.of_type(CONTAINER)
+    ]
+    assert labels[0][serve_spec.GENERATION_LABEL] == labels[1][serve_spec.GENERATION_LABEL]
+    assert labels[0][serve_spec.GENERATION_LABEL] == rec.outputs["generation"]
+    assert {lab[serve_spec.RANK_LABEL] for lab in labels} == {"0", "1"}
+
+
+def test_a_gid_resolved_differently_on_one_node_changes_every_ranks_generation() -> None:
+    a = run(nodes(2), gid=3).outputs["generation"]
+    b = run(nodes(2), gid=4).outputs["generation"]
+    assert a != b
+
+
+def test_container_ids_are_head_first() -> None:
+    rec = run(nodes(2))
+    assert rec.outputs["ids"] == ["serving-spark-0-id", "serving-spark-1-id"]
+
+
+def test_providers_are_the_nodes_own() -> None:
+    rec = run(nodes(2))
+    for c in rec.of_type(CONTAINER):
+        node = c.name.removeprefix("serving-")
+        assert f"p-{node}" in c.provider, f"{c.name} must be created through its own node's docker provider"
+
+
