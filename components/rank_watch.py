@@ -1,0 +1,755 @@
+"""Watching the serving ranks from the operator's machine: pure gate logic plus the real SSH source.
+
+No Pulumi resources here. The gates in `components/gates.py` wrap `wait_for_rendezvous` and
+`wait_for_ready`; tests drive the same functions with a fake `RankSource` and a fake `Clock`.
+
+vLLM's wording changes between releases and the recipe image runs a patched vLLM, so every
+log pattern below is deliberately tolerant (substring or loose regex, case where it helps).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Literal, Protocol
+
+import requests
+
+from components.ssh import SshTarget, ssh_argv
+
+# ---------------------------------------------------------------------------------------------
+# What a rank is and what we can observe about it
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankSpec:
+    """One serving container: rank 0 is the head (API server), the others are headless workers."""
+
+    rank: int
+    node: str
+    host: str
+    port: int = 22
+    user: str
+    container: str
+
+    def label(self) -> str:
+        return f"rank {self.rank} (node {self.node}, container {self.container})"
+
+
+@dataclass(frozen=True)
+class LogLine:
+    """One container log line; `at` is docker's RFC 3339 timestamp when the source has one."""
+
+    text: str
+    at: str | None = None
+
+
+@dataclass(frozen=True)
+class ContainerState:
+    """`docker inspect` State: status is running/exited/dead/restarting/created/paused, or `missing`."""
+
+    status: str
+    exit_code: int | None = None
+    started_at: str = ""
+
+    @property
+    def running(self) -> bool:
+        return self.status == "running"
+
+
+class SourceError(Exception):
+    """The source could not observe a rank this time (ssh failed, docker did not answer)."""
+
+
+class RankSource(Protocol):
+    """Where the gates read ranks from: the SSH source in production, fakes in tests."""
+
+    def new_lines(self, rank: int) -> list[LogLine]:
+        """Log lines the container wrote since the previous call (first call: since it started)."""
+        ...
+
+    def state(self, rank: int) -> ContainerState: ...
+
+
+class Clock(Protocol):
+    def monotonic(self) -> float: ...
+
+    def sleep(self, seconds: float) -> None: ...
+
+    def now(self) -> datetime: ...
+
+
+class SystemClock:
+    """The real clock."""
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+
+Reporter = Callable[[str], None]
+
+
+class GateFailure(Exception):
+    """A gate's verdict: the message names the cause, what to do, and every rank's last lines."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Log patterns (vLLM 0.33 wording plus older releases)
+
+# `shm_broadcast.py` prints "No available shared memory broadcast block found in 60 seconds"
+# while a rank waits on another: it is not progress (the recipe's launcher ignores it too).
+_NOISE = re.compile(r"shm_broadcast\.py|No available shared memory broadcast block")
+
+_RANK_ASSIGNED = re.compile(r"\brank (\d+) in world size (\d+) is assigned as")
+_JOINED = (
+    _RANK_ASSIGNED,
+    re.compile(r"vLLM is using nccl==", re.IGNORECASE),
+)
+# Printed before init_process_group blocks: the rank reached the rendezvous but may not be in.
+_INIT_METHOD = re.compile(r"distributed_init_method=(?:tcp://)?(\S+?)(?:\s|$)")
+_REACHED = (
+    re.compile(r"world_size=\d+ rank=\d+"),
+    _INIT_METHOD,
+    re.compile(r"DP group leader"),
+    re.compile(r"headless multiproc executor", re.IGNORECASE),
+)
+# torch's store timeout when a rank never joins: "DistStoreError: ... 1/2 clients joined".
+_DIST_STORE_FAILURE = re.compile(r"DistStoreError|\b\d+/\d+ clients joined")
+
+_READY = re.compile(r"Application startup complete\.?|Starting vLLM API server")
+
+PHASES: tuple[str, ...] = (
+    "rendezvous",
+    "loading weights",
+    "KV cache",
+    "graph capture",
+    "warm-up",
+    "API starting",
+    "ready",
+)
+
+# Checked latest phase first, so a line that mentions two phases counts for the later one.
+_PHASE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("ready", re.compile(r"Application startup complete")),
+    (
+        "API starting",
+        re.compile(
+            r"Starting vLLM (?:API )?server|Started server process|Waiting for application startup"
+            r"|Available routes are"
+        ),
+    ),
+    (
+        "warm-up",
+        re.compile(
+            r"init engine \(profile|\bwarming up\b|\bwarm-?up (?:model|run|took|finished|done)"
+            r"|torch\.compile takes|Compiling a graph for|Dynamo bytecode transform",
+            re.IGNORECASE,
+        ),
+    ),
+    ("graph capture", re.compile(r"Capturing CUDA graph|Graph capturing finished", re.IGNORECASE)),
+    (
+        "KV cache",
+        re.compile(r"Available KV cache memory|GPU KV cache size|Maximum concurrency for", re.IGNORECASE),
+    ),
+    (
+        "loading weights",
+        re.compile(
+            r"Starting to load model|Loading weights took|Model loading took"
+            r"|Loading safetensors checkpoint shards|Loading model weights",
+            re.IGNORECASE,
+        ),
+    ),
+    ("rendezvous", re.compile("|".join(p.pattern for p in (*_REACHED, *_JOINED)), re.IGNORECASE)),
+)
+
+
+def is_noise(text: str) -> bool:
+    return bool(_NOISE.search(text))
+
+
+def is_join_line(text: str) -> bool:
+    """The rank is in the distributed group (groups formed, NCCL picked)."""
+    return any(p.search(text) for p in _JOINED)
+
+
+def is_reached_line(text: str) -> bool:
+    """The rank reached the rendezvous (it may still be blocked in init_process_group)."""
+    return any(p.search(text) for p in _REACHED)
+
+
+def assigned_rank(text: str) -> tuple[int, int] | None:
+    """(global rank, world size) from `rank N in world size W is assigned as ...`."""
+    m = _RANK_ASSIGNED.search(text)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def init_method_address(text: str) -> str | None:
+    """HEAD:PORT from `distributed_init_method=tcp://HEAD:PORT`."""
+    m = _INIT_METHOD.search(text)
+    return m.group(1).rstrip(",") if m else None
+
+
+def is_rendezvous_failure(text: str) -> bool:
+    return bool(_DIST_STORE_FAILURE.search(text))
+
+
+def is_ready_line(text: str) -> bool:
+    return bool(_READY.search(text))
+
+
+def phase_of(text: str) -> str | None:
+    """The boot phase a log line belongs to, or None for lines that say nothing about it."""
+    if is_noise(text):
+        return None
+    for name, pattern in _PHASE_PATTERNS:
+        if pattern.search(text):
+            return name
+    return None
+
+
+# vLLM logs its non-default args at startup, api_key included; tracebacks can echo env.
+_SECRET_SHAPES = (
+    re.compile(r"""((?:api[_-]?key|token|password|secret)['"]?\s*[:=]\s*['"]?)[^'",\s}]+""", re.IGNORECASE),
+    re.compile(r"(Bearer\s+)\S+"),
+    re.compile(r"()\bhf_[A-Za-z0-9]{16,}"),
+)
+
+
+def redact(text: str, secrets: Sequence[str] = ()) -> str:
+    """Remove known secret values and anything shaped like a key/token from a log line."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    for shape in _SECRET_SHAPES:
+        text = shape.sub(lambda m: m.group(1) + "***", text)
+    return text
+
+
+# ---------------------------------------------------------------------------------------------
+# Settings and results
+
+
+@dataclass(frozen=True, kw_only=True)
+class WatchSettings:
+    """What both gates share. Poll <= 5 s so an exited container is noticed within 15 s."""
+
+    poll_interval_s: float = 5.0
+    tail_lines: int = 20
+    max_source_errors: int = 3
+    progress_interval_s: float = 30.0
+    secrets: tuple[str, ...] = field(default=(), repr=False)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.poll_interval_s <= 5:
+            raise ValueError(
+                f"poll_interval_s={self.poll_interval_s} is out of range: use 0 < value <= 5 so an exited "
+                "container is noticed within 15 s"
+            )
+        if self.tail_lines < 1:
+            raise ValueError(f"tail_lines={self.tail_lines} must be >= 1")
+        if self.max_source_errors < 1:
+            raise ValueError(f"max_source_errors={self.max_source_errors} must be >= 1")
+        if self.progress_interval_s <= 0:
+            raise ValueError(f"progress_interval_s={self.progress_interval_s} must be > 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RendezvousSettings(WatchSettings):
+    # Longer than torch's own ~600 s store timeout, so vLLM's DistStoreError (more specific) lands first.
+    rendezvous_timeout_s: float = 720.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.rendezvous_timeout_s <= 0:
+            raise ValueError(f"rendezvous_timeout_s={self.rendezvous_timeout_s} must be > 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReadySettings(WatchSettings):
+    # A first boot after an NCCL topology change has spent ~36 min in JIT: 45 min leaves margin.
+    ready_timeout_s: float = 2700.0
+    # No rank logged a (non-noise) line for this long = hung. A1 uses 420 s on the head alone;
+    # we watch every rank, and a worker streaming weights over NFS can be quiet for minutes.
+    stall_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.ready_timeout_s <= 0:
+            raise ValueError(f"ready_timeout_s={self.ready_timeout_s} must be > 0")
+        if self.stall_s <= 0:
+            raise ValueError(f"stall_s={self.stall_s} must be > 0")
+
+
+@dataclass(frozen=True)
+class RendezvousResult:
+    elapsed_s: float
+    passed_at: str
+    world_size: int | None
+    joined_at: dict[int, str]
+
+
+@dataclass(frozen=True)
+class ReadyResult:
+    elapsed_s: float
+    passed_at: str
+    phases: dict[str, str]
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared observation: per-rank tails, activity, container state
+
+
+@dataclass
+class _RankView:
+    spec: RankSpec
+    tail: deque[str]
+    last_activity: float
+    first_state: ContainerState | None = None
+    source_errors: int = 0
+    last_error: str = ""
+    reached: bool = False
+    joined: bool = False
+
+
+def _exit_hint(code: int | None) -> str:
+    if code == 137:
+        return ("exit 137 = killed by SIGKILL: the kernel OOM killer, the memory watchdog "
+                "(see ~/.local/state/dsv41-exl3/watchdog.log on that node) or a docker stop that timed out")
+    if code == 143:
+        return "exit 143 = SIGTERM: something ran docker stop (the memory watchdog or an operator)"
+    if code == 139:
+        return "exit 139 = segmentation fault in a native kernel: check the image and driver versions"
+    if code == 0:
+        return "exit 0 = the process ended on its own: the last lines say why"
+    return "read the last lines below for the Python traceback"
+
+
+class _Cluster:
+    """Polls every rank through a RankSource and remembers what the failure messages need."""
+
+    def __init__(self, ranks: Sequence[RankSpec], source: RankSource, settings: WatchSettings,
+                 clock: Clock) -> None:
+        if not ranks:
+            raise ValueError("ranks is empty: a gate needs at least the head (rank 0)")
+        self.source = source
+        self.settings = settings
+        self.clock = clock
+        start = clock.monotonic()
+        self.views = {r.rank: _RankView(spec=r, tail=deque(maxlen=settings.tail_lines), last_activity=start)
+                      for r in sorted(ranks, key=lambda r: r.rank)}
+
+    def head(self) -> _RankView:
+        return self.views[min(self.views)]
+
+    def _source_failed(self, view: _RankView, err: Exception, what: str) -> None:
+        view.source_errors += 1
+        view.last_error = f"{what}: {err}"
+        if view.source_errors >= self.settings.max_source_errors:
+            raise GateFailure(self.message(
+                f"cannot observe {view.spec.label()} on {view.spec.user}@{view.spec.host}:{view.spec.port}: "
+                f"{view.source_errors} failures in a row, last: "
+                f"{redact(view.last_error, self.settings.secrets)}",
+                "check that the node is up and reachable over SSH with the configured key, and that "
+                "the docker CLI works there for that user",
+            ))
+
+    def check_states(self) -> None:
+        """Raise at once when a container is not running or was restarted since the gate began."""
+        for view in self.views.values():
+            try:
+                state = self.source.state(view.spec.rank)
+            except SourceError as err:
+                self._source_failed(view, err, "docker inspect")
+                continue
+            view.source_errors = 0
+            if view.first_state is None:
+                view.first_state = state
+            if state.status == "missing":
+                raise GateFailure(self.message(
+                    f"{view.spec.label()}: the container does not exist",
+                    "something removed it; run `pulumi up` again to recreate it",
+                ))
+            if not state.running:
+                self.drain_logs()  # the last lines usually hold the traceback
+                raise GateFailure(self.message(
+                    f"{view.spec.label()} is {state.status} with exit code {state.exit_code}",
+                    _exit_hint(state.exit_code),
+                ))
+            if view.first_state.started_at and state.started_at != view.first_state.started_at:
+                raise GateFailure(self.message(
+                    f"{view.spec.label()} restarted (started at {view.first_state.started_at}, "
+                    f"now {state.started_at})",
+                    "a restart policy brought it back after a crash; the last lines show the crash",
+                ))
+
+    def drain_logs(self) -> list[tuple[_RankView, LogLine]]:
+        """Read new lines from every rank; update tails and the activity clock."""
+        got: list[tuple[_RankView, LogLine]] = []
+        for view in self.views.values():
+            try:
+                lines = self.source.new_lines(view.spec.rank)
+            except SourceError as err:
+                self._source_failed(view, err, "docker logs")
+                continue
+            now = self.clock.monotonic()
+            for line in lines:
+                view.tail.append(line.text)
+                if not is_noise(line.text):
+                    view.last_activity = now
+                got.append((view, line))
+        return got
+
+    def quiet_for(self) -> float:
+        """Seconds since any rank logged a non-noise line."""
+        return self.clock.monotonic() - max(v.last_activity for v in self.views.values())
+
+    def message(self, cause: str, what_to_do: str) -> str:
+        secrets = self.settings.secrets
+        parts = [f"{cause}. What to do: {what_to_do}."]
+        for view in self.views.values():
+            parts.append(f"--- {view.spec.label()}, last {len(view.tail)} lines ---")
+            parts.extend(redact(t, secrets) for t in view.tail)
+            if not view.tail:
+                parts.append("(no log lines seen)")
+        return "\n".join(parts)
+
+
+def _iso(dt: datetime) -> str:
+    return dt.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _fmt_duration(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+# ---------------------------------------------------------------------------------------------
+# Gate 1: rendezvous
+
+
+def wait_for_rendezvous(ranks: Sequence[RankSpec], source: RankSource, settings: RendezvousSettings,
+                        clock: Clock, report: Reporter) -> RendezvousResult:
+    """Block until every rank's container logged that it joined the distributed group."""
+    cluster = _Cluster(ranks, source, settings, clock)
+    start = clock.monotonic()
+    deadline = start + settings.rendezvous_timeout_s
+    last_report = start
+    world_size: int | None = None
+    master: str | None = None
+    joined_at: dict[int, str] = {}
+    while True:
+        cluster.check_states()
+        for view, line in cluster.drain_logs():
+            if is_rendezvous_failure(line.text):
+                raise GateFailure(cluster.message(
+                    f"{view.spec.label()} logged a rendezvous failure: "
+                    f"{redact(line.text.strip(), settings.secrets)}",
+                    _rendezvous_advice([v.spec for v in cluster.views.values() if not v.joined], master),
+                ))
+            if is_reached_line(line.text):
+                view.reached = True
+                master = init_method_address(line.text) or master
+            if is_join_line(line.text):
+                view.joined = True
+                joined_at.setdefault(view.spec.rank, line.at or _iso(clock.now()))
+                assigned = assigned_rank(line.text)
+                if assigned:
+                    world_size = assigned[1]
+        missing = [v for v in cluster.views.values() if not v.joined]
+        now = clock.monotonic()
+        if not missing:
+            return RendezvousResult(elapsed_s=round(now - start, 3), passed_at=_iso(clock.now()),
+                                    world_size=world_size, joined_at=joined_at)
+        if now >= deadline:
+            named = ", ".join(
+                f"{v.spec.label()} ({'reached init_process_group but never joined' if v.reached else 'never reached the rendezvous: check its log below'})"  # noqa: E501
+                for v in missing
+            )
+            raise GateFailure(cluster.message(
+                f"rendezvous did not complete within {settings.rendezvous_timeout_s:g} s: {named}",
+                _rendezvous_advice([v.spec for v in missing], master),
+            ))
+        if now - last_report >= settings.progress_interval_s:
+            last_report = now
+            report(f"rendezvous: waiting for {', '.join(f'rank {v.spec.rank}' for v in missing)} "
+                   f"to join, elapsed {_fmt_duration(now - start)}")
+        clock.sleep(min(settings.poll_interval_s, max(deadline - now, 0.0)))
+
+
+def _rendezvous_advice(missing: Sequence[RankSpec], master: str | None) -> str:
+    where = f"master {master}" if master else "the master address/port (--master-addr/--master-port)"
+    nodes = ", ".join(r.node for r in missing) or "the workers"
+    return (
+        f"on {nodes} check: the fabric interface (NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME must be the CX-7 "
+        f"netdev that reaches {where}); NCCL_IB_GID_INDEX (must be the RoCE v2 GID holding the node's "
+        f"fabric IPv4); a firewall blocking {where} on the head; a stale rank container from an earlier "
+        "deployment still holding the port or joining in its place (docker ps -a on every node)"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Gate 2: ready
+
+
+@dataclass(frozen=True)
+class ModelsProbeResult:
+    outcome: Literal["listed", "not_listed", "unauthorized", "unreachable"]
+    detail: str = ""
+    ids: tuple[str, ...] = ()
+
+
+ModelsProbe = Callable[[], ModelsProbeResult]
+
+
+def wait_for_ready(ranks: Sequence[RankSpec], source: RankSource, settings: ReadySettings, clock: Clock,
+                   report: Reporter, probe: ModelsProbe, model_name: str) -> ReadyResult:
+    """Block until the head logged startup complete and /v1/models lists `model_name`."""
+    cluster = _Cluster(ranks, source, settings, clock)
+    start = clock.monotonic()
+    deadline = start + settings.ready_timeout_s
+    last_report = start
+    phases: dict[str, str] = {}
+    phase = "rendezvous"
+    phase_since = start
+    head_ready = False
+    last_probe = ModelsProbeResult("unreachable", "not probed yet")
+    head = cluster.head()
+    while True:
+        cluster.check_states()
+        for view, line in cluster.drain_logs():
+            if is_rendezvous_failure(line.text):
+                raise GateFailure(cluster.message(
+                    f"{view.spec.label()} logged a rendezvous failure: "
+                    f"{redact(line.text.strip(), settings.secrets)}",
+                    _rendezvous_advice([r for r in ranks if r.rank != view.spec.rank], None),
+                ))
+            seen = phase_of(line.text)
+            if seen is not None:
+                if seen not in phases:
+                    phases[seen] = line.at or _iso(clock.now())
+                if seen != phase:
+                    phase, phase_since = seen, clock.monotonic()
+            if view is head and is_ready_line(line.text):
+                head_ready = True
+        now = clock.monotonic()
+        if head_ready:
+            last_probe = probe()
+            if last_probe.outcome == "listed":
+                phases.setdefault("ready", _iso(clock.now()))
+                return ReadyResult(elapsed_s=round(clock.monotonic() - start, 3), passed_at=_iso(clock.now()),
+                                   phases=phases)
+            if last_probe.outcome == "not_listed":
+                raise GateFailure(cluster.message(
+                    f"the server is up but /v1/models lists {list(last_probe.ids)}, not {model_name!r}",
+                    "make the served model name (--served-model-name) and the gate's model name agree",
+                ))
+            if last_probe.outcome == "unauthorized":
+                raise GateFailure(cluster.message(
+                    f"/v1/models refused the API key: {last_probe.detail}",
+                    "give the gate the same API key the server was started with (--api-key / VLLM_API_KEY)",
+                ))
+        quiet = cluster.quiet_for()
+        if quiet >= settings.stall_s:
+            raise GateFailure(cluster.message(
+                f"no rank logged anything new for {_fmt_duration(quiet)} "
+                f"(stall limit {settings.stall_s:g} s) in phase {phase!r}",
+                "a rank is probably hung (NCCL, a deadlocked kernel); dump stacks with `py-spy dump` in the "
+                "containers, then restart; if this boot is legitimately silent for longer (slow NFS load, "
+                "JIT), raise stall_s",
+            ))
+        if now >= deadline:
+            extra = ("; the head logged startup complete but /v1/models was never answered: "
+                     f"{last_probe.detail}" if head_ready else "")
+            raise GateFailure(cluster.message(
+                f"not ready within {settings.ready_timeout_s:g} s, last phase {phase!r}{extra}",
+                "if the ranks are still making progress (see below), raise ready_timeout_s; if the API is "
+                "up but unreachable, check the api base URL and the firewall on the serve port",
+            ))
+        if now - last_report >= settings.progress_interval_s:
+            last_report = now
+            report(f"ready gate: phase {phase!r} for {_fmt_duration(now - phase_since)}, elapsed "
+                   f"{_fmt_duration(now - start)}, last log line {_fmt_duration(quiet)} ago")
+        clock.sleep(min(settings.poll_interval_s, max(deadline - now, 0.0)))
+
+
+class ModelsEndpoint:
+    """GET {api_base}/v1/models with a short timeout; the API key goes in a header, never a message."""
+
+    def __init__(self, api_base: str, model_name: str, api_key: str | None = None,
+                 timeout_s: float = 5.0) -> None:
+        base = api_base.rstrip("/")
+        self.url = (base if base.endswith("/v1") else base + "/v1") + "/models"
+        self.model_name = model_name
+        self._api_key = api_key
+        self.timeout_s = timeout_s
+
+    def __repr__(self) -> str:
+        return f"ModelsEndpoint({self.url})"
+
+    def __call__(self) -> ModelsProbeResult:
+        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        try:
+            resp = requests.get(self.url, headers=headers, timeout=self.timeout_s)
+        except requests.RequestException as err:
+            return ModelsProbeResult("unreachable", f"GET {self.url}: {type(err).__name__}")
+        if resp.status_code in (401, 403):
+            return ModelsProbeResult("unauthorized", f"GET {self.url}: HTTP {resp.status_code}")
+        if resp.status_code != 200:
+            return ModelsProbeResult("unreachable", f"GET {self.url}: HTTP {resp.status_code}")
+        try:
+            data = resp.json().get("data", [])
+            ids = tuple(str(m.get("id")) for m in data if isinstance(m, dict))
+        except (ValueError, AttributeError):
+            return ModelsProbeResult("unreachable", f"GET {self.url}: answer is not the OpenAI models list")
+        if self.model_name in ids:
+            return ModelsProbeResult("listed", ids=ids)
+        return ModelsProbeResult("not_listed", f"GET {self.url} lists {list(ids)}", ids=ids)
+
+
+# ---------------------------------------------------------------------------------------------
+# The real source: docker over SSH
+
+_DOCKER_TS = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)) ?(.*)$")
+_INSPECT_FORMAT = "{{.State.Status}} {{.State.ExitCode}} {{.State.StartedAt}}"
+
+
+def timestamp_key(stamp: str) -> tuple[int, int]:
+    """Sortable (unix seconds, nanoseconds) for docker's RFC 3339 stamps, whose fraction length varies."""
+    m = re.match(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)$", stamp)
+    if not m:
+        raise SourceError(f"unexpected docker timestamp {stamp[:60]!r}")
+    zone = "+00:00" if m.group(3) == "Z" else m.group(3)
+    seconds = int(datetime.fromisoformat(m.group(1) + zone).timestamp())
+    nanos = int((m.group(2) or "0")[:9].ljust(9, "0"))
+    return seconds, nanos
+
+
+def parse_inspect(output: str) -> ContainerState:
+    """Parse `docker inspect -f '<status> <exit code> <started at>'`."""
+    fields = output.strip().split()
+    if len(fields) != 3 or not fields[1].lstrip("-").isdigit():
+        raise SourceError(f"unexpected docker inspect output {output.strip()[:200]!r}")
+    return ContainerState(status=fields[0], exit_code=int(fields[1]), started_at=fields[2])
+
+
+def parse_docker_logs(output: str) -> list[LogLine]:
+    """Parse `docker logs --timestamps`: `<RFC3339Nano> <text>` per line; progress bars use \\r."""
+    lines: list[LogLine] = []
+    for raw in output.split("\n"):  # not splitlines(): that would also split tqdm's \r redraws
+        if not raw.strip():
+            continue
+        m = _DOCKER_TS.match(raw)
+        at, text = (m.group(1), m.group(2)) if m else (None, raw)
+        # tqdm redraws with \r: the last redraw is the current state
+        text = text.rstrip("\r").rsplit("\r", 1)[-1]
+        lines.append(LogLine(text=text, at=at))
+    return lines
+
+
+Runner = Callable[[list[str], float], "subprocess.CompletedProcess[str]"]
+
+
+def _run(argv: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+    # bytes, decoded by hand: text mode would turn tqdm's \r redraws into separate lines
+    done = subprocess.run(argv, capture_output=True, timeout=timeout_s, stdin=subprocess.DEVNULL, check=False)
+    return subprocess.CompletedProcess(argv, done.returncode, done.stdout.decode("utf-8", "replace"),
+                                       done.stderr.decode("utf-8", "replace"))
+
+
+class SshRankSource:
+    """Reads each rank's container with `docker inspect` / `docker logs` through ssh.
+
+    The first `new_lines` reads from the container's StartedAt, so a re-run gate over a server
+    that is already up sees its whole boot and passes at once. Later calls use the last
+    timestamp seen; docker's --since is inclusive, so lines at exactly that instant are deduplicated.
+    """
+
+    def __init__(self, ranks: Sequence[RankSpec], *, private_key: str | None = None,
+                 agent_socket: str | None = None, remote_timeout_s: int = 10,
+                 runner: Runner = _run) -> None:
+        self._specs: Mapping[int, RankSpec] = {r.rank: r for r in ranks}
+        self._targets = {
+            r.rank: SshTarget(host=r.host, port=r.port, user=r.user, private_key=private_key,
+                              agent_socket=agent_socket)
+            for r in ranks
+        }
+        self._remote_timeout_s = remote_timeout_s
+        self._runner = runner
+        self._since: dict[int, str] = {}
+        self._seen_at_since: dict[int, set[str]] = {}
+
+    def __repr__(self) -> str:
+        return f"SshRankSource(ranks={sorted(self._specs)})"
+
+    def argv(self, rank: int, remote_command: str) -> list[str]:
+        return ssh_argv(self._targets[rank], remote_command)
+
+    def _remote(self, rank: int, remote_command: str) -> subprocess.CompletedProcess[str]:
+        argv = self.argv(rank, remote_command)
+        target = self._targets[rank]
+        try:
+            done = self._runner(argv, self._remote_timeout_s + 10.0)
+        except subprocess.TimeoutExpired:
+            raise SourceError(f"ssh {target.user}@{target.host}:{target.port} timed out") from None
+        except OSError as err:
+            raise SourceError(f"cannot run ssh: {err}") from None
+        if done.returncode == 255:
+            first = (done.stderr.strip().splitlines() or ["no message"])[-1]
+            raise SourceError(f"ssh {target.user}@{target.host}:{target.port} failed: {first[:300]}")
+        if done.returncode == 124:
+            raise SourceError(f"docker on {target.host} did not answer within {self._remote_timeout_s} s")
+        return done
+
+    def state(self, rank: int) -> ContainerState:
+        container = shlex.quote(self._specs[rank].container)
+        fmt = shlex.quote(_INSPECT_FORMAT)
+        done = self._remote(rank, f"timeout {self._remote_timeout_s} docker inspect -f {fmt} {container}")
+        if done.returncode != 0:
+            if "no such" in (done.stderr + done.stdout).lower():
+                return ContainerState(status="missing")
+            raise SourceError(f"docker inspect {self._specs[rank].container} failed: "
+                              f"{(done.stderr or done.stdout).strip()[:300]}")
+        return parse_inspect(done.stdout)
+
+    def new_lines(self, rank: int) -> list[LogLine]:
+        if rank not in self._since:
+            started = self.state(rank).started_at
+            if not started:
+                raise SourceError(f"container {self._specs[rank].container} has no start time yet")
+            self._since[rank] = started
+            self._seen_at_since[rank] = set()
+        since = self._since[rank]
+        container = shlex.quote(self._specs[rank].container)
+        done = self._remote(rank, f"timeout {self._remote_timeout_s} docker logs --timestamps "
+                                  f"--since {shlex.quote(since)} {container} 2>&1")
+        if done.returncode != 0:
+            raise SourceError(
+                f"docker logs {self._specs[rank].container} failed: {done.stdout.strip()[:300]}")
+        fresh: list[LogLine] = []
+        seen = self._seen_at_since[rank]
+        newest, newest_key = since, timestamp_key(since)
+        for line in parse_docker_logs(done.stdout):
+            key = timestamp_key(line.at) if line.at else None
+            if key is not None and key == timestamp_key(since) and line.text in seen:
+                continue  # read by the previous call: --since is inclusive
+            fresh.append(line)
+            if key is not None and key > newest_key:
+                newest, newest_key = line.at or newest, key
+        # stdout and stderr arrive interleaved, so the newest instant is computed, not assumed last
+        at_newest = {ln.text for ln in fresh if ln.at and timestamp_key(ln.at) == newest_key}
+        seen = at_newest | (seen if newest == since else set())
+        since = newest
+        self._since[rank], self._seen_at_since[rank] = since, seen
+        return fresh

@@ -1,0 +1,620 @@
+"""Gate logic against scripted ranks (fake clock), log patterns over real vLLM wording, and the SSH source."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from components import rank_watch as rw
+from components.rank_watch import (
+    ContainerState,
+    GateFailure,
+    LogLine,
+    ModelsEndpoint,
+    ModelsProbeResult,
+    RankSpec,
+    ReadySettings,
+    RendezvousSettings,
+    SourceError,
+    SshRankSource,
+    SystemClock,
+)
+
+HEAD = RankSpec(rank=0, node="spark-a", host="127.0.0.2", port=2222, user="root", container="dsv41-rank0")
+WORKER = RankSpec(rank=1, node="spark-b", host="127.0.0.3", port=2222, user="root", container="dsv41-rank1")
+RANKS = [HEAD, WORKER]
+
+# --- realistic vLLM lines (0.33 wording, plus older releases where they differ) -------------------
+L_HEADLESS = ("INFO 09-22 10:00:01 [api_server.py:1234] Launching vLLM (v0.33.0) headless multiproc executor, "
+              "with head node address 10.0.0.1 for torch.distributed process group.")
+L_INIT = ("(Worker_TP0 pid=211) INFO 09-22 10:00:05 [parallel_state.py:1208] world_size=2 rank=0 local_rank=0 "
+          "distributed_init_method=tcp://10.0.0.1:29521 backend=nccl")
+L_INIT_W = L_INIT.replace("rank=0 local_rank", "rank=1 local_rank").replace("TP0", "TP1")
+L_LEADER = ("(EngineCore_DP0 pid=180) INFO 09-22 10:00:04 [core.py:700] DP group leader: node_rank=0, "
+            "node_rank_within_dp=0")
+L_ASSIGNED_0 = ("(Worker_TP0 pid=211) INFO 09-22 10:00:40 [parallel_state.py:1611] rank 0 in world size 2 is assigned "
+                "as DP rank 0, PP rank 0, PCP rank 0, TP rank 0, EP rank 0, EPLB rank N/A")
+L_ASSIGNED_1 = L_ASSIGNED_0.replace("rank 0 in world size", "rank 1 in world size").replace("TP rank 0", "TP rank 1")
+L_ASSIGNED_OLD = ("(VllmWorker rank=1 pid=99) INFO 03-01 08:00:00 [parallel_state.py:1004] rank 1 in world size 2 "
+                  "is assigned as DP rank 0, PP rank 0, TP rank 1")
+L_NCCL = "(Worker_TP1 pid=88) INFO 09-22 10:00:41 [pynccl.py:103] vLLM is using nccl==2.27.7"
+L_DIST_STORE = ("torch.distributed.DistStoreError: Timed out after 601 seconds waiting for clients. "
+                "1/2 clients joined.")
+L_LOAD = "(Worker_TP0 pid=211) INFO 09-22 10:01:00 [gpu_model_runner.py:2930] Starting to load model /model..."
+L_LOADED = ("(Worker_TP0 pid=211) INFO 09-22 10:05:10 [gpu_model_runner.py:2990] Model loading took 99.52 GiB "
+            "memory and 250.123456 seconds")
+L_WEIGHTS_OLD = "INFO 03-01 08:05:00 [default_loader.py:262] Loading weights took 245.10 seconds"
+L_KV = "(Worker_TP0 pid=211) INFO 09-22 10:20:00 [gpu_worker.py:390] Available KV cache memory: 2.5 GiB"
+L_KV_SIZE = ("(EngineCore_DP0 pid=180) INFO 09-22 10:20:01 [kv_cache_utils.py:1087] GPU KV cache size: 612,480 "
+             "tokens, Maximum concurrency for 600,000 tokens per request: 1.02x")
+L_KV_OLD = "INFO 03-01 08:10:00 [kv_cache_utils.py:716] Maximum concurrency for 600000 tokens per request: 1.02x"
+L_GRAPH = ("(Worker_TP0 pid=211) INFO 09-22 10:21:00 [gpu_model_runner.py:3800] Capturing CUDA graphs "
+           "(decode, FULL): 100%|##########| 9/9 [00:03<00:00,  2.61it/s]")
+L_GRAPH_DONE = ("(Worker_TP0 pid=211) INFO 09-22 10:21:05 [gpu_model_runner.py:3900] Graph capturing finished in "
+                "5 secs, took 0.12 GiB")
+L_WARM = ("(EngineCore_DP0 pid=180) INFO 09-22 10:30:00 [core.py:250] init engine (profile, create kv cache, "
+          "warmup model) took 1712.35 seconds")
+L_SERVER = "(APIServer pid=1) INFO 09-22 10:30:05 [api_server.py:1900] Starting vLLM server on http://0.0.0.0:8888"
+L_SERVER_OLD = "INFO 03-01 08:20:00 [api_server.py:1351] Starting vLLM API server 0 on http://0.0.0.0:8888"
+L_COMPLETE = "(APIServer pid=1) INFO:     Application startup complete."
+L_SHM = ("(EngineCore_DP0 pid=180) INFO 09-22 10:10:00 [shm_broadcast.py:466] No available shared memory "
+         "broadcast block found in 60 seconds. This typically happens when some processes are hanging.")
+L_ARGS_WITH_KEY = ("(APIServer pid=1) INFO 09-22 10:00:00 [utils.py:250] non-default args: {'model': '/model', "
+                   "'api_key': 'sk-live-very-secret', 'port': 8888}")
+
+
+class TestPatterns:
+    def test_join_lines_new_and_old_wording(self) -> None:
+        for line in (L_ASSIGNED_0, L_ASSIGNED_1, L_ASSIGNED_OLD, L_NCCL):
+            assert rw.is_join_line(line), line
+        for line in (L_INIT, L_LEADER, L_HEADLESS, L_LOAD, L_SHM):
+            assert not rw.is_join_line(line), line
+
+    def test_reached_lines_are_the_pre_rendezvous_ones(self) -> None:
+        for line in (L_INIT, L_INIT_W, L_LEADER, L_HEADLESS):
+            assert rw.is_reached_line(line), line
+        assert not rw.is_reached_line(L_LOAD)
+
+    def test_rank_numbers_and_master_address_are_read_from_lines(self) -> None:
+        assert rw.assigned_rank(L_ASSIGNED_1) == (1, 2)
+        assert rw.assigned_rank(L_ASSIGNED_OLD) == (1, 2)
+        assert rw.assigned_rank(L_NCCL) is None
+        assert rw.init_method_address(L_INIT) == "10.0.0.1:29521"
+
+    def test_dist_store_error_is_a_rendezvous_failure(self) -> None:
+        assert rw.is_rendezvous_failure(L_DIST_STORE)
+        assert rw.is_rendezvous_failure("[W] 1/2 clients joined")
+        assert not rw.is_rendezvous_failure(L_ASSIGNED_0)
+
+    def test_ready_lines(self) -> None:
+        assert rw.is_ready_line(L_COMPLETE)
+        assert rw.is_ready_line(L_SERVER_OLD)
+        assert not rw.is_ready_line(L_SERVER)  # 0.33's line comes before uvicorn is up
+        assert not rw.is_ready_line(L_WARM)
+
+    @pytest.mark.parametrize(("line", "phase"), [
+        (L_INIT, "rendezvous"), (L_LEADER, "rendezvous"), (L_ASSIGNED_0, "rendezvous"), (L_NCCL, "rendezvous"),
+        (L_LOAD, "loading weights"), (L_LOADED, "loading weights"), (L_WEIGHTS_OLD, "loading weights"),
+        (L_KV, "KV cache"), (L_KV_SIZE, "KV cache"), (L_KV_OLD, "KV cache"),
+        (L_GRAPH, "graph capture"), (L_GRAPH_DONE, "graph capture"),
+        (L_WARM, "warm-up"),
+        (L_SERVER, "API starting"), (L_SERVER_OLD, "API starting"),
+        (L_COMPLETE, "ready"),
+        (L_SHM, None), (L_ARGS_WITH_KEY, None),
+    ])
+    def test_phase_of(self, line: str, phase: str | None) -> None:
+        assert rw.phase_of(line) == phase
+
+    def test_shm_broadcast_lines_are_noise(self) -> None:
+        assert rw.is_noise(L_SHM)
+        assert not rw.is_noise(L_LOAD)
+
+    def test_redact_removes_known_values_and_key_shapes(self) -> None:
+        out = rw.redact(L_ARGS_WITH_KEY)
+        assert "sk-live-very-secret" not in out and "'api_key': '***'" in out
+        assert rw.redact("token hf_abcdefghijklmnopqrstu here") == "token *** here"
+        assert rw.redact("curl -H 'Authorization: Bearer abc123'") == "curl -H 'Authorization: Bearer ***"
+        assert rw.redact("oops MYSECRET leaked", ["MYSECRET"]) == "oops *** leaked"
+
+
+# --- fakes ---------------------------------------------------------------------------------------------
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 0.0
+        self.sleeps: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        assert seconds >= 0
+        self.sleeps.append(seconds)
+        self.t += seconds
+
+    def now(self) -> datetime:
+        return datetime(2026, 9, 22, 10, 0, tzinfo=UTC) + timedelta(seconds=self.t)
+
+
+@dataclass
+class ScriptedRank:
+    lines: list[tuple[float, str]] = field(default_factory=list)  # (time it appears, text)
+    exits_at: float | None = None
+    exit_code: int = 1
+    errors_at: set[int] = field(default_factory=set)  # state() call numbers that fail
+    restarted_at: float | None = None
+    delivered: int = 0
+    state_calls: int = 0
+
+
+class ScriptedSource:
+    """Lines appear and containers exit at scripted times on the fake clock."""
+
+    def __init__(self, clock: FakeClock, ranks: dict[int, ScriptedRank]) -> None:
+        self.clock, self.ranks = clock, ranks
+
+    def new_lines(self, rank: int) -> list[LogLine]:
+        r = self.ranks[rank]
+        due = [(t, x) for t, x in r.lines if t <= self.clock.t]
+        fresh, r.delivered = due[r.delivered:], len(due)
+        return [LogLine(text=x, at=f"ts+{t:g}") for t, x in fresh]
+
+    def state(self, rank: int) -> ContainerState:
+        r = self.ranks[rank]
+        r.state_calls += 1
+        if r.state_calls in r.errors_at:
+            raise SourceError("ssh root@127.0.0.3:2222 failed: Connection refused")
+        if r.exits_at is not None and self.clock.t >= r.exits_at:
+            return ContainerState("exited", r.exit_code, "2026-09-22T10:00:00Z")
+        started = "2026-09-22T10:00:00Z"
+        if r.restarted_at is not None and self.clock.t >= r.restarted_at:
+            started = "2026-09-22T10:05:00Z"
+        return ContainerState("running", 0, started)
+
+
+def _rdv(**kw: float) -> RendezvousSettings:
+    return RendezvousSettings(**{"rendezvous_timeout_s": 120.0, "poll_interval_s": 5.0, **kw})  # type: ignore[arg-type]
+
+
+def _ready(**kw: float) -> ReadySettings:
+    base = {"ready_timeout_s": 600.0, "stall_s": 120.0, "poll_interval_s": 5.0, "progress_interval_s": 30.0}
+    return ReadySettings(**{**base, **kw})  # type: ignore[arg-type]
+
+
+class Probe:
+    def __init__(self, result: ModelsProbeResult) -> None:
+        self.result, self.calls = result, 0
+
+    def __call__(self) -> ModelsProbeResult:
+        self.calls += 1
+        return self.result
+
+
+LISTED = ModelsProbeResult("listed", ids=("DeepSeek-v4.1-Flash-EXL3",))
+
+
+def _noop(_: str) -> None:
+    pass
+
+
+# --- rendezvous gate -----------------------------------------------------------------------------------
+
+class TestRendezvous:
+    def test_passes_when_every_rank_logged_a_join_line(self) -> None:
+        clock = FakeClock()
+        src = ScriptedSource(clock, {
+            0: ScriptedRank(lines=[(1, L_LEADER), (2, L_INIT), (31, L_ASSIGNED_0)]),
+            1: ScriptedRank(lines=[(1, L_HEADLESS), (3, L_INIT_W), (32, L_NCCL)]),
+        })
+        res = rw.wait_for_rendezvous(RANKS, src, _rdv(), clock, _noop)
+        assert 32 <= res.elapsed_s <= 37
+        assert res.world_size == 2
+        assert res.joined_at == {0: "ts+31", 1: "ts+32"}
+
+    def test_one_rank_joined_is_not_enough_and_timeout_names_the_missing_rank(self) -> None:
+        clock = FakeClock()
+        head_lines = [(1, L_INIT), (2, L_ASSIGNED_0)] + [(3 + i, f"head line {i}") for i in range(25)]
+        src = ScriptedSource(clock, {0: ScriptedRank(lines=head_lines), 1: ScriptedRank(lines=[(4, L_INIT_W)])})
+        with pytest.raises(GateFailure) as err:
+            rw.wait_for_rendezvous(RANKS, src, _rdv(rendezvous_timeout_s=60), clock, _noop)
+        msg = str(err.value)
+        assert 60 <= clock.t <= 65
+        first = msg.splitlines()[0]
+        assert "rank 1 (node spark-b" in first and "rank 0 (" not in first.split("within")[1]
+        assert "reached init_process_group but never joined" in first
+        for cause in ("NCCL_SOCKET_IFNAME", "NCCL_IB_GID_INDEX", "firewall", "stale rank container",
+                      "10.0.0.1:29521"):
+            assert cause in msg, cause
+        # the last 20 lines of every rank, not more
+        assert "head line 24" in msg and "head line 5" in msg and "head line 4\n" not in msg
+        assert L_INIT_W in msg
+        assert "--- rank 0 (node spark-a, container dsv41-rank0), last 20 lines ---" in msg
+
+    def test_rank_that_never_reached_init_is_told_apart(self) -> None:
+        clock = FakeClock()
+        src = ScriptedSource(clock, {0: ScriptedRank(lines=[(1, L_ASSIGNED_0)]), 1: ScriptedRank()})
+        with pytest.raises(GateFailure, match="never reached the rendezvous") as err:
+            rw.wait_for_rendezvous(RANKS, src, _rdv(rendezvous_timeout_s=20), clock, _noop)
+        assert "(no log lines seen)" in str(err.value)
+
+    def test_exited_container_fails_on_the_next_poll(self) -> None:
+        clock = FakeClock()
+        src = ScriptedSource(clock, {
+            0: ScriptedRank(lines=[(1, L_INIT)]),
+            1: ScriptedRank(lines=[(2, "Traceback (most recent call last):"), (11, "RuntimeError: NCCL error")],
+                            exits_at=12, exit_code=1),
+        })
+        with pytest.raises(GateFailure) as err:
+            rw.wait_for_rendezvous(RANKS, src, _rdv(), clock, _noop)
+        assert 12 <= clock.t <= 17
+        msg = str(err.value)
+        assert msg.startswith("rank 1 (node spark-b, container dsv41-rank1) is exited with exit code 1")
+        assert "RuntimeError: NCCL error" in msg  # the lines logged just before the exit are drained
+
+    def test_dist_store_error_fails_at_once(self) -> None:
+        clock = FakeClock()
+        src = ScriptedSource(clock, {
+            0: ScriptedRank(lines=[(1, L_INIT), (40, L_DIST_STORE)]),
+            1: ScriptedRank(lines=[(1, L_HEADLESS)]),
+        })
+        with pytest.raises(GateFailure, match="logged a rendezvous failure") as err:
+            rw.wait_for_rendezvous(RANKS, src, _rdv(rendezvous_timeout_s=900), clock, _noop)
+        assert 40 <= clock.t <= 45
+        assert "NCCL_SOCKET_IFNAME" in str(err.value)
+
+    def test_restarted_container_fails(self) -> None:
+        clock = FakeClock()
+        src = ScriptedSource(clock, {0: ScriptedRank(), 1: ScriptedRank(restarted_at=20)})
+        with pytest.raises(GateFailure, match=r"rank 1 .* restarted"):
+            rw.wait_for_rendezvous(RANKS, src, _rdv(), clock, _noop)
+        assert 20 <= clock.t <= 25
+
+    def test_transient_ssh_errors_are_tolerated_but_three_in_a_row_fail(self) -> None:
+        clock = FakeClock()
+        src = ScriptedSource(clock, {0: ScriptedRank(lines=[(1, L_ASSIGNED_0)]),
+                                     1: ScriptedRank(lines=[(1, L_NCCL)], errors_at={1, 2})})
+        rw.wait_for_rendezvous(RANKS, src, _rdv(), clock, _noop)  # two misses, then fine
+        clock = FakeClock()
+        src = ScriptedSource(clock, {0: ScriptedRank(), 1: ScriptedRank(errors_at={2, 3, 4})})
+        with pytest.raises(GateFailure, match=r"cannot observe rank 1 .* 3 failures in a row.*Connection refused"):
+            rw.wait_for_rendezvous(RANKS, src, _rdv(), clock, _noop)
+        assert clock.t <= 20
+
+    def test_progress_is_reported_at_a_steady_pace(self) -> None:
+        clock = FakeClock()
+        seen: list[tuple[float, str]] = []
+        src = ScriptedSource(clock, {0: ScriptedRank(lines=[(1, L_ASSIGNED_0)]), 1: ScriptedRank(lines=[(95, L_NCCL)])})
+        rw.wait_for_rendezvous(RANKS, src, _rdv(), clock, lambda m: seen.append((clock.t, m)))
+        assert [t for t, _ in seen] == [30, 60, 90]
+        assert all("waiting for rank 1" in m for _, m in seen)
+
+    def test_real_time_bound(self) -> None:
+        src = ScriptedSource(FakeClock(), {0: ScriptedRank(), 1: ScriptedRank()})  # fake clock never advances
+        t0 = time.monotonic()
+        with pytest.raises(GateFailure, match="within 0.4 s"):
+            rw.wait_for_rendezvous(RANKS, src, _rdv(rendezvous_timeout_s=0.4, poll_interval_s=0.05),
+                                   SystemClock(), _noop)
+        assert 0.4 <= time.monotonic() - t0 < 1.0
+
+
+# --- ready gate ----------------------------------------------------------------------------------------
+
+BOOT_HEAD = [(1, L_INIT), (30, L_ASSIGNED_0), (40, L_LOAD), (290, L_LOADED), (400, L_KV), (401, L_KV_SIZE),
+             (410, L_GRAPH), (415, L_GRAPH_DONE), (500, L_WARM), (505, L_SERVER), (510, L_COMPLETE)]
+BOOT_WORKER = [(2, L_INIT_W), (30, L_ASSIGNED_1)] + [(40 + 20 * i, f"worker loading {i}") for i in range(24)]
+
+
+class TestReady:
+    def test_passes_after_startup_complete_and_model_listed_with_phase_times(self) -> None:
+        clock = FakeClock()
+        src = ScriptedSource(clock, {0: ScriptedRank(lines=BOOT_HEAD), 1: ScriptedRank(lines=BOOT_WORKER)})
+        probe = Probe(LISTED)
+        res = rw.wait_for_ready(RANKS, src, _ready(), clock, _noop, probe, "DeepSeek-v4.1-Flash-EXL3")
+        assert 510 <= res.elapsed_s <= 515
+        assert probe.calls == 1  # not probed before the head said it is up
+        assert res.phases == {"rendezvous": "ts+1", "loading weights": "ts+40", "KV cache": "ts+400",
+                              "graph capture": "ts+410", "warm-up": "ts+500", "API starting": "ts+505",
+                              "ready": "ts+510"}
+
+    def test_worker_logging_startup_complete_does_not_count(self) -> None:
+        clock = FakeClock()
+        src = ScriptedSource(clock, {0: ScriptedRank(lines=[(1, "x")] + [(i, f"h{i}") for i in range(2, 100, 10)]),
+                                     1: ScriptedRank(lines=[(5, L_COMPLETE)])})
+        probe = Probe(LISTED)
+        with pytest.raises(GateFailure, match="not ready within 60 s"):
+            rw.wait_for_ready(RANKS, src, _ready(ready_timeout_s=60), clock, _noop, probe, "m")
+        assert probe.calls == 0
+
+    def test_progress_every_30_s_names_phase_and_elapsed(self) -> None:
+        clock = FakeClock()
+        seen: list[tuple[float, str]] = []
+        src = ScriptedSource(clock, {0: ScriptedRank(lines=BOOT_HEAD), 1: ScriptedRank(lines=BOOT_WORKER)})
+        rw.wait_for_ready(RANKS, src, _ready(), clock, lambda m: seen.append((clock.t, m)), Probe(LISTED), "m")
+        times = [t for t, _ in seen]
+        assert times == [30.0 * k for k in range(1, 17)]  # 30..480 s; it passes at 510 s
+        at_300 = dict(seen)[300.0]
+        assert "phase 'loading weights'" in at_300 and "elapsed 5m00s" in at_300
+
+    def test_container_exit_is_detected_within_15_s(self) -> None:
+        clock = FakeClock()
+        src = ScriptedSource(clock, {0: ScriptedRank(lines=BOOT_HEAD),
+                                     1: ScriptedRank(lines=BOOT_WORKER, exits_at=203, exit_code=137)})
+        with pytest.raises(GateFailure) as err:
+            rw.wait_for_ready(RANKS, src, _ready(), clock, _noop, Probe(LISTED), "m")
+        assert 203 <= clock.t <= 203 + 15
+        msg = str(err.value)
+        assert "rank 1 (node spark-b, container dsv41-rank1) is exited with exit code 137" in msg
+        assert "watchdog.log" in msg and "worker loading 8" in msg and L_LOAD in msg
+
+    def test_stall_fails_and_shm_broadcast_lines_do_not_count_as_progress(self) -> None:
+        clock = FakeClock()
+        head = [(1, L_INIT), (20, L_LOAD)] + [(20 + 10 * i, L_SHM) for i in range(1, 40)]
+        src = ScriptedSource(clock, {0: ScriptedRank(lines=head), 1: ScriptedRank(lines=[(2, L_INIT_W)])})
+        with pytest.raises(GateFailure) as err:
+            rw.wait_for_ready(RANKS, src, _ready(stall_s=60), clock, _noop, Probe(LISTED), "m")
+        assert 80 <= clock.t <= 85
+        msg = str(err.value)
+        assert msg.startswith("no rank logged anything new for 1m0") and "in phase 'loading weights'" in msg
+        assert "raise stall_s" in msg
+
+    def test_one_rank_still_logging_is_not_a_stall(self) -> None:
+        clock = FakeClock()
+        src = ScriptedSource(clock, {0: ScriptedRank(lines=[(1, L_LOAD)]),
+                                     1: ScriptedRank(lines=[(10 * i, f"w{i}") for i in range(1, 30)])})
+        with pytest.raises(GateFailure, match="not ready within 200 s"):
+            rw.wait_for_ready(RANKS, src, _ready(stall_s=60, ready_timeout_s=200), clock, _noop, Probe(LISTED), "m")
+
+    def test_timeout_names_last_phase(self) -> None:
+        clock = FakeClock()
+        src = ScriptedSource(clock, {0: ScriptedRank(lines=[(1, L_LOAD), (50, L_KV)] + [(60 + i, "jit") for i in
+                                                                                        range(200)]),
+                                     1: ScriptedRank()})
+        with pytest.raises(GateFailure) as err:
+            rw.wait_for_ready(RANKS, src, _ready(ready_timeout_s=120), clock, _noop, Probe(LISTED), "m")
+        assert 120 <= clock.t <= 125
+        assert "not ready within 120 s, last phase 'KV cache'" in str(err.value)
+
+    def test_head_up_but_models_unreachable_keeps_polling_then_says_so(self) -> None:
+        clock = FakeClock()
+        src = ScriptedSource(clock, {0: ScriptedRank(lines=[(1, L_COMPLETE)] + [(i, "busy") for i in range(2, 99)]),
+                                     1: ScriptedRank()})
+        probe = Probe(ModelsProbeResult("unreachable", "GET http://127.0.0.1:1/v1/models: ConnectionError"))
+        with pytest.raises(GateFailure, match="never answered: GET http://127.0.0.1:1/v1/models"):
+            rw.wait_for_ready(RANKS, src, _ready(ready_timeout_s=60), clock, _noop, probe, "m")
+        assert probe.calls >= 12
+
+    def test_wrong_model_name_fails_at_once(self) -> None:
+        clock = FakeClock()
+        src = ScriptedSource(clock, {0: ScriptedRank(lines=[(1, L_COMPLETE)]), 1: ScriptedRank()})
+        with pytest.raises(GateFailure, match=r"lists \['other'\], not 'DeepSeek-v4.1-Flash-EXL3'"):
+            rw.wait_for_ready(RANKS, src, _ready(), clock, _noop,
+                              Probe(ModelsProbeResult("not_listed", ids=("other",))), "DeepSeek-v4.1-Flash-EXL3")
+        assert clock.t <= 5
+
+    def test_rejected_api_key_fails_at_once(self) -> None:
+        clock = FakeClock()
+        src = ScriptedSource(clock, {0: ScriptedRank(lines=[(1, L_COMPLETE)]), 1: ScriptedRank()})
+        with pytest.raises(GateFailure, match="refused the API key"):
+            rw.wait_for_ready(RANKS, src, _ready(), clock, _noop, Probe(ModelsProbeResult("unauthorized", "401")), "m")
+
+    def test_dist_store_error_fails_the_ready_gate_too(self) -> None:
+        clock = FakeClock()
+        src = ScriptedSource(clock, {0: ScriptedRank(lines=[(1, L_INIT), (30, L_DIST_STORE)]), 1: ScriptedRank()})
+        with pytest.raises(GateFailure, match="rendezvous failure"):
+            rw.wait_for_ready(RANKS, src, _ready(), clock, _noop, Probe(LISTED), "m")
+        assert clock.t <= 35
+
+    def test_failure_messages_never_carry_the_api_key(self) -> None:
+        clock = FakeClock()
+        src = ScriptedSource(clock, {0: ScriptedRank(lines=[(1, L_ARGS_WITH_KEY), (2, "key=OTHERSECRET9")]),
+                                     1: ScriptedRank(exits_at=10)})
+        with pytest.raises(GateFailure) as err:
+            rw.wait_for_ready(RANKS, src, _ready(secrets=("OTHERSECRET9",)), clock, _noop,  # type: ignore[arg-type]
+                              Probe(LISTED), "m")
+        assert "sk-live-very-secret" not in str(err.value) and "OTHERSECRET9" not in str(err.value)
+        assert "non-default args" in str(err.value)
+
+    def test_defaults_allow_a_36_minute_jit_boot_and_detect_exits_within_15_s(self) -> None:
+        s = ReadySettings()
+        assert s.ready_timeout_s >= 36 * 60 + 5 * 60
+        assert s.poll_interval_s * s.max_source_errors <= 15
+        assert s.progress_interval_s == 30
+        with pytest.raises(ValueError, match="poll_interval_s=10"):
+            ReadySettings(poll_interval_s=10)
+
+    def test_real_time_bound_on_stall(self) -> None:
+        src = ScriptedSource(FakeClock(), {0: ScriptedRank(lines=[(0, L_LOAD)]), 1: ScriptedRank()})
+        t0 = time.monotonic()
+        with pytest.raises(GateFailure, match="stall limit 0.4 s"):
+            rw.wait_for_ready(RANKS, src, _ready(stall_s=0.4, poll_interval_s=0.05, ready_timeout_s=30),
+                              SystemClock(), _noop, Probe(LISTED), "m")
+        assert 0.4 <= time.monotonic() - t0 < 1.0
+
+
+# --- /v1/models probe against a loopback server -------------------------------------------------------
+
+@dataclass
+class ModelsServer:
+    base: str
+    seen: list[dict[str, str]]
+    plan: dict[str, object]
+
+
+@pytest.fixture
+def models_server() -> Iterator[ModelsServer]:
+    seen: list[dict[str, str]] = []
+    plan: dict[str, object] = {"status": 200, "ids": ["DeepSeek-v4.1-Flash-EXL3"]}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            seen.append({"path": self.path, "auth": self.headers.get("Authorization", "")})
+            ids = plan["ids"]
+            assert isinstance(ids, list)
+            body = json.dumps({"object": "list", "data": [{"id": i, "object": "model"} for i in ids]})
+            self.send_response(int(str(plan["status"])))
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield ModelsServer(f"http://127.0.0.1:{server.server_address[1]}", seen, plan)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class TestModelsEndpoint:
+    def test_listed_with_bearer_key(self, models_server: ModelsServer) -> None:
+        res = ModelsEndpoint(models_server.base, "DeepSeek-v4.1-Flash-EXL3", api_key="k-123", timeout_s=2)()
+        assert res.outcome == "listed"
+        assert models_server.seen == [{"path": "/v1/models", "auth": "Bearer k-123"}]
+        assert "k-123" not in repr(ModelsEndpoint(models_server.base, "m", api_key="k-123"))
+
+    def test_other_model_is_not_listed(self, models_server: ModelsServer) -> None:
+        res = ModelsEndpoint(models_server.base + "/v1/", "Another", timeout_s=2)()
+        assert res.outcome == "not_listed" and res.ids == ("DeepSeek-v4.1-Flash-EXL3",)
+        assert models_server.seen[0]["path"] == "/v1/models"
+
+    def test_401_is_unauthorized(self, models_server: ModelsServer) -> None:
+        models_server.plan["status"] = 401
+        assert ModelsEndpoint(models_server.base, "m", timeout_s=2)().outcome == "unauthorized"
+
+    def test_503_while_starting_is_unreachable(self, models_server: ModelsServer) -> None:
+        models_server.plan["status"] = 503
+        assert ModelsEndpoint(models_server.base, "m", timeout_s=2)().outcome == "unreachable"
+
+    def test_refused_connection_is_unreachable(self) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        res = ModelsEndpoint(f"http://127.0.0.1:{port}", "m", api_key="k-999", timeout_s=1)()
+        assert res.outcome == "unreachable" and "k-999" not in res.detail
+
+
+# --- the SSH source, through a fake `ssh` on PATH ------------------------------------------------------
+
+FAKE_SSH = r"""#!/bin/sh
+# Records its argv, answers from canned files chosen by the remote command (the last argument).
+d="$FAKE_SSH_DIR"
+for a in "$@"; do printf '%s\n' "$a"; done >> "$d/argv.log"
+printf '%s\n' '---' >> "$d/argv.log"
+for last in "$@"; do :; done
+printf '%s\n' "$last" >> "$d/remote.log"
+case "$last" in
+  *"docker inspect"*) kind=inspect ;;
+  *"docker logs"*) kind=logs ;;
+  *) kind=other ;;
+esac
+n=$(cat "$d/$kind.n" 2>/dev/null || echo 0); n=$((n + 1)); echo "$n" > "$d/$kind.n"
+f="$d/$kind.$n"; [ -f "$f.rc" ] || f="$d/$kind"
+cat "$f.out" 2>/dev/null
+cat "$f.err" >&2 2>/dev/null
+exit "$(cat "$f.rc" 2>/dev/null || echo 0)"
+"""
+
+KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nSECRETKEYMATERIAL0123456789\n-----END OPENSSH PRIVATE KEY-----\n"
+
+
+@pytest.fixture
+def fake_ssh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    ssh = bindir / "ssh"
+    ssh.write_text(FAKE_SSH)
+    ssh.chmod(0o755)
+    data = tmp_path / "ssh-data"
+    data.mkdir()
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SSH_DIR", str(data))
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    return data
+
+
+def _canned(d: Path, name: str, out: str = "", rc: int = 0, err: str = "") -> None:
+    (d / f"{name}.out").write_text(out)
+    (d / f"{name}.rc").write_text(str(rc))
+    (d / f"{name}.err").write_text(err)
+
+
+class TestSshRankSource:
+    def test_state_parses_docker_inspect_and_the_key_never_reaches_argv(self, fake_ssh: Path) -> None:
+        _canned(fake_ssh, "inspect", "running 0 2026-09-22T10:00:00.123456789Z\n")
+        src = SshRankSource(RANKS, private_key=KEY)
+        assert src.state(1) == ContainerState("running", 0, "2026-09-22T10:00:00.123456789Z")
+        argv = (fake_ssh / "argv.log").read_text().split("---\n")[0].splitlines()
+        assert "SECRETKEYMATERIAL" not in "".join(argv)
+        key_file = Path(argv[argv.index("-i") + 1])
+        assert key_file.read_text() == KEY and stat.S_IMODE(key_file.stat().st_mode) == 0o600
+        assert "root@127.0.0.3" in argv and argv[argv.index("-p") + 1] == "2222"
+        assert argv[-1] == ("timeout 10 docker inspect -f "
+                            "'{{.State.Status}} {{.State.ExitCode}} {{.State.StartedAt}}' dsv41-rank1")
+
+    def test_exited_and_missing_containers(self, fake_ssh: Path) -> None:
+        _canned(fake_ssh, "inspect.1", "exited 137 2026-09-22T10:00:00Z\n")
+        _canned(fake_ssh, "inspect.2", "", rc=1, err="Error: No such object: dsv41-rank1\n")
+        src = SshRankSource(RANKS)
+        assert src.state(1) == ContainerState("exited", 137, "2026-09-22T10:00:00Z")
+        assert src.state(1).status == "missing"
+
+    def test_ssh_failure_and_garbage_raise_source_error(self, fake_ssh: Path) -> None:
+        _canned(fake_ssh, "inspect.1", "", rc=255, err="ssh: connect to host 127.0.0.3 port 2222: Connection refused\n")
+        _canned(fake_ssh, "inspect.2", "permission denied while trying to connect\n")
+        _canned(fake_ssh, "inspect.3", "", rc=124)
+        src = SshRankSource(RANKS)
+        with pytest.raises(SourceError, match="ssh root@127.0.0.3:2222 failed: .*Connection refused"):
+            src.state(1)
+        with pytest.raises(SourceError, match="unexpected docker inspect output"):
+            src.state(1)
+        with pytest.raises(SourceError, match="did not answer within 10 s"):
+            src.state(1)
+
+    def test_logs_start_at_container_start_then_continue_without_duplicates(self, fake_ssh: Path) -> None:
+        _canned(fake_ssh, "inspect", "running 0 2026-09-22T10:00:00.5Z\n")
+        _canned(fake_ssh, "logs.1",
+                "2026-09-22T10:00:01.000000001Z first\n"
+                "2026-09-22T10:00:02.1Z second\r\n"
+                "2026-09-22T10:00:03.25Z bar 10%\rbar 100%\n"
+                "2026-09-22T10:00:03.25Z same instant\n")
+        _canned(fake_ssh, "logs.2",
+                "2026-09-22T10:00:03.25Z bar 100%\n"
+                "2026-09-22T10:00:03.25Z same instant\n"
+                "2026-09-22T10:00:04Z third\n")
+        src = SshRankSource(RANKS)
+        first = src.new_lines(0)
+        assert [ln.text for ln in first] == ["first", "second", "bar 100%", "same instant"]
+        assert first[0].at == "2026-09-22T10:00:01.000000001Z"
+        second = src.new_lines(0)
+        assert [ln.text for ln in second] == ["third"]
+        remote = (fake_ssh / "remote.log").read_text().splitlines()
+        assert remote[1] == "timeout 10 docker logs --timestamps --since 2026-09-22T10:00:00.5Z dsv41-rank0 2>&1"
+        assert remote[2] == "timeout 10 docker logs --timestamps --since 2026-09-22T10:00:03.25Z dsv41-rank0 2>&1"
+
+    def test_logs_failure_is_a_source_error(self, fake_ssh: Path) -> None:
+        _canned(fake_ssh, "inspect", "running 0 2026-09-22T10:00:00Z\n")
+        _canned(fake_ssh, "logs", "Error response from daemon: No such container: dsv41-rank0\n", rc=1)
+        with pytest.raises(SourceError, match="docker logs dsv41-rank0 failed: Error response"):
+            SshRankSource(RANKS).new_lines(0)
+
+
+def test_timestamp_key_orders_variable_length_fractions() -> None:
+    assert rw.timestamp_key("2026-09-22T10:00:00.1Z") > rw.timestamp_key("2026-09-22T10:00:00.099999999Z")
+    assert rw.timestamp_key("2026-09-22T12:00:00+02:00") == rw.timestamp_key("2026-09-22T10:00:00Z")
