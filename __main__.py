@@ -1,0 +1,15 @@
+"""dsv41-exl3: DeepSeek-V4.1-Flash (EXL3 2.9bpw) on DGX Sparks, verified by real logprobs."""
+
+import pulumi
+
+from components.config import ConfigError, from_stack
+from components.deployment import deploy
+
+try:
+    loaded = from_stack()
+except ConfigError as err:
+    # Before any resource or connection: the whole list, no traceback.
+    raise pulumi.RunError(str(err)) from None
+
+for key, value in deploy(loaded, pulumi.get_stack()).items():
+    pulumi.export(key, value)
