@@ -9,6 +9,7 @@ import stat
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -451,10 +452,11 @@ class ModelsServer:
     plan: dict[str, object]
 
 
-@pytest.fixture
-def models_server() -> Iterator[ModelsServer]:
+@contextmanager
+def serve_models(ids: list[str], api_key: str | None = None) -> Iterator[ModelsServer]:
+    """A loopback stand-in for vLLM's /v1/models; answers 401 when api_key is set and not presented."""
     seen: list[dict[str, str]] = []
-    plan: dict[str, object] = {"status": 200, "ids": ["DeepSeek-v4.1-Flash-EXL3"]}
+    plan: dict[str, object] = {"status": 200, "ids": ids}
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802
@@ -462,7 +464,10 @@ def models_server() -> Iterator[ModelsServer]:
             ids = plan["ids"]
             assert isinstance(ids, list)
             body = json.dumps({"object": "list", "data": [{"id": i, "object": "model"} for i in ids]})
-            self.send_response(int(str(plan["status"])))
+            status = int(str(plan["status"]))
+            if api_key and self.headers.get("Authorization") != f"Bearer {api_key}":
+                status = 401
+            self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.end_headers()
             self.wfile.write(body.encode())
@@ -478,6 +483,12 @@ def models_server() -> Iterator[ModelsServer]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture
+def models_server() -> Iterator[ModelsServer]:
+    with serve_models(["DeepSeek-v4.1-Flash-EXL3"]) as server:
+        yield server
 
 
 class TestModelsEndpoint:
@@ -532,8 +543,8 @@ exit "$(cat "$f.rc" 2>/dev/null || echo 0)"
 KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nSECRETKEYMATERIAL0123456789\n-----END OPENSSH PRIVATE KEY-----\n"
 
 
-@pytest.fixture
-def fake_ssh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def install_fake_ssh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Put the canned `ssh` first on PATH; return the directory of its canned answers and logs."""
     bindir = tmp_path / "bin"
     bindir.mkdir()
     ssh = bindir / "ssh"
@@ -547,6 +558,11 @@ def fake_ssh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     runtime.mkdir(mode=0o700)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
     return data
+
+
+@pytest.fixture
+def fake_ssh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    return install_fake_ssh(tmp_path, monkeypatch)
 
 
 def _canned(d: Path, name: str, out: str = "", rc: int = 0, err: str = "") -> None:

@@ -1,0 +1,329 @@
+"""The rendezvous gate and the ready gate: Pulumi dynamic resources that block `pulumi up`.
+
+The logic lives in `components/rank_watch.py`; this module only turns resource properties into
+its inputs and its results into outputs. It must import without side effects and create no
+resources at import: Pulumi pickles the provider classes by reference and re-imports this
+module in the provider process. Providers hold no sessions or clients as attributes.
+
+Any input change (a replaced serving container above all, through `rerun_on`) re-runs the gate
+as an in-place update. That is cheap on a server that is already up: the logs are read from
+the container's start, so the join and startup lines are found on the first poll.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+import pulumi.dynamic
+from pulumi.runtime import rpc
+
+from components.rank_watch import (
+    ModelsEndpoint,
+    RankSpec,
+    ReadySettings,
+    RendezvousSettings,
+    SshRankSource,
+    SystemClock,
+    wait_for_ready,
+    wait_for_rendezvous,
+)
+
+_SECRET_SIG_KEY = rpc._special_sig_key  # noqa: SLF001 - the wire marker of a secret value
+_SECRET_SIG = rpc._special_secret_sig  # noqa: SLF001
+_CONTAINER_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]*$")
+
+SHARED_INPUT_KEYS = ("ranks", "ssh_private_key", "ssh_agent_socket", "poll_interval_s", "progress_interval_s",
+                     "rerun_on")
+RENDEZVOUS_INPUT_KEYS = (*SHARED_INPUT_KEYS, "rendezvous_timeout_s")
+READY_INPUT_KEYS = (*SHARED_INPUT_KEYS, "api_base", "model_name", "api_key", "ready_timeout_s", "stall_s",
+                    "models_timeout_s")
+SECRET_KEYS = ["ssh_private_key", "api_key"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Program-side args
+
+
+@dataclass(frozen=True, kw_only=True)
+class GateRank:
+    """One serving container as the gates reach it: over SSH on `host:port` as `user`."""
+
+    rank: int
+    node: str
+    host: str
+    port: int = 22
+    user: str
+    container: str
+
+    def __post_init__(self) -> None:
+        if self.rank < 0:
+            raise ValueError(f"gate rank {self.rank} on node {self.node!r} is negative: ranks start at 0 (head)")
+        if not _CONTAINER_NAME.match(self.container):
+            raise ValueError(f"gate container name {self.container!r} on node {self.node!r} is not a valid docker "
+                             "container name ([a-zA-Z0-9][a-zA-Z0-9_.-]*)")
+        if not 0 < self.port < 65536:
+            raise ValueError(f"gate ssh port {self.port} for node {self.node!r} is out of range 1..65535")
+
+    def to_prop(self) -> dict[str, Any]:
+        return {"rank": self.rank, "node": self.node, "host": self.host, "port": self.port, "user": self.user,
+                "container": self.container}
+
+
+def _check_ranks(ranks: Sequence[GateRank]) -> None:
+    numbers = sorted(r.rank for r in ranks)
+    if numbers != list(range(len(numbers))) or not numbers:
+        raise ValueError(f"gate ranks {numbers} must be 0..N-1, each once (0 = the head node)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RendezvousGateArgs:
+    """Inputs of RendezvousGate. `rerun_on`: the ids of every serving container."""
+
+    ranks: Sequence[GateRank]
+    rerun_on: pulumi.Input[Sequence[pulumi.Input[str]]]
+    ssh_private_key: pulumi.Input[str] | None = None
+    ssh_agent_socket: str | None = None
+    rendezvous_timeout_s: float = 720.0
+    poll_interval_s: float = 5.0
+    progress_interval_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        _check_ranks(self.ranks)
+        RendezvousSettings(rendezvous_timeout_s=self.rendezvous_timeout_s, poll_interval_s=self.poll_interval_s,
+                           progress_interval_s=self.progress_interval_s)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReadyGateArgs:
+    """Inputs of ReadyGate: the ranks to watch and the head's OpenAI API (`api_base` without /v1)."""
+
+    ranks: Sequence[GateRank]
+    rerun_on: pulumi.Input[Sequence[pulumi.Input[str]]]
+    api_base: pulumi.Input[str]
+    model_name: pulumi.Input[str]
+    api_key: pulumi.Input[str] | None = None
+    ssh_private_key: pulumi.Input[str] | None = None
+    ssh_agent_socket: str | None = None
+    ready_timeout_s: float = 2700.0
+    stall_s: float = 600.0
+    poll_interval_s: float = 5.0
+    progress_interval_s: float = 30.0
+    models_timeout_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        _check_ranks(self.ranks)
+        ReadySettings(ready_timeout_s=self.ready_timeout_s, stall_s=self.stall_s,
+                      poll_interval_s=self.poll_interval_s, progress_interval_s=self.progress_interval_s)
+        if self.models_timeout_s <= 0:
+            raise ValueError(f"models_timeout_s={self.models_timeout_s} must be > 0")
+
+
+# ---------------------------------------------------------------------------------------------
+# Provider-side: plain values from properties
+
+
+def _unwrap_secret(value: Any) -> Any:
+    # Dynamic providers declare acceptSecrets=False, but be safe if a wrapped secret arrives.
+    if isinstance(value, Mapping) and value.get(_SECRET_SIG_KEY) == _SECRET_SIG:
+        return value.get("value")
+    return value
+
+
+def _ranks_from_prop(value: Any) -> list[RankSpec]:
+    if not isinstance(value, list) or not value:
+        raise ValueError(f"gate ranks must be a non-empty list of {{rank, node, host, port, user, container}}, "
+                         f"got {value!r}")
+    return [RankSpec(rank=int(r["rank"]), node=str(r["node"]), host=str(r["host"]), port=int(r.get("port", 22)),
+                     user=str(r["user"]), container=str(r["container"])) for r in value]
+
+
+def _float(props: Mapping[str, Any], key: str, default: float) -> float:
+    value = _unwrap_secret(props.get(key))
+    return float(value) if value is not None else default
+
+
+def _comparable(key: str, value: Any) -> Any:
+    value = _unwrap_secret(value)
+    if key == "rerun_on" and isinstance(value, list | tuple):
+        return tuple(sorted(str(v) for v in value))  # which containers, not their order
+    if key == "ranks" and isinstance(value, list | tuple):
+        rows = [tuple((k, _comparable(k, v)) for k, v in sorted(dict(r).items()))
+                for r in value if isinstance(r, Mapping)]
+        return sorted(rows, key=repr)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return float(value)  # state round-trips numbers as floats
+    return value
+
+
+def changed_inputs(keys: Sequence[str], olds: Mapping[str, Any], news: Mapping[str, Any]) -> list[str]:
+    """Input keys whose values differ; `__provider` (the pickled code) is deliberately not one."""
+    return [k for k in keys if _comparable(k, olds.get(k)) != _comparable(k, news.get(k))]
+
+
+def _inputs(keys: Sequence[str], props: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: _unwrap_secret(props.get(k)) for k in keys}
+
+
+def _source(props: Mapping[str, Any]) -> SshRankSource:
+    key = _unwrap_secret(props.get("ssh_private_key"))
+    agent = _unwrap_secret(props.get("ssh_agent_socket"))
+    return SshRankSource(_ranks_from_prop(_unwrap_secret(props.get("ranks"))),
+                         private_key=str(key) if key else None, agent_socket=str(agent) if agent else None)
+
+
+def _log_progress(message: str) -> None:
+    # No engine connection in the provider process: pulumi.log falls back to stderr, which the CLI shows.
+    pulumi.log.info(message)
+
+
+def run_rendezvous_gate(props: Mapping[str, Any]) -> dict[str, Any]:
+    """Wait for every rank to join; return the outputs (inputs echoed plus the verdict)."""
+    secrets = tuple(str(s) for s in (_unwrap_secret(props.get(k)) for k in SECRET_KEYS) if s)
+    settings = RendezvousSettings(
+        rendezvous_timeout_s=_float(props, "rendezvous_timeout_s", 720.0),
+        poll_interval_s=_float(props, "poll_interval_s", 5.0),
+        progress_interval_s=_float(props, "progress_interval_s", 30.0),
+        secrets=secrets,
+    )
+    ranks = _ranks_from_prop(_unwrap_secret(props.get("ranks")))
+    result = wait_for_rendezvous(ranks, _source(props), settings, SystemClock(), _log_progress)
+    return {
+        **_inputs(RENDEZVOUS_INPUT_KEYS, props),
+        "passed_at": result.passed_at,
+        "elapsed_s": result.elapsed_s,
+        "world_size": result.world_size,
+        "joined_at": {str(k): v for k, v in sorted(result.joined_at.items())},
+    }
+
+
+def run_ready_gate(props: Mapping[str, Any]) -> dict[str, Any]:
+    """Wait for the head's API to list the model; return the outputs (inputs echoed plus the verdict)."""
+    api_key = _unwrap_secret(props.get("api_key"))
+    secrets = tuple(str(s) for s in (_unwrap_secret(props.get(k)) for k in SECRET_KEYS) if s)
+    settings = ReadySettings(
+        ready_timeout_s=_float(props, "ready_timeout_s", 2700.0),
+        stall_s=_float(props, "stall_s", 600.0),
+        poll_interval_s=_float(props, "poll_interval_s", 5.0),
+        progress_interval_s=_float(props, "progress_interval_s", 30.0),
+        secrets=secrets,
+    )
+    model = str(_unwrap_secret(props.get("model_name")) or "")
+    api_base = str(_unwrap_secret(props.get("api_base")) or "")
+    if not model or not api_base.startswith(("http://", "https://")):
+        raise ValueError(f"ReadyGate needs model_name and an http(s) api_base, got model_name={model!r} "
+                         f"api_base={api_base!r}")
+    probe = ModelsEndpoint(api_base, model, str(api_key) if api_key else None,
+                           timeout_s=_float(props, "models_timeout_s", 5.0))
+    ranks = _ranks_from_prop(_unwrap_secret(props.get("ranks")))
+    result = wait_for_ready(ranks, _source(props), settings, SystemClock(), _log_progress, probe, model)
+    return {
+        **_inputs(READY_INPUT_KEYS, props),
+        "passed_at": result.passed_at,
+        "elapsed_s": result.elapsed_s,
+        "phases": result.phases,
+    }
+
+
+class RendezvousGateProvider(pulumi.dynamic.ResourceProvider):
+    """CRUD for RendezvousGate. Nothing exists outside the state, so delete does nothing."""
+
+    def create(self, props: dict[str, Any]) -> pulumi.dynamic.CreateResult:
+        return pulumi.dynamic.CreateResult(id_=f"rendezvous-{uuid.uuid4().hex[:16]}", outs=run_rendezvous_gate(props))
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> pulumi.dynamic.DiffResult:
+        changed = changed_inputs(RENDEZVOUS_INPUT_KEYS, olds, news)
+        return pulumi.dynamic.DiffResult(changes=bool(changed), replaces=[], stables=[], delete_before_replace=False)
+
+    def update(self, _id: str, _olds: dict[str, Any], news: dict[str, Any]) -> pulumi.dynamic.UpdateResult:
+        return pulumi.dynamic.UpdateResult(outs=run_rendezvous_gate(news))
+
+    def delete(self, _id: str, _props: dict[str, Any]) -> None:
+        """A gate leaves nothing behind."""
+
+
+class ReadyGateProvider(pulumi.dynamic.ResourceProvider):
+    """CRUD for ReadyGate. Nothing exists outside the state, so delete does nothing."""
+
+    def create(self, props: dict[str, Any]) -> pulumi.dynamic.CreateResult:
+        return pulumi.dynamic.CreateResult(id_=f"ready-{uuid.uuid4().hex[:16]}", outs=run_ready_gate(props))
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> pulumi.dynamic.DiffResult:
+        changed = changed_inputs(READY_INPUT_KEYS, olds, news)
+        return pulumi.dynamic.DiffResult(changes=bool(changed), replaces=[], stables=[], delete_before_replace=False)
+
+    def update(self, _id: str, _olds: dict[str, Any], news: dict[str, Any]) -> pulumi.dynamic.UpdateResult:
+        return pulumi.dynamic.UpdateResult(outs=run_ready_gate(news))
+
+    def delete(self, _id: str, _props: dict[str, Any]) -> None:
+        """A gate leaves nothing behind."""
+
+
+def _secret_or_none(value: pulumi.Input[str] | None) -> pulumi.Output[str] | None:
+    return pulumi.Output.secret(value) if value is not None else None
+
+
+class RendezvousGate(pulumi.dynamic.Resource, module="gates", name="RendezvousGate"):
+    """Blocks until every rank joined vLLM's distributed group; fails naming the rank that did not."""
+
+    passed_at: pulumi.Output[str]
+    """When the gate passed (ISO-8601, UTC)."""
+    elapsed_s: pulumi.Output[float]
+    """How long the gate waited, in seconds."""
+    world_size: pulumi.Output[int | None]
+    """The world size vLLM reported, when its rank-assignment line was seen."""
+    joined_at: pulumi.Output[dict[str, str]]
+    """Per rank (as a string key), the log timestamp of its join line."""
+
+    def __init__(self, name: str, args: RendezvousGateArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        props: dict[str, Any] = {
+            "ranks": [r.to_prop() for r in args.ranks],
+            "ssh_private_key": _secret_or_none(args.ssh_private_key),
+            "ssh_agent_socket": args.ssh_agent_socket,
+            "poll_interval_s": args.poll_interval_s,
+            "progress_interval_s": args.progress_interval_s,
+            "rerun_on": args.rerun_on,
+            "rendezvous_timeout_s": args.rendezvous_timeout_s,
+            "passed_at": None,
+            "elapsed_s": None,
+            "world_size": None,
+            "joined_at": None,
+        }
+        secret = pulumi.ResourceOptions(additional_secret_outputs=list(SECRET_KEYS))
+        super().__init__(RendezvousGateProvider(), name, props, pulumi.ResourceOptions.merge(secret, opts))
+
+
+class ReadyGate(pulumi.dynamic.Resource, module="gates", name="ReadyGate"):
+    """Blocks until the head logged startup complete and /v1/models lists the served model."""
+
+    passed_at: pulumi.Output[str]
+    """When the gate passed (ISO-8601, UTC)."""
+    elapsed_s: pulumi.Output[float]
+    """How long the gate waited, in seconds."""
+    phases: pulumi.Output[dict[str, str]]
+    """Boot phase -> when it was first seen (the log line's timestamp)."""
+
+    def __init__(self, name: str, args: ReadyGateArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        props: dict[str, Any] = {
+            "ranks": [r.to_prop() for r in args.ranks],
+            "ssh_private_key": _secret_or_none(args.ssh_private_key),
+            "ssh_agent_socket": args.ssh_agent_socket,
+            "poll_interval_s": args.poll_interval_s,
+            "progress_interval_s": args.progress_interval_s,
+            "rerun_on": args.rerun_on,
+            "api_base": args.api_base,
+            "model_name": args.model_name,
+            "api_key": _secret_or_none(args.api_key),
+            "ready_timeout_s": args.ready_timeout_s,
+            "stall_s": args.stall_s,
+            "models_timeout_s": args.models_timeout_s,
+            "passed_at": None,
+            "elapsed_s": None,
+            "phases": None,
+        }
+        secret = pulumi.ResourceOptions(additional_secret_outputs=list(SECRET_KEYS))
+        super().__init__(ReadyGateProvider(), name, props, pulumi.ResourceOptions.merge(secret, opts))

@@ -1,0 +1,280 @@
+"""The gates' dynamic providers: create/update/diff against a fake `ssh` and a loopback /v1/models, pickling,
+and what the program registers."""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import dill
+import pulumi
+import pytest
+from pulumi.dynamic.dynamic import serialize_provider
+from pulumi.runtime import rpc
+
+from components import gates
+from components.gates import (
+    GateRank,
+    ReadyGate,
+    ReadyGateArgs,
+    ReadyGateProvider,
+    RendezvousGate,
+    RendezvousGateArgs,
+    RendezvousGateProvider,
+)
+from components.rank_watch import GateFailure
+from tests import recording
+from tests.test_rank_watch import KEY, _canned, install_fake_ssh, serve_models
+
+REPO = Path(__file__).resolve().parent.parent
+MODEL = "DeepSeek-v4.1-Flash-EXL3"
+API_KEY = "sk-gate-test-0123456789"
+
+RANKS = [
+    GateRank(rank=0, node="spark-a", host="127.0.0.2", port=2222, user="root", container="dsv41-rank0"),
+    GateRank(rank=1, node="spark-b", host="127.0.0.3", port=2222, user="root", container="dsv41-rank1"),
+]
+
+
+def _rdv_props(**over: Any) -> dict[str, Any]:
+    props: dict[str, Any] = {
+        "ranks": [r.to_prop() for r in RANKS],
+        "ssh_private_key": KEY,
+        "ssh_agent_socket": None,
+        "poll_interval_s": 0.05,
+        "progress_interval_s": 30,
+        "rerun_on": ["cid-head-1", "cid-worker-1"],
+        "rendezvous_timeout_s": 5,
+        "__provider": "pickled-code-v1",
+    }
+    return {**props, **over}
+
+
+def _ready_props(api_base: str, **over: Any) -> dict[str, Any]:
+    props = _rdv_props()
+    del props["rendezvous_timeout_s"]
+    props.update({"api_base": api_base, "model_name": MODEL, "api_key": API_KEY, "ready_timeout_s": 5,
+                  "stall_s": 5, "models_timeout_s": 2})
+    return {**props, **over}
+
+
+# --- args -----------------------------------------------------------------------------------------------
+
+class TestArgs:
+    def test_ranks_must_be_0_to_n_minus_1(self) -> None:
+        with pytest.raises(ValueError, match=r"gate ranks \[0, 2\] must be 0..N-1"):
+            RendezvousGateArgs(ranks=[RANKS[0], GateRank(rank=2, node="c", host="127.0.0.4", user="u",
+                                                         container="x")], rerun_on=[])
+        with pytest.raises(ValueError, match=r"gate ranks \[1\]"):
+            RendezvousGateArgs(ranks=[RANKS[1]], rerun_on=[])
+
+    def test_container_name_and_timeouts_are_checked(self) -> None:
+        with pytest.raises(ValueError, match="'bad name;rm' on node 'a' is not a valid docker container name"):
+            GateRank(rank=0, node="a", host="h", user="u", container="bad name;rm")
+        with pytest.raises(ValueError, match="poll_interval_s=30"):
+            ReadyGateArgs(ranks=RANKS, rerun_on=[], api_base="http://127.0.0.1:8888", model_name=MODEL,
+                          poll_interval_s=30)
+        with pytest.raises(ValueError, match="stall_s=0"):
+            ReadyGateArgs(ranks=RANKS, rerun_on=[], api_base="http://127.0.0.1:8888", model_name=MODEL, stall_s=0)
+
+    def test_ready_default_allows_a_36_minute_boot(self) -> None:
+        args = ReadyGateArgs(ranks=RANKS, rerun_on=[], api_base="http://127.0.0.1:8888", model_name=MODEL)
+        assert args.ready_timeout_s >= 45 * 60 and args.poll_interval_s <= 5 and args.progress_interval_s == 30
+
+
+# --- diff -----------------------------------------------------------------------------------------------
+
+class TestDiff:
+    def test_equal_inputs_are_no_change_even_when_the_provider_code_changed(self) -> None:
+        olds = {**_rdv_props(), "passed_at": "2026-09-22T10:00:00Z", "elapsed_s": 3.2}
+        news = _rdv_props(__provider="pickled-code-v2")
+        assert RendezvousGateProvider().diff("id", olds, news).changes is False
+
+    def test_numbers_round_tripped_as_floats_and_rerun_order_are_no_change(self) -> None:
+        olds = _rdv_props(rendezvous_timeout_s=5.0, ranks=[{**r.to_prop(), "port": 2222.0, "rank": float(r.rank)}
+                                                           for r in RANKS])
+        news = _rdv_props(rerun_on=["cid-worker-1", "cid-head-1"])
+        assert RendezvousGateProvider().diff("id", olds, news).changes is False
+
+    @pytest.mark.parametrize(("key", "value"), [
+        ("rerun_on", ["cid-head-2", "cid-worker-1"]),
+        ("rerun_on", rpc.UNKNOWN),  # a container being replaced, seen in preview
+        ("rendezvous_timeout_s", 900),
+        ("ssh_private_key", "another key"),
+        ("ranks", [RANKS[0].to_prop(), {**RANKS[1].to_prop(), "host": "127.0.0.9"}]),
+    ])
+    def test_any_input_change_is_an_update_never_a_replace(self, key: str, value: Any) -> None:
+        diff = RendezvousGateProvider().diff("id", _rdv_props(), _rdv_props(**{key: value}))
+        assert diff.changes is True and diff.replaces == []
+
+    def test_ready_gate_diff_covers_its_own_inputs(self) -> None:
+        base = _ready_props("http://127.0.0.1:8888")
+        assert ReadyGateProvider().diff("id", base, {**base, "__provider": "x"}).changes is False
+        for key, value in (("api_base", "http://127.0.0.1:9999"), ("model_name", "other"), ("api_key", "k2"),
+                           ("stall_s", 900)):
+            assert ReadyGateProvider().diff("id", base, {**base, key: value}).changes is True, key
+
+
+# --- create / update through the fake ssh --------------------------------------------------------------
+
+JOINED_HEAD = ("2026-09-22T10:00:01Z (Worker_TP0 pid=1) INFO [parallel_state.py:1] world_size=2 rank=0 local_rank=0 "
+               "distributed_init_method=tcp://127.0.0.2:29521 backend=nccl\n"
+               "2026-09-22T10:00:30Z (Worker_TP0 pid=1) INFO [parallel_state.py:2] rank 0 in world size 2 is "
+               "assigned as DP rank 0, PP rank 0, TP rank 0, EP rank 0\n")
+BOOTED_HEAD = JOINED_HEAD + (
+    f"2026-09-22T10:00:31Z (APIServer pid=1) INFO non-default args: {{'api_key': '{API_KEY}'}}\n"
+    "2026-09-22T10:01:00Z (Worker_TP0 pid=1) INFO [gpu_model_runner.py:1] Starting to load model /model...\n"
+    "2026-09-22T10:05:00Z (Worker_TP0 pid=1) INFO [gpu_worker.py:1] Available KV cache memory: 2.5 GiB\n"
+    "2026-09-22T10:06:00Z (APIServer pid=1) INFO [api_server.py:1] Starting vLLM server on http://0.0.0.0:8888\n"
+    "2026-09-22T10:06:01Z (APIServer pid=1) INFO:     Application startup complete.\n"
+)
+JOINED_WORKER = ("2026-09-22T10:00:02Z (Worker_TP1 pid=1) INFO [parallel_state.py:1] world_size=2 rank=1 "
+                 "local_rank=0 distributed_init_method=tcp://127.0.0.2:29521 backend=nccl\n"
+                 "2026-09-22T10:00:30Z (Worker_TP1 pid=1) INFO [pynccl.py:1] vLLM is using nccl==2.27.7\n")
+
+
+def _cluster(d: Path, head: str, worker: str, worker_state: str = "running 0 2026-09-22T10:00:00Z") -> None:
+    """Canned answers keyed by the container name in the remote command."""
+    script = d.parent / "bin" / "ssh"
+    # route by container: answers live in per-container subdirectories
+    text = script.read_text().replace('d="$FAKE_SSH_DIR"', 'd="$FAKE_SSH_DIR"; for a in "$@"; do :; done; '
+                                      'case "$a" in *dsv41-rank1*) d="$d/rank1";; *) d="$d/rank0";; esac')
+    script.write_text(text)
+    for sub, logs, state in (("rank0", head, "running 0 2026-09-22T10:00:00Z"), ("rank1", worker, worker_state)):
+        (d / sub).mkdir(exist_ok=True)
+        _canned(d / sub, "inspect", state + "\n")
+        _canned(d / sub, "logs.1", logs)
+        _canned(d / sub, "logs", "")
+
+
+@pytest.fixture
+def ssh_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    return install_fake_ssh(tmp_path, monkeypatch)
+
+
+class TestRendezvousProvider:
+    def test_create_passes_and_returns_inputs_and_verdict(self, ssh_dir: Path) -> None:
+        _cluster(ssh_dir, JOINED_HEAD, JOINED_WORKER)
+        res = RendezvousGateProvider().create(_rdv_props())
+        assert res.id.startswith("rendezvous-")
+        outs = res.outs or {}
+        assert outs["world_size"] == 2 and outs["joined_at"] == {"0": "2026-09-22T10:00:30Z",
+                                                                 "1": "2026-09-22T10:00:30Z"}
+        assert outs["rerun_on"] == ["cid-head-1", "cid-worker-1"] and outs["ranks"] == [r.to_prop() for r in RANKS]
+        assert outs["elapsed_s"] < 2 and outs["passed_at"].endswith("Z")
+        assert "__provider" not in outs
+        # ssh ran with the key file, never the key
+        argv = (ssh_dir / "rank0" / "argv.log").read_text()
+        assert "SECRETKEYMATERIAL" not in argv and "-i\n" in argv
+
+    def test_update_reruns_and_returns_full_outputs_from_news(self, ssh_dir: Path) -> None:
+        _cluster(ssh_dir, JOINED_HEAD, JOINED_WORKER)
+        olds = {**_rdv_props(), "passed_at": "old", "elapsed_s": 1.0, "world_size": 2, "joined_at": {}}
+        news = _rdv_props(rerun_on=["cid-head-2", "cid-worker-1"])
+        outs = RendezvousGateProvider().update("id", olds, news).outs or {}
+        assert outs["rerun_on"] == ["cid-head-2", "cid-worker-1"]
+        assert outs["passed_at"] != "old" and set(outs) >= {*gates.RENDEZVOUS_INPUT_KEYS, "passed_at", "elapsed_s",
+                                                             "world_size", "joined_at"}
+        assert (ssh_dir / "rank1" / "logs.n").read_text().strip() == "1"  # the worker was read again
+
+    def test_exited_worker_fails_create_at_once(self, ssh_dir: Path) -> None:
+        _cluster(ssh_dir, JOINED_HEAD, "2026-09-22T10:00:02Z RuntimeError: NCCL error\n",
+                 worker_state="exited 1 2026-09-22T10:00:00Z")
+        t0 = time.monotonic()
+        with pytest.raises(GateFailure) as err:
+            RendezvousGateProvider().create(_rdv_props(rendezvous_timeout_s=60))
+        assert time.monotonic() - t0 < 2
+        msg = str(err.value)
+        assert msg.startswith("rank 1 (node spark-b, container dsv41-rank1) is exited with exit code 1")
+        assert "RuntimeError: NCCL error" in msg and "SECRETKEYMATERIAL" not in msg
+
+    def test_deadline_is_enforced_in_real_time(self, ssh_dir: Path) -> None:
+        _cluster(ssh_dir, JOINED_HEAD, "2026-09-22T10:00:02Z waiting\n")
+        t0 = time.monotonic()
+        with pytest.raises(GateFailure, match=r"within 0.6 s: rank 1 \(node spark-b"):
+            RendezvousGateProvider().create(_rdv_props(rendezvous_timeout_s=0.6))
+        assert 0.6 <= time.monotonic() - t0 < 3
+
+
+class TestReadyProvider:
+    def test_create_passes_with_phases_and_sends_the_key(self, ssh_dir: Path) -> None:
+        _cluster(ssh_dir, BOOTED_HEAD, JOINED_WORKER)
+        with serve_models([MODEL], api_key=API_KEY) as server:
+            res = ReadyGateProvider().create(_ready_props(server.base))
+        outs = res.outs or {}
+        assert res.id.startswith("ready-")
+        assert outs["phases"]["loading weights"] == "2026-09-22T10:01:00Z"
+        assert outs["phases"]["API starting"] == "2026-09-22T10:06:00Z"
+        assert outs["phases"]["ready"] == "2026-09-22T10:06:01Z"
+        assert outs["api_key"] == API_KEY and outs["model_name"] == MODEL  # stored, marked secret by the resource
+        assert server.seen[-1]["auth"] == f"Bearer {API_KEY}"
+
+    def test_wrong_key_fails_without_showing_it(self, ssh_dir: Path) -> None:
+        _cluster(ssh_dir, BOOTED_HEAD, JOINED_WORKER)
+        with serve_models([MODEL], api_key="the-right-key") as server, pytest.raises(GateFailure) as err:
+            ReadyGateProvider().create(_ready_props(server.base))
+        msg = str(err.value)
+        assert "refused the API key" in msg and API_KEY not in msg and "non-default args" in msg
+
+    def test_stall_in_real_time(self, ssh_dir: Path) -> None:
+        _cluster(ssh_dir, JOINED_HEAD, JOINED_WORKER)
+        t0 = time.monotonic()
+        with pytest.raises(GateFailure, match="stall limit 0.5 s"):
+            ReadyGateProvider().create(_ready_props("http://127.0.0.1:9", stall_s=0.5))
+        assert 0.5 <= time.monotonic() - t0 < 3
+
+    def test_bad_api_base_is_rejected(self, ssh_dir: Path) -> None:
+        with pytest.raises(ValueError, match="api_base='127.0.0.1:8888'"):
+            ReadyGateProvider().create(_ready_props("127.0.0.1:8888"))
+
+
+# --- pickling and import ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("provider", [RendezvousGateProvider(), ReadyGateProvider()])
+def test_providers_pickle_by_reference(provider: pulumi.dynamic.ResourceProvider) -> None:
+    blob = base64.b64decode(serialize_provider(provider))
+    assert b"components.gates" in blob and len(blob) < 400, "pickled by value: the class body went into the state"
+    again = dill.loads(blob)
+    assert type(again) is type(provider) and vars(again) == {}
+
+
+def test_module_imports_without_side_effects() -> None:
+    code = "import components.gates, components.rank_watch; print('ok')"
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+# --- what the program registers ------------------------------------------------------------------------
+
+class _SecretOutputsMonitor(recording.RecordingMonitor):
+    seen: dict[str, list[str]] = {}
+
+    def RegisterResource(self, request: Any) -> Any:  # noqa: N802 - gRPC method name
+        type(self).seen[request.name] = list(request.additionalSecretOutputs)
+        return super().RegisterResource(request)
+
+
+def test_gates_register_with_secrets_marked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(recording, "RecordingMonitor", _SecretOutputsMonitor)
+
+    def program() -> None:
+        rdv = RendezvousGate("rdv", RendezvousGateArgs(ranks=RANKS, rerun_on=["c0", "c1"],
+                                                       ssh_private_key="KEYTEXT"))
+        ReadyGate("ready", ReadyGateArgs(ranks=RANKS, rerun_on=["c0", "c1"], api_base="http://127.0.0.1:8888",
+                                         model_name=MODEL, api_key="APIKEY"),
+                  pulumi.ResourceOptions(depends_on=[rdv]))
+
+    rec = recording.run(program)
+    rdv, ready = rec.named("rdv"), rec.named("ready")
+    assert rdv.typ == "pulumi-python:dynamic/gates:RendezvousGate"
+    assert ready.typ == "pulumi-python:dynamic/gates:ReadyGate"
+    assert {"ssh_private_key"} <= rdv.secret_paths() and {"api_key"} <= ready.secret_paths()
+    assert "ssh_private_key" not in ready.secret_paths()  # no key given: nothing to hide, nothing sent
+    assert _SecretOutputsMonitor.seen["rdv"] == ["ssh_private_key", "api_key"]
+    assert ready.inputs["rerun_on"] == ["c0", "c1"] and ready.inputs["ready_timeout_s"] == 2700
+    assert rec.depends_on(ready, rdv)
