@@ -1,0 +1,212 @@
+"""WeightStore: the checkpoint staged once on the head and made visible to every node.
+
+Staging is one remote command on the head that is kept on destroy: destroying the stack never deletes
+hundreds of GiB of weights. Workers see them either through the same filesystem (`bind`) or through
+docker volumes that mount the head's read-only NFS export (`nfs`). A per-node check proves, from that
+node's side, that every staged file is visible with its size before any container is started there.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+import pulumi
+import pulumi_docker as docker
+from pulumi_command import remote
+
+from components import weights_manifest as wm
+
+
+@dataclass(frozen=True, kw_only=True)
+class WeightNode:
+    name: str
+    connection: remote.ConnectionArgs
+    """Secret SSH connection (built by NodeAccess)."""
+    fabric_ip: str
+    """The node's CX-7 address: the NFS export is restricted to the workers' ones."""
+    docker_provider: docker.Provider | None = None
+    """The node's docker provider (ssh://); needed for the NFS volumes on workers."""
+    image: pulumi.Input[str] | None = None
+    """Image on THIS node for the NFS check container (defaults to the staging image); pass the node's
+    pulled image id so the check waits for the pull."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class WeightStoreArgs:
+    head: WeightNode
+    workers: list[WeightNode]
+    root: str
+    """Weights root on the head, e.g. '~/dsv41-exl3' (`~` expands on the node)."""
+    share: Literal["nfs", "bind"]
+    staging_image: pulumi.Input[str]
+    """Image (ref or id) on the head with python3 + huggingface_hub: the serving image."""
+    model_repo: str
+    engram_repo: str
+    revision: str = "main"
+    hf_token: pulumi.Input[str] | None = None
+    """Secret; reaches the head on stdin only."""
+    hf_endpoint: str | None = None
+    """Mirror or hub stand-in (HF_ENDPOINT)."""
+    stage_timeout_s: int
+    check_timeout_s: int = 600
+
+
+def _node_key(name: str) -> str:
+    return re.sub(r"[^a-zA-Z0-9_.-]", "-", name)
+
+
+def _volume_name(prefix: str, which: str, options: pulumi.Output[dict[str, str]]) -> pulumi.Output[str]:
+    return options.apply(lambda o: wm.volume_name(prefix, which, o))
+
+
+def _volume_check(node: str, image: pulumi.Input[str], model_volume: pulumi.Output[str],
+                  engram_volume: pulumi.Output[str], files: pulumi.Output[dict[str, int]],
+                  timeout_s: int) -> pulumi.Output[str]:
+    return pulumi.Output.all(image, model_volume, engram_volume, files).apply(
+        lambda a: wm.render_volume_check(node=node, image=a[0], model_volume=a[1], engram_volume=a[2],
+                                         files=a[3], timeout_s=timeout_s))
+
+
+class WeightStore(pulumi.ComponentResource):
+    """Stages the checkpoint on the head and proves each node sees it."""
+
+    model_source: dict[str, pulumi.Output[str]]
+    """Per node: what its container mounts at /model (a host path, or a docker volume name)."""
+    engram_source: dict[str, pulumi.Output[str]]
+    """Per node: what its container mounts at /engram-src."""
+    mount_type: dict[str, str]
+    """Per node: 'bind' (host path) or 'volume' (docker volume)."""
+    visible: dict[str, pulumi.Resource]
+    """Per node: the check the node's container must depend on (weights visible there)."""
+    manifest: pulumi.Output[str]
+    """JSON {relative path: size} of what was staged."""
+    root: pulumi.Output[str]
+    """The absolute weights root on the head."""
+
+    def __init__(self, name: str, args: WeightStoreArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("dsv41-exl3:weights:WeightStore", name, None, opts)
+        self._validate(args)
+        head = args.head
+        plan = wm.staging_plan(model_repo=args.model_repo, engram_repo=args.engram_repo, revision=args.revision)
+        script = wm.stage_script_source()
+        with_token = args.hf_token is not None
+        wm.render_stage_command(root=args.root, image="probe", plan=plan, hf_endpoint=args.hf_endpoint,
+                                with_token=with_token, timeout_s=args.stage_timeout_s)  # fail at plan time
+
+        stdin: pulumi.Input[str]
+        if args.hf_token is None:
+            stdin = wm.stage_stdin(None, script)
+        else:
+            stdin = pulumi.Output.secret(args.hf_token).apply(lambda t: wm.stage_stdin(t, script))
+
+        staging = remote.Command(
+            f"{name}-stage",
+            connection=head.connection,
+            create=pulumi.Output.from_input(args.staging_image).apply(
+                lambda image: wm.render_stage_command(
+                    root=args.root, image=image, plan=plan, hf_endpoint=args.hf_endpoint,
+                    with_token=with_token, timeout_s=args.stage_timeout_s)),
+            stdin=stdin,
+            # Replace (re-stage) only when WHAT is staged changes; the token is not part of that.
+            triggers=[args.model_repo, args.engram_repo, args.revision, args.root],
+            add_previous_output_in_env=False,
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                retain_on_delete=True,  # destroying the stack never deletes the weights
+                custom_timeouts=pulumi.CustomTimeouts(create=f"{args.stage_timeout_s + 600}s",
+                                                      update=f"{args.stage_timeout_s + 600}s"),
+            ),
+        )
+        staged = staging.stdout.apply(wm.parse_stage_output)
+        self.root = staged.apply(lambda s: s.root)
+        self.manifest = staged.apply(lambda s: s.manifest_json())
+        files = staged.apply(lambda s: s.files)
+        model_path = self.root.apply(lambda r: f"{r}/{wm.MODEL_DIR}")
+        engram_path = self.root.apply(lambda r: f"{r}/{wm.ENGRAM_DIR}")
+
+        self.model_source = {}
+        self.engram_source = {}
+        self.mount_type = {}
+        self.visible = {}
+
+        def bind_check(node: WeightNode, deps: list[pulumi.Resource]) -> remote.Command:
+            return remote.Command(
+                f"{name}-visible-{_node_key(node.name)}",
+                connection=node.connection,
+                create=pulumi.Output.all(self.root, files).apply(
+                    lambda a: wm.render_bind_check(node=node.name, abs_root=a[0], files=a[1],
+                                                   timeout_s=args.check_timeout_s)),
+                add_previous_output_in_env=False,
+                opts=pulumi.ResourceOptions(parent=self, depends_on=deps),
+            )
+
+        for node in [head] + (args.workers if args.share == "bind" else []):
+            self.model_source[node.name] = model_path
+            self.engram_source[node.name] = engram_path
+            self.mount_type[node.name] = "bind"
+            self.visible[node.name] = bind_check(node, [staging])
+
+        if args.share == "nfs":
+            export = remote.Command(
+                f"{name}-nfs-export",
+                connection=head.connection,
+                create=self.root.apply(lambda r: wm.render_export_command(
+                    head_name=head.name, abs_root=r, worker_ips=[w.fabric_ip for w in args.workers])),
+                delete=wm.render_unexport_command(),
+                add_previous_output_in_env=False,
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[staging]),
+            )
+            for worker in args.workers:
+                key = _node_key(worker.name)
+                volumes: dict[str, docker.Volume] = {}
+                for which, path in ((wm.MODEL_DIR, model_path), (wm.ENGRAM_DIR, engram_path)):
+                    options = path.apply(lambda p: wm.nfs_volume_options(head_ip=head.fabric_ip, device_path=p))
+                    volumes[which] = docker.Volume(
+                        f"{name}-{key}-{which}",
+                        name=_volume_name(f"{name}-{key}", which, options),
+                        driver="local",
+                        driver_opts=options,
+                        opts=pulumi.ResourceOptions(parent=self, provider=worker.docker_provider,
+                                                    depends_on=[export]),
+                    )
+                model_vol, engram_vol = volumes[wm.MODEL_DIR], volumes[wm.ENGRAM_DIR]
+                image = worker.image if worker.image is not None else args.staging_image
+                check = remote.Command(
+                    f"{name}-visible-{key}",
+                    connection=worker.connection,
+                    create=_volume_check(worker.name, image, model_vol.name, engram_vol.name, files,
+                                         args.check_timeout_s),
+                    add_previous_output_in_env=False,
+                    opts=pulumi.ResourceOptions(parent=self, depends_on=[staging, export, model_vol, engram_vol]),
+                )
+                self.model_source[worker.name] = model_vol.name
+                self.engram_source[worker.name] = engram_vol.name
+                self.mount_type[worker.name] = "volume"
+                self.visible[worker.name] = check
+
+        self.register_outputs({
+            "root": self.root,
+            "manifest": self.manifest,
+            "modelSource": self.model_source,
+            "engramSource": self.engram_source,
+            "mountType": self.mount_type,
+        })
+
+    @staticmethod
+    def _validate(args: WeightStoreArgs) -> None:
+        """Shape errors at plan time, before anything touches a node."""
+        wm.root_shell_expr(args.root)
+        names = [args.head.name, *(w.name for w in args.workers)]
+        if len(set(names)) != len(names):
+            raise ValueError(f"weight store node names must be unique, got {names}")
+        if args.share not in ("nfs", "bind"):
+            raise ValueError(f"share={args.share!r} is not supported; use 'nfs' or 'bind'")
+        if args.share == "nfs":
+            wm.validate_ip(f"head {args.head.name} fabric_ip", args.head.fabric_ip)
+            for w in args.workers:
+                wm.validate_ip(f"worker {w.name} fabric_ip", w.fabric_ip)
+                if w.docker_provider is None:
+                    raise ValueError(f"worker {w.name} has no docker_provider; share='nfs' mounts the weights "
+                                     "through a docker volume on that worker")

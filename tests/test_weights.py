@@ -1,0 +1,669 @@
+"""Weight store: the staging plan, the staging script against a local hub stand-in, the check scripts, and
+the WeightStore component under Pulumi mocks.
+
+The staging script runs for real with the venv's python (standing in for the container's python3) and the
+real huggingface_hub client against an http.server on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import pytest
+
+from components import stage_weights as sw
+from components import weights_manifest as wm
+
+PYTHON = sys.executable  # the venv's python: stands for the staging container's python3
+SCRIPT = Path(wm.__file__).with_name("stage_weights.py")
+MODEL_REPO = "Mia-AiLab/DeepSeek-V4.1-Flash-EXL3-2.9bpw"
+ENGRAM_REPO = "deepseek-ai/DeepSeek-V4.1-Flash"
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+TOKEN = "hf_SECRETtokenVALUE123"
+
+
+# --- a local hub stand-in --------------------------------------------------------------------------
+
+
+@dataclass
+class FakeHub:
+    repos: dict[str, dict[str, bytes]]
+    listed_size: dict[tuple[str, str], int] = field(default_factory=dict)  # tree lies about a size
+    unresolvable: set[tuple[str, str]] = field(default_factory=set)  # listed, but resolve says 404
+    requests: list[tuple[str, str, str | None]] = field(default_factory=list)  # (method, path, auth)
+    url: str = ""
+
+    def gets_of(self, suffix: str) -> list[str]:
+        return [p for m, p, _ in self.requests if m == "GET" and "/resolve/" in p and p.endswith(suffix)]
+
+
+def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *_: Any) -> None:
+            pass
+
+        def _send(self, code: int, body: bytes = b"", headers: dict[str, str] | None = None,
+                  send_body: bool = True) -> None:
+            self.send_response(code)
+            for k, v in (headers or {}).items():
+                self.send_header(k, v)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if send_body:
+                self.wfile.write(body)
+
+        def _route(self, send_body: bool) -> None:
+            path = unquote(urlsplit(self.path).path)
+            hub.requests.append((self.command, path, self.headers.get("Authorization")))
+            parts = path.strip("/").split("/")
+            if parts[:2] == ["api", "models"] and len(parts) >= 6 and parts[4] == "tree":
+                repo = f"{parts[2]}/{parts[3]}"
+                if repo not in hub.repos:
+                    self._send(404, b'{"error":"Repository not found"}',
+                               {"X-Error-Code": "RepoNotFound", "Content-Type": "application/json"})
+                    return
+                tree = [{"type": "file", "path": name, "oid": hashlib.sha1(data).hexdigest(),
+                         "size": hub.listed_size.get((repo, name), len(data))}
+                        for name, data in sorted(hub.repos[repo].items())]
+                self._send(200, json.dumps(tree).encode(), {"Content-Type": "application/json"})
+                return
+            if len(parts) >= 5 and parts[2] == "resolve":
+                repo, name = f"{parts[0]}/{parts[1]}", "/".join(parts[4:])
+                data = hub.repos.get(repo, {}).get(name)
+                if data is None or (repo, name) in hub.unresolvable:
+                    self._send(404, b"Entry not found", {"X-Error-Code": "EntryNotFound"}, send_body)
+                    return
+                self._send(200, data, {"X-Repo-Commit": COMMIT, "ETag": f'"{hashlib.sha1(data).hexdigest()}"',
+                                       "Content-Type": "application/octet-stream"}, send_body)
+                return
+            self._send(404, b"not found", {}, send_body)
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            self._route(send_body=True)
+
+        def do_HEAD(self) -> None:  # noqa: N802
+            self._route(send_body=False)
+
+    return Handler
+
+
+def small_checkpoint() -> dict[str, dict[str, bytes]]:
+    """39 tiny EXL3 shards + side files; the base repo has all 48 shards and an index naming them."""
+    model = {f"model-{i:05d}-of-00039.safetensors": f"exl3 shard {i}".encode() * (i % 5 + 1) for i in range(1, 40)}
+    model.update({"config.json": b'{"model_type":"deepseek_v41"}', "tokenizer.json": b'{"t":1}',
+                  "quantization_config.json": b'{"bits":2.9}'})
+    index = {"metadata": {}, "weight_map": {f"layer.{i}.w": wm.engram_shard_name(i) for i in range(1, 49)}}
+    engram = {wm.engram_shard_name(i): f"base shard {i}".encode() * 3 for i in range(1, 49)}
+    engram.update({wm.ENGRAM_INDEX: json.dumps(index).encode(), "config.json": b'{"model_type":"base"}',
+                   "README.md": b"# base"})
+    return {MODEL_REPO: model, ENGRAM_REPO: engram}
+
+
+@pytest.fixture
+def hub() -> Iterator[FakeHub]:
+    fake = FakeHub(repos=small_checkpoint())
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(fake))
+    fake.url = f"http://127.0.0.1:{server.server_address[1]}"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield fake
+    server.shutdown()
+    server.server_close()
+
+
+def hub_env(hub: FakeHub, home: Path, token: str | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower() and k != "HF_TOKEN"}
+    env.update({"HF_ENDPOINT": hub.url, "HF_HOME": str(home), "HF_HUB_DISABLE_TELEMETRY": "1",
+                "HF_HUB_DISABLE_PROGRESS_BARS": "1", "NO_PROXY": "*", "HF_HUB_ETAG_TIMEOUT": "5",
+                "HF_HUB_DOWNLOAD_TIMEOUT": "10"})
+    if token is not None:
+        env["HF_TOKEN"] = token
+    return env
+
+
+def run_stage(hub: FakeHub, root: Path, token: str | None = None) -> subprocess.CompletedProcess[str]:
+    plan = wm.staging_plan(model_repo=MODEL_REPO, engram_repo=ENGRAM_REPO, revision="main")
+    return subprocess.run(
+        [PYTHON, str(SCRIPT), "--plan", json.dumps(plan), "--dest-root", str(root), "--host-root", "/host/root"],
+        env=hub_env(hub, root.parent / "hf-home", token), capture_output=True, text=True, timeout=120)
+
+
+def error_line(proc: subprocess.CompletedProcess[str]) -> str:
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("stage_weights: error:")]
+    assert lines, f"expected a one-line error, stderr was:\n{proc.stderr[-3000:]}"
+    return lines[-1]
+
+
+# --- the staging script, for real ------------------------------------------------------------------
+
+
+def test_stage_downloads_expected_files_and_reports_manifest(hub: FakeHub, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    proc = run_stage(hub, root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    staged = wm.parse_stage_output(proc.stdout)
+    assert staged.root == "/host/root"
+    model_files = {f"model/{n}": len(d) for n, d in hub.repos[MODEL_REPO].items()}
+    engram = hub.repos[ENGRAM_REPO]
+    engram_files = {f"engram-src/{n}": len(engram[n]) for n in
+                    [wm.engram_shard_name(47), wm.engram_shard_name(48), wm.ENGRAM_INDEX, "config.json"]}
+    assert staged.files == {**model_files, **engram_files}, "manifest must be every model file + the 4 engram files"
+    for rel, size in staged.files.items():
+        assert (root / rel).stat().st_size == size, rel
+    assert len(list((root / "model").glob("*.safetensors"))) == 39
+    assert sorted(p.name for p in (root / "engram-src").glob("*.safetensors")) == [
+        wm.engram_shard_name(47), wm.engram_shard_name(48)]
+    assert not hub.gets_of(wm.engram_shard_name(1)), "engram shards other than 47/48 must never be fetched"
+    assert not hub.gets_of("README.md")
+
+
+def test_second_run_downloads_nothing(hub: FakeHub, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    assert run_stage(hub, root).returncode == 0
+    hub.requests.clear()
+    proc = run_stage(hub, root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    resolves = [(m, p) for m, p, _ in hub.requests if "/resolve/" in p]
+    assert resolves == [], f"a resumed run must fetch nothing already present, saw {resolves[:5]}"
+    assert {p.split("/tree/")[0] for m, p, _ in hub.requests} == {
+        f"/api/models/{MODEL_REPO}", f"/api/models/{ENGRAM_REPO}"}, "only the two listings"
+    assert "present [" in proc.stderr
+
+
+def test_partial_stage_resumes_only_missing_files(hub: FakeHub, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    assert run_stage(hub, root).returncode == 0
+    (root / "model" / "model-00007-of-00039.safetensors").unlink()
+    (root / "engram-src" / wm.engram_shard_name(48)).write_bytes(b"truncated")
+    hub.requests.clear()
+    assert run_stage(hub, root).returncode == 0
+    fetched = sorted(p.rsplit("/", 1)[1] for m, p, _ in hub.requests if m == "GET" and "/resolve/" in p)
+    assert fetched == sorted([wm.engram_shard_name(48), "model-00007-of-00039.safetensors"])
+    assert (root / "engram-src" / wm.engram_shard_name(48)).read_bytes() == hub.repos[ENGRAM_REPO][
+        wm.engram_shard_name(48)]
+
+
+def test_token_reaches_hub_from_environment(hub: FakeHub, tmp_path: Path) -> None:
+    proc = run_stage(hub, tmp_path / "root", token=TOKEN)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    auths = {a for _, _, a in hub.requests}
+    assert auths == {f"Bearer {TOKEN}"}, f"every hub request must carry the token, saw {auths}"
+    assert TOKEN not in proc.stdout + proc.stderr
+
+
+def test_engram_shard_missing_on_hub_fails_naming_repo_and_file(hub: FakeHub, tmp_path: Path) -> None:
+    del hub.repos[ENGRAM_REPO][wm.engram_shard_name(47)]
+    proc = run_stage(hub, tmp_path / "root")
+    assert proc.returncode == 1
+    line = error_line(proc)
+    assert ENGRAM_REPO in line and wm.engram_shard_name(47) in line
+
+
+def test_listed_file_that_404s_fails_naming_it(hub: FakeHub, tmp_path: Path) -> None:
+    hub.unresolvable.add((MODEL_REPO, "model-00012-of-00039.safetensors"))
+    proc = run_stage(hub, tmp_path / "root")
+    assert proc.returncode == 1
+    line = error_line(proc)
+    assert MODEL_REPO in line and "model-00012-of-00039.safetensors" in line and "404" in line
+
+
+def test_wrong_size_fails_and_removes_the_bad_copy(hub: FakeHub, tmp_path: Path) -> None:
+    name = "model-00003-of-00039.safetensors"
+    hub.listed_size[(MODEL_REPO, name)] = len(hub.repos[MODEL_REPO][name]) + 100
+    root = tmp_path / "root"
+    proc = run_stage(hub, root)
+    assert proc.returncode == 1
+    line = error_line(proc)
+    assert name in line and "the hub lists" in line
+    assert not (root / "model" / name).exists(), "a wrong-size file must not be trusted by the next run"
+
+
+def test_only_38_shards_fails_count_rule_before_downloading(hub: FakeHub, tmp_path: Path) -> None:
+    del hub.repos[MODEL_REPO]["model-00039-of-00039.safetensors"]
+    proc = run_stage(hub, tmp_path / "root")
+    assert proc.returncode == 1
+    line = error_line(proc)
+    assert "38" in line and "exactly 39" in line
+    assert not hub.gets_of(".safetensors"), "a wrong repo must fail before hours of download"
+
+
+def test_index_naming_47_shards_fails(hub: FakeHub, tmp_path: Path) -> None:
+    index = {"weight_map": {f"w{i}": wm.engram_shard_name(i, 47) for i in range(1, 48)}}
+    hub.repos[ENGRAM_REPO][wm.ENGRAM_INDEX] = json.dumps(index).encode()
+    proc = run_stage(hub, tmp_path / "root")
+    assert proc.returncode == 1
+    assert "index names 47 shards (expected 48" in error_line(proc)
+
+
+# --- count rules (pure) ----------------------------------------------------------------------------
+
+
+def test_include_pitfall_only_last_shard_present_fails(tmp_path: Path) -> None:
+    """`hf download --include a b` keeps only the last file: the required-shard rule must catch it."""
+    (tmp_path / wm.engram_shard_name(48)).write_bytes(b"x" * 4)
+    sizes = {wm.engram_shard_name(47): 4, wm.engram_shard_name(48): 4}
+    with pytest.raises(sw.StageError, match=wm.engram_shard_name(47)):
+        sw.check_required_present(ENGRAM_REPO, tmp_path, sizes, sizes)
+
+
+def test_safetensors_count_ignores_subfolders_and_other_files() -> None:
+    names = [f"s{i}.safetensors" for i in range(39)] + ["sub/x.safetensors", "config.json"]
+    assert sw.count_safetensors(names) == 39
+    sw.check_safetensors_count("r", "here", names, 39)
+    with pytest.raises(sw.StageError, match="has 40 .*exactly 39"):
+        sw.check_safetensors_count("r", "here", [*names, "extra.safetensors"], 39)
+
+
+def test_index_with_foreign_shard_name_fails() -> None:
+    weight_map = {f"w{i}": wm.engram_shard_name(i) for i in range(1, 48)} | {"x": "model-00048-of-00049.safetensors"}
+    with pytest.raises(sw.StageError, match="unexpected: model-00048-of-00049"):
+        sw.check_index("r", {"weight_map": weight_map}, 48)
+    sw.check_index("r", {"weight_map": {f"w{i}": wm.engram_shard_name(i) for i in range(1, 49)}}, 48)
+
+
+def test_plan_selects_every_model_file_and_four_engram_files() -> None:
+    plan = wm.staging_plan(model_repo=MODEL_REPO, engram_repo=ENGRAM_REPO, revision="main")
+    model, engram = (sw.RepoPlan.from_json(r) for r in plan["repos"])
+    assert (model.dest, model.files, model.safetensors_count) == ("model", None, 39)
+    assert engram.dest == "engram-src"
+    assert engram.files == tuple(sorted(["model-00047-of-00048.safetensors", "model-00048-of-00048.safetensors",
+                                         "model.safetensors.index.json", "config.json"]))
+    assert (engram.index_file, engram.index_shard_total) == ("model.safetensors.index.json", 48)
+    assert engram.required_shards == ("model-00047-of-00048.safetensors", "model-00048-of-00048.safetensors")
+
+
+def test_plan_rejects_bad_repo_and_revision() -> None:
+    with pytest.raises(ValueError, match="model_repo='nope'"):
+        wm.staging_plan(model_repo="nope", engram_repo=ENGRAM_REPO, revision="main")
+    with pytest.raises(ValueError, match="revision=''"):
+        wm.staging_plan(model_repo=MODEL_REPO, engram_repo=ENGRAM_REPO, revision="")
+
+
+# --- rendering and parsing (pure) ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("root", "expected"), [
+    ("~/dsv41-exl3", '"$HOME"/dsv41-exl3'), ("~", '"$HOME"'), ("~/a b/", "\"$HOME\"/'a b'"),
+    ("/srv/w", "/srv/w"),
+])
+def test_root_expands_tilde_on_the_node(root: str, expected: str) -> None:
+    assert wm.root_shell_expr(root) == expected
+    out = subprocess.run(["sh", "-c", f"printf %s {wm.root_shell_expr(root)}"], capture_output=True, text=True,
+                         env={"HOME": "/home/remote", "PATH": os.environ["PATH"]}, check=True).stdout
+    assert out == root.replace("~", "/home/remote", 1).rstrip("/") or out == "/srv/w"
+
+
+@pytest.mark.parametrize("root", ["relative/dir", "~other/x", ""])
+def test_root_must_be_absolute_or_home(root: str) -> None:
+    with pytest.raises(ValueError, match="must be absolute or start with '~/'"):
+        wm.root_shell_expr(root)
+
+
+def stage_command(**kw: Any) -> str:
+    args: dict[str, Any] = {"root": "~/dsv41-exl3", "image": "img:tag", "hf_endpoint": "http://127.0.0.1:9",
+                            "with_token": True, "timeout_s": 7200,
+                            "plan": wm.staging_plan(model_repo=MODEL_REPO, engram_repo=ENGRAM_REPO,
+                                                    revision="main")}
+    args.update(kw)
+    return wm.render_stage_command(**args)
+
+
+def test_stage_command_passes_token_by_name_and_is_bounded() -> None:
+    cmd = stage_command()
+    assert "IFS= read -r HF_TOKEN" in cmd and "export HF_TOKEN" in cmd
+    assert " -e HF_TOKEN " in cmd and "HF_TOKEN=" not in cmd.replace("read -r HF_TOKEN", "")
+    assert "timeout --kill-after=60 7200 docker run --rm" in cmd
+    assert "--network host" in cmd and "-e HF_ENDPOINT=http://127.0.0.1:9" in cmd
+    assert "--entrypoint python3 img:tag" in cmd
+    assert "-e HF_HUB_OFFLINE=0" in cmd, "the serving image's offline default must not break staging"
+    anonymous = stage_command(with_token=False, hf_endpoint=None)
+    assert "HF_TOKEN" not in anonymous and "HF_ENDPOINT" not in anonymous
+    with pytest.raises(ValueError, match="stage_timeout_s=0"):
+        stage_command(timeout_s=0)
+
+
+def test_stage_stdin_is_token_line_then_script() -> None:
+    assert wm.stage_stdin(TOKEN, "print(1)\n") == f"{TOKEN}\nprint(1)\n"
+    assert wm.stage_stdin(None, "x") == "\nx"
+    with pytest.raises(ValueError, match="line break") as err:
+        wm.stage_stdin("a\nb", "x")
+    assert "a\nb" not in str(err.value)
+
+
+def _fake_docker(bin_dir: Path, log: Path) -> None:
+    """A `docker` on PATH that runs `docker run ... --entrypoint python3 IMG args` with the local python,
+    mapping -v mounts to host paths and passing only the -e variables, like the real CLI."""
+    bin_dir.mkdir()
+    shim = bin_dir / "docker"
+    shim.write_text(f"""#!{PYTHON}
+import json, os, subprocess, sys
+argv = sys.argv[1:]
+with open({str(log)!r}, "a") as f:
+    f.write(json.dumps(argv) + "\\n")
+if argv[0] != "run":
+    sys.exit(0)
+env, mounts, i = {{"PATH": os.environ["PATH"]}}, [], 1
+while argv[i].startswith("-"):
+    opt = argv[i]
+    if opt in ("--rm", "-i"):
+        i += 1
+        continue
+    val = argv[i + 1]
+    if opt == "-e":
+        k, _, v = val.partition("=")
+        env[k] = v if "=" in val else os.environ.get(k, "")
+    elif opt == "-v":
+        src, dst = val.split(":")[:2]
+        mounts.append((dst, src))
+    i += 2
+rest = argv[i + 1:]
+def host(a):
+    for dst, src in mounts:
+        if a == dst or a.startswith(dst + "/"):
+            return src + a[len(dst):]
+    return a
+sys.exit(subprocess.run([{PYTHON!r}] + [host(a) for a in rest], env=env).returncode)
+""")
+    shim.chmod(0o755)
+
+
+def test_stage_command_runs_end_to_end_with_token_only_on_stdin(hub: FakeHub, tmp_path: Path) -> None:
+    """The rendered shell, with a stand-in docker CLI: token from stdin reaches the hub, never argv."""
+    log = tmp_path / "docker-argv.log"
+    _fake_docker(tmp_path / "bin", log)
+    home = tmp_path / "home"
+    home.mkdir()
+    cmd = stage_command(hf_endpoint=hub.url, timeout_s=120)
+    env = {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "HOME": str(home), "NO_PROXY": "*"}
+    proc = subprocess.run(["sh", "-c", cmd], input=wm.stage_stdin(TOKEN, wm.stage_script_source()), env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    staged = wm.parse_stage_output(proc.stdout)
+    assert staged.root == str((home / "dsv41-exl3").resolve()), "root is expanded on the node, absolute"
+    assert (home / "dsv41-exl3" / "model" / "config.json").is_file()
+    assert {a for _, _, a in hub.requests} == {f"Bearer {TOKEN}"}
+    assert TOKEN not in log.read_text(), "the token must never be in docker's argv"
+    assert TOKEN not in cmd
+
+
+def test_parse_stage_output_takes_the_marker_line() -> None:
+    out = "pulling...\nDSV41_WEIGHTS_MANIFEST " + json.dumps({"root": "/r", "files": {"b": 2, "a": 1}}) + "\n"
+    staged = wm.parse_stage_output(out)
+    assert staged.root == "/r" and list(staged.files) == ["a", "b"]
+    assert json.loads(staged.manifest_json()) == {"a": 1, "b": 2}
+    with pytest.raises(ValueError, match="no 'DSV41_WEIGHTS_MANIFEST' line"):
+        wm.parse_stage_output("Traceback ...")
+    with pytest.raises(ValueError, match="root='rel'"):
+        wm.parse_stage_output('DSV41_WEIGHTS_MANIFEST {"root": "rel", "files": {"a": 1}}')
+    with pytest.raises(ValueError, match="no files"):
+        wm.parse_stage_output('DSV41_WEIGHTS_MANIFEST {"root": "/r", "files": {}}')
+
+
+def test_exports_are_read_only_and_limited_to_worker_ips() -> None:
+    text = wm.render_exports("/home/u/dsv41-exl3", ["10.0.0.2", "10.0.0.3"])
+    line = text.splitlines()[-1]
+    assert line == '"/home/u/dsv41-exl3" 10.0.0.2(ro,sync,no_subtree_check) 10.0.0.3(ro,sync,no_subtree_check)'
+    assert "*" not in text
+    with pytest.raises(ValueError, match="worker fabric_ip='worker1'"):
+        wm.render_exports("/r", ["worker1"])
+    cmd = wm.render_export_command(head_name="head", abs_root="/r", worker_ips=["10.0.0.2"])
+    assert "/etc/exports.d/dsv41-exl3.exports" in cmd and "exportfs -ra" in cmd
+    assert "exports.d" in wm.render_unexport_command()
+
+
+def test_nfs_volume_options() -> None:
+    opts = wm.nfs_volume_options(head_ip="10.0.0.1", device_path="/home/u/dsv41-exl3/model")
+    assert opts == {"type": "nfs", "device": ":/home/u/dsv41-exl3/model",
+                    "o": "addr=10.0.0.1,nfsvers=4.2,ro,nconnect=8,rsize=1048576,wsize=1048576,hard,timeo=600"}
+    other = wm.nfs_volume_options(head_ip="10.0.0.9", device_path="/home/u/dsv41-exl3/model")
+    assert wm.volume_name("ws-w1", "model", opts) != wm.volume_name("ws-w1", "model", other)
+    assert wm.volume_name("ws-w1", "model", opts) == wm.volume_name("ws-w1", "model", dict(opts))
+
+
+def _staged_tree(root: Path) -> dict[str, int]:
+    files = {"model/a.safetensors": 5, "model/config.json": 2, "engram-src/model-00047-of-00048.safetensors": 3}
+    for rel, size in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(b"x" * size)
+    return files
+
+
+def test_bind_check_passes_when_every_file_is_visible(tmp_path: Path) -> None:
+    files = _staged_tree(tmp_path)
+    cmd = wm.render_bind_check(node="head", abs_root=str(tmp_path), files=files, timeout_s=30)
+    proc = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert "weights visible on node head: 3 files" in proc.stdout
+
+
+def test_bind_check_fails_naming_node_and_missing_files(tmp_path: Path) -> None:
+    files = _staged_tree(tmp_path)
+    (tmp_path / "model/a.safetensors").write_bytes(b"x")  # wrong size
+    (tmp_path / "engram-src/model-00047-of-00048.safetensors").unlink()
+    cmd = wm.render_bind_check(node="spark-2", abs_root=str(tmp_path), files=files, timeout_s=30)
+    proc = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 1
+    summary = proc.stderr.strip().splitlines()[-1]
+    assert "weights not visible on node spark-2" in summary
+    assert "model/a.safetensors" in summary and "engram-src/model-00047-of-00048.safetensors" in summary
+    assert "model/config.json" not in summary
+    assert "found missing" in proc.stderr and "expected 5 bytes, found 1" in proc.stderr
+
+
+def test_volume_check_mounts_both_volumes_read_only_and_is_bounded() -> None:
+    cmd = wm.render_volume_check(node="w1", image="sha256:abc", model_volume="ws-w1-model-1",
+                                 engram_volume="ws-w1-engram-src-2", files={"model/a": 1}, timeout_s=45)
+    assert "timeout --kill-after=30 45 docker run --rm -i" in cmd
+    assert "-v ws-w1-model-1:/w/model:ro" in cmd and "-v ws-w1-engram-src-2:/w/engram-src:ro" in cmd
+    assert "--entrypoint sh" in cmd and "sha256:abc -s" in cmd
+    assert "1 model/a" in cmd
+
+
+def test_volume_check_script_runs_inside_the_container_root(tmp_path: Path) -> None:
+    """Run the volume check with a docker stand-in that maps the two volumes to directories."""
+    files = _staged_tree(tmp_path / "head")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(
+        "#!/bin/sh\n[ \"$1\" = run ] || exit 0\n"
+        f"sed 's#^root=/w$#root={tmp_path}/head#' | sh -s\n")
+    (bin_dir / "docker").chmod(0o755)
+    cmd = wm.render_volume_check(node="w1", image="img", model_volume="m", engram_volume="e", files=files,
+                                 timeout_s=30)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    ok = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=30, env=env)
+    assert ok.returncode == 0, ok.stderr
+    (tmp_path / "head/model/config.json").unlink()
+    bad = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=30, env=env)
+    assert bad.returncode == 1 and "node w1" in bad.stderr and "model/config.json" in bad.stderr
+
+
+def test_check_timeout_names_the_node(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text("#!/bin/sh\n[ \"$1\" = run ] || exit 0\nexec sleep 30\n")
+    (bin_dir / "docker").chmod(0o755)
+    cmd = wm.render_volume_check(node="w9", image="img", model_volume="m", engram_volume="e",
+                                 files={"model/a": 1}, timeout_s=1)
+    proc = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=60,
+                          env={"PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert proc.returncode == 124
+    assert "weights check on node w9 timed out after 1s" in proc.stderr
+
+
+# --- the component under Pulumi mocks --------------------------------------------------------------
+
+SIG_SECRET = "1b47061264138c4ac30d75fd1eb44270"
+STAGED_ROOT = "/home/u/dsv41-exl3"
+STAGED_FILES = {"model/config.json": 10, "model/a.safetensors": 20, "engram-src/config.json": 5}
+
+
+def _mocked_program(share: str, *, workers: int = 1, token: str | None = TOKEN) -> dict[str, Any]:
+    import pulumi
+    import pulumi_docker as docker
+    from pulumi.runtime import mocks
+    from pulumi_command import remote
+
+    from components.weight_store import WeightNode, WeightStore, WeightStoreArgs
+
+    class Mocks(pulumi.runtime.Mocks):
+        def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
+            outs = dict(args.inputs)
+            if args.typ == "command:remote:Command" and args.name.endswith("-stage"):
+                outs["stdout"] = "log\n" + sw.MANIFEST_MARKER + " " + json.dumps(
+                    {"root": STAGED_ROOT, "files": STAGED_FILES})
+            return f"{args.name}-id", outs
+
+        def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+            return {}, []
+
+    class RecordingMonitor(mocks.MockMonitor):
+        def __init__(self, m: pulumi.runtime.Mocks) -> None:
+            super().__init__(m)
+            self.requests: list[Any] = []
+
+        def RegisterResource(self, request: Any) -> Any:  # noqa: N802 (gRPC name)
+            self.requests.append(request)
+            return super().RegisterResource(request)
+
+    m = Mocks()
+    monitor = RecordingMonitor(m)
+    pulumi.runtime.set_mocks(m, preview=False, monitor=monitor)
+    result: dict[str, Any] = {"monitor": monitor}
+
+    @pulumi.runtime.test
+    def program() -> Any:
+        def node(name: str, ip: str) -> WeightNode:
+            provider = docker.Provider(f"{name}-docker", host=f"ssh://u@{ip}")
+            conn = remote.ConnectionArgs(host=ip, user="u", private_key=pulumi.Output.secret("KEY"))
+            return WeightNode(name=name, connection=conn, fabric_ip=ip, docker_provider=provider,
+                              image=f"sha256:{name}")
+        store = WeightStore("ws", WeightStoreArgs(
+            head=node("head", "10.0.0.1"), workers=[node(f"w{i}", f"10.0.0.{i + 1}") for i in range(1, workers + 1)],
+            root="~/dsv41-exl3", share=share,  # type: ignore[arg-type]
+            staging_image="sha256:serving", model_repo=MODEL_REPO, engram_repo=ENGRAM_REPO,
+            hf_token=pulumi.Output.secret(token) if token else None, hf_endpoint="http://127.0.0.1:9",
+            stage_timeout_s=3600))
+        result["store"] = store
+        outs = [store.manifest, *store.model_source.values(), *store.engram_source.values(),
+                *(r.stdout for r in store.visible.values())]  # type: ignore[attr-defined]
+        return pulumi.Output.all(*outs).apply(lambda v: result.__setitem__("values", v))
+
+    program()
+    return result
+
+
+def _by_name(monitor: Any) -> dict[str, Any]:
+    return {r.name: r for r in monitor.requests}
+
+
+def _field(req: Any, key: str) -> Any:
+    from google.protobuf import json_format
+    return json_format.MessageToDict(req.object).get(key)
+
+
+def test_staging_command_is_retained_and_triggered_by_what_is_staged() -> None:
+    run = _mocked_program("bind")
+    reqs = _by_name(run["monitor"])
+    stage = reqs["ws-stage"]
+    assert stage.type == "command:remote:Command"
+    assert stage.retainOnDelete is True, "destroying the stack must never delete the weights"
+    assert not _field(stage, "delete"), "staging has no delete command"
+    assert _field(stage, "triggers") == [MODEL_REPO, ENGRAM_REPO, "main", "~/dsv41-exl3"]
+    assert stage.parent.endswith("::ws"), "children are parented to the component"
+
+
+def test_no_secret_in_any_command_text_and_token_only_in_secret_stdin() -> None:
+    run = _mocked_program("nfs")
+    for req in run["monitor"].requests:
+        if req.type != "command:remote:Command":
+            continue
+        for key in ("create", "update", "delete", "triggers"):
+            assert TOKEN not in json.dumps(_field(req, key)), f"{req.name}.{key} carries the token"
+    stdin = _field(_by_name(run["monitor"])["ws-stage"], "stdin")
+    assert isinstance(stdin, dict) and TOKEN in json.dumps(stdin), "the token travels on stdin"
+    assert SIG_SECRET in json.dumps(stdin), "stdin must stay a secret"
+
+
+def test_anonymous_staging_sends_empty_token_line() -> None:
+    run = _mocked_program("bind", token=None)
+    stage = _by_name(run["monitor"])["ws-stage"]
+    stdin = _field(stage, "stdin")
+    assert isinstance(stdin, str) and stdin.startswith("\n") and "def main" in stdin
+    assert "HF_TOKEN" not in _field(stage, "create")
+
+
+def test_bind_share_gives_every_node_the_head_path() -> None:
+    run = _mocked_program("bind", workers=2)
+    store, reqs = run["store"], _by_name(run["monitor"])
+    assert store.mount_type == {"head": "bind", "w1": "bind", "w2": "bind"}
+    values = run["values"]
+    assert json.loads(values[0]) == STAGED_FILES
+    assert values[1:4] == [f"{STAGED_ROOT}/model"] * 3 and values[4:7] == [f"{STAGED_ROOT}/engram-src"] * 3
+    assert not [r for r in run["monitor"].requests if r.type == "docker:index/volume:Volume"]
+    assert "ws-nfs-export" not in reqs
+    for node in ("head", "w1", "w2"):
+        check = reqs[f"ws-visible-{node}"]
+        assert any(d.endswith("::ws-stage") for d in check.dependencies), f"{node} check must wait for staging"
+        assert f"root={STAGED_ROOT}" in _field(check, "create") and "a.safetensors" in _field(check, "create")
+
+
+def test_nfs_share_mounts_worker_volumes_with_options() -> None:
+    run = _mocked_program("nfs", workers=2)
+    store, reqs = run["store"], _by_name(run["monitor"])
+    assert store.mount_type == {"head": "bind", "w1": "volume", "w2": "volume"}
+    export = reqs["ws-nfs-export"]
+    assert '"/home/u/dsv41-exl3" 10.0.0.2(ro,sync,no_subtree_check) 10.0.0.3(ro,sync,no_subtree_check)' in \
+        _field(export, "create")
+    assert any(d.endswith("::ws-stage") for d in export.dependencies)
+    for w in ("w1", "w2"):
+        for which in ("model", "engram-src"):
+            vol = reqs[f"ws-{w}-{which}"]
+            assert vol.type == "docker:index/volume:Volume"
+            assert f"pulumi:providers:docker::{w}-docker::" in vol.provider, "the volume lives on that worker's daemon"
+            assert _field(vol, "driver") == "local"
+            assert _field(vol, "driverOpts") == {
+                "type": "nfs", "device": f":{STAGED_ROOT}/{which}",
+                "o": "addr=10.0.0.1,nfsvers=4.2,ro,nconnect=8,rsize=1048576,wsize=1048576,hard,timeo=600"}
+            assert any(d.endswith("::ws-nfs-export") for d in vol.dependencies)
+        check = reqs[f"ws-visible-{w}"]
+        deps = check.dependencies
+        for dep in ("ws-stage", "ws-nfs-export", f"ws-{w}-model", f"ws-{w}-engram-src"):
+            assert any(d.endswith(f"::{dep}") for d in deps), f"{w} check must wait for {dep}"
+        create = _field(check, "create")
+        assert f"sha256:{w} -s" in create, "the check runs the image pulled on that worker"
+        assert ":/w/model:ro" in create and "engram-src/config.json" in create
+    values = run["values"]
+    model_vols, engram_vols = values[2:4], values[5:7]
+    assert values[1] == f"{STAGED_ROOT}/model" and values[4] == f"{STAGED_ROOT}/engram-src"
+    assert all(v.startswith(f"ws-w{i}-model-") for i, v in enumerate(model_vols, 1))
+    assert all(v.startswith(f"ws-w{i}-engram-src-") for i, v in enumerate(engram_vols, 1))
+    assert "ws-visible-head" in reqs and reqs["ws-visible-head"].dependencies
+
+
+def test_nfs_without_worker_docker_provider_is_rejected() -> None:
+    from pulumi_command import remote
+
+    from components.weight_store import WeightNode, WeightStore, WeightStoreArgs
+
+    conn = remote.ConnectionArgs(host="127.0.0.1", user="u")
+    args = WeightStoreArgs(head=WeightNode(name="h", connection=conn, fabric_ip="10.0.0.1"),
+                           workers=[WeightNode(name="w", connection=conn, fabric_ip="10.0.0.2")],
+                           root="~/x", share="nfs", staging_image="i", model_repo=MODEL_REPO,
+                           engram_repo=ENGRAM_REPO, stage_timeout_s=10)
+    with pytest.raises(ValueError, match="worker w has no docker_provider"):
+        WeightStore._validate(args)
+    bad_root = WeightStoreArgs(**{**args.__dict__, "root": "x", "share": "bind"})
+    with pytest.raises(ValueError, match="weights root='x'"):
+        WeightStore._validate(bad_root)
