@@ -1,0 +1,669 @@
+"""The verifier: real HTTP against a loopback fake vLLM, one test per way a deployment can lie."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import dill
+import pytest
+
+from components import verify
+from components.verdict import (
+    DECODE_PROBE_PROMPTS,
+    Failed,
+    Reason,
+    TokenLogprob,
+    Verified,
+    completion_request,
+    decode_sample,
+    judge_completion,
+    sse_payloads,
+)
+from components.verify import (
+    Passed,
+    VerificationFailed,
+    VerificationTimeout,
+    VerifierProvider,
+    measure_decode,
+    run_bounded,
+    verify_endpoint,
+)
+from tests.fake_vllm import (
+    GOOD_TOKENS,
+    FakeVllm,
+    Reply,
+    chat_body,
+    free_port,
+    good_items,
+    logprob_item,
+    paced_stream,
+    stream_events,
+    with_literal,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = "fake-model"
+pytestmark = pytest.mark.timeout(10)
+
+
+def _items_with(value: Any) -> list[dict[str, Any]]:
+    items = good_items()
+    items[1] = logprob_item(".", value)
+    return items
+
+
+def _error_body(message: str, kind: str, code: int, param: str | None = None) -> bytes:
+    return json.dumps({"error": {"message": message, "type": kind, "param": param, "code": code}}).encode()
+
+
+OUT_OF_RANGE = "Out of range float values are not JSON compliant"
+
+# (case id, reply, expected reason, words the diagnosis must contain)
+BAD_ANSWERS: list[tuple[str, Reply, Reason, str]] = [
+    ("nan-literal", Reply(body=with_literal(chat_body(good_items()), "NaN")), Reason.NAN, "the model produced NaN"),
+    ("infinity-literal", Reply(body=with_literal(chat_body(good_items()), "Infinity")), Reason.INF, "Infinity"),
+    ("minus-infinity-literal", Reply(body=with_literal(chat_body(good_items()), "-Infinity")), Reason.INF, "inf"),
+    ("overflowing-number", Reply(body=with_literal(chat_body(good_items()), "-1e999")), Reason.INF, "inf"),
+    ("null-logprob", Reply(body=chat_body(_items_with(None)).encode()), Reason.NAN, "null"),
+    ("clamped-minus-9999", Reply(body=chat_body(_items_with(-9999.0)).encode()), Reason.INF, "-9999.0"),
+    ("string-logprob", Reply(body=chat_body(_items_with("-0.5")).encode()), Reason.BAD_LOGPROB, "not a number"),
+    ("bool-logprob", Reply(body=chat_body(_items_with(False)).encode()), Reason.BAD_LOGPROB, "not a number"),
+    ("positive-logprob", Reply(body=chat_body(_items_with(0.25)).encode()), Reason.BAD_LOGPROB, "> 0"),
+    ("missing-logprobs", Reply(body=chat_body(None).encode()), Reason.NO_LOGPROBS, "logprobs"),
+    ("empty-content", Reply(body=chat_body([]).encode()), Reason.NO_LOGPROBS, "empty"),
+    (
+        "top-logprob-not-sampled-token",
+        Reply(body=chat_body([{**good_items()[0], "top_logprobs": [{"token": "Lyon", "logprob": -0.1}]}]).encode()),
+        Reason.BAD_LOGPROB,
+        "not the sampled token",
+    ),
+    (
+        "http-400-out-of-range",
+        Reply(status=400, body=_error_body(OUT_OF_RANGE, "BadRequestError", 400)),
+        Reason.NAN,
+        "the model produced NaN",
+    ),
+    (
+        "http-500-out-of-range",
+        Reply(status=500, body=b'{"detail":"ValueError: Out of range float values are not JSON compliant"}'),
+        Reason.NAN,
+        "the model produced NaN",
+    ),
+    (
+        "non-json",
+        Reply(body=b"<html><body>Welcome to nginx!</body></html>", content_type="text/html"),
+        Reason.NOT_JSON,
+        "not JSON",
+    ),
+    (
+        "unknown-model",
+        Reply(
+            status=404,
+            body=_error_body("The model `x` does not exist.", "NotFoundError", 404, "model"),
+        ),
+        Reason.UNKNOWN_MODEL,
+        "served: fake-model",
+    ),
+    ("unauthorized", Reply(status=401, body=b'{"error":"Unauthorized"}'), Reason.UNAUTHORIZED, "API key"),
+    ("wrong-route", Reply(status=404, body=b'{"detail":"Not Found"}'), Reason.HTTP_ERROR, "ending in /v1"),
+]
+
+
+def test_good_answer_passes_with_answer_and_logprobs() -> None:
+    with FakeVllm(Reply(body=chat_body(good_items()).encode())) as server:
+        outcome = verify_endpoint(server.url, MODEL, timeout_s=2)
+    assert isinstance(outcome, Passed), outcome
+    assert outcome.answer == "Paris."
+    assert outcome.logprobs == tuple(TokenLogprob(token, value) for token, value in GOOD_TOKENS)
+    assert 0 <= outcome.latency_s < 2
+    assert outcome.decode_tokens_per_second is None
+
+
+@pytest.mark.parametrize(("case", "reply", "reason", "words"), BAD_ANSWERS, ids=[case[0] for case in BAD_ANSWERS])
+def test_bad_answer_fails_with_its_reason_and_is_never_retried(
+    case: str, reply: Reply, reason: Reason, words: str
+) -> None:
+    sleeps: list[float] = []
+    with FakeVllm(reply) as server:
+        # A generous retry window: a retried verdict would show as a second request.
+        outcome = verify_endpoint(server.url, MODEL, timeout_s=2, retry_window_s=30, sleep=sleeps.append)
+        completions = server.completion_requests()
+    assert isinstance(outcome, Failed), f"{case} must not verify"
+    assert outcome.reason is reason, outcome.message
+    assert words in outcome.message
+    assert "\n" not in outcome.message
+    assert server.url in outcome.message and MODEL in outcome.message
+    assert len(completions) == 1 and sleeps == [], f"{case} is final and must not be retried"
+
+
+def test_nan_is_never_retried() -> None:
+    reply = Reply(status=400, body=_error_body(OUT_OF_RANGE, "BadRequestError", 400))
+    with FakeVllm(reply) as server:
+        outcome = verify_endpoint(server.url, MODEL, timeout_s=2, retry_window_s=3)
+        assert len(server.completion_requests()) == 1
+    assert isinstance(outcome, Failed) and outcome.reason is Reason.NAN
+    assert "the model produced NaN" in outcome.message
+
+
+def test_request_is_the_recipe_request_with_bearer_key() -> None:
+    with FakeVllm(Reply(body=chat_body(good_items()).encode())) as server:
+        assert isinstance(verify_endpoint(server.url + "/", MODEL, "k-123", timeout_s=2), Passed)
+        assert isinstance(verify_endpoint(server.url, MODEL, timeout_s=2), Passed)
+        keyed, anonymous = server.completion_requests()
+    assert keyed.path == "/v1/chat/completions"
+    assert keyed.body == {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "What is the capital of France? Answer in one word."}],
+        "max_tokens": 40,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 1,
+    }
+    assert keyed.headers["Authorization"] == "Bearer k-123"
+    assert "Authorization" not in anonymous.headers
+
+
+def test_streamed_request_asks_for_usage() -> None:
+    assert completion_request(MODEL, stream=True) == {
+        **completion_request(MODEL),
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+def test_api_key_never_appears_in_a_diagnosis() -> None:
+    echo = Reply(status=403, body=_error_body("key k-secret-9 is not allowed here", "PermissionError", 403))
+    with FakeVllm(echo) as server:
+        outcome = verify_endpoint(server.url, MODEL, "k-secret-9", timeout_s=2)
+    assert isinstance(outcome, Failed) and outcome.reason is Reason.HTTP_ERROR
+    assert "k-secret-9" not in outcome.message and "***" in outcome.message
+
+
+def test_endpoint_must_end_in_v1() -> None:
+    with pytest.raises(ValueError, match="http://HOST:PORT/v1"):
+        verify_endpoint("http://127.0.0.1:9/", MODEL)
+
+
+# --- streamed answers (NaN arrives as null with HTTP 200) --------------------------------------
+
+STREAMED: list[tuple[str, Reply, Reason | None]] = [
+    ("good", Reply(events=stream_events(good_items())), None),
+    ("null-is-nan", Reply(events=stream_events(_items_with(None))), Reason.NAN),
+    (
+        "nan-literal",
+        Reply(events=[(0, p.replace("-0.3817", "NaN")) for _, p in stream_events(good_items())]),
+        Reason.NAN,
+    ),
+    (
+        "infinity-literal",
+        Reply(events=[(0, p.replace("-0.3817", "-Infinity")) for _, p in stream_events(good_items())]),
+        Reason.INF,
+    ),
+    ("clamped-minus-9999", Reply(events=stream_events(_items_with(-9999.0))), Reason.INF),
+    ("string-logprob", Reply(events=stream_events(_items_with("nan"))), Reason.BAD_LOGPROB),
+    (
+        "missing-logprobs",
+        Reply(
+            events=[(0, p.replace('"logprobs": {"content"', '"x": {"content"')) for _, p in stream_events(good_items())]
+        ),
+        Reason.NO_LOGPROBS,
+    ),
+    ("empty-content", Reply(events=stream_events([])), Reason.NO_LOGPROBS),
+    (
+        "error-event",
+        Reply(events=[stream_events(good_items())[0], (0, _error_body(OUT_OF_RANGE, "BadRequestError", 400).decode())]),
+        Reason.NAN,
+    ),
+    ("cut-off-before-done", Reply(events=stream_events(good_items())[:-1]), Reason.MALFORMED),
+    ("non-json-event", Reply(events=[(0, "hello"), (0, "[DONE]")]), Reason.NOT_JSON),
+    ("http-400-out-of-range", Reply(status=400, body=_error_body(OUT_OF_RANGE, "BadRequestError", 400)), Reason.NAN),
+    (
+        "unknown-model",
+        Reply(status=404, body=_error_body("The model `x` does not exist.", "NotFoundError", 404, "model")),
+        Reason.UNKNOWN_MODEL,
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "reply", "reason"), STREAMED, ids=[case[0] for case in STREAMED])
+def test_streamed_answer_verdict(case: str, reply: Reply, reason: Reason | None) -> None:
+    with FakeVllm(reply) as server:
+        outcome = verify_endpoint(server.url, MODEL, timeout_s=2, retry_window_s=30, stream=True, sleep=lambda _: None)
+        (request,) = server.completion_requests()
+    assert request.body == completion_request(MODEL, stream=True)
+    if reason is None:
+        assert isinstance(outcome, Passed), outcome
+        assert outcome.answer == "Paris." and [t.token for t in outcome.logprobs] == ["Paris", "."]
+    else:
+        assert isinstance(outcome, Failed), f"streamed {case} must not verify"
+        assert outcome.reason is reason, outcome.message
+
+
+# --- time: hung ranks, trickles, and starting servers -----------------------------------------
+
+
+@pytest.mark.parametrize(("health", "reason"), [(200, Reason.HUNG_RANK), (503, Reason.TIMEOUT)])
+def test_completion_that_never_returns_is_diagnosed_within_the_deadline(health: int, reason: Reason) -> None:
+    with FakeVllm(Reply(hang_s=30), health_status=health) as server:
+        started = time.monotonic()
+        outcome = verify_endpoint(server.url, MODEL, timeout_s=1, retry_window_s=30)
+        elapsed = time.monotonic() - started
+        completions = len(server.completion_requests())
+    assert isinstance(outcome, Failed) and outcome.reason is reason, outcome
+    assert 1 <= elapsed < 3, f"verdict took {elapsed:.2f} s for a 1 s timeout"
+    assert completions == 1, "a timeout is diagnosed, not retried"
+    if reason is Reason.HUNG_RANK:
+        assert "a rank is dead or hung" in outcome.message
+        assert "/health answers 200 but a completion did not return within 1 s" in outcome.message
+
+
+def test_trickling_stream_is_cut_at_the_total_deadline() -> None:
+    # Each event arrives well within the timeout, but the whole answer would take 6 s.
+    trickle = [(0.3, p) for _, p in stream_events(good_items() * 10)]
+    with FakeVllm(Reply(events=trickle)) as server:
+        started = time.monotonic()
+        outcome = verify_endpoint(server.url, MODEL, timeout_s=1, stream=True)
+        elapsed = time.monotonic() - started
+    assert isinstance(outcome, Failed) and outcome.reason is Reason.HUNG_RANK
+    assert elapsed < 2.5
+
+
+def test_connection_refused_is_retried_until_the_server_comes_up() -> None:
+    port = free_port()
+    server = FakeVllm(Reply(body=chat_body(good_items()).encode()), port=port)
+    progress: list[str] = []
+
+    def sleep_then_start(seconds: float) -> None:
+        if not progress[1:]:  # bring the API up during the second pause
+            time.sleep(seconds)
+        else:
+            server.start()
+            time.sleep(0.05)
+
+    try:
+        outcome = verify_endpoint(
+            f"http://127.0.0.1:{port}/v1",
+            MODEL,
+            timeout_s=1,
+            retry_window_s=4,
+            sleep=sleep_then_start,
+            on_progress=progress.append,
+        )
+        assert len(server.completion_requests()) == 1
+    finally:
+        server.stop()
+    assert isinstance(outcome, Passed), outcome
+    assert len(progress) == 2 and all("connection refused" in line for line in progress)
+
+
+def test_connection_refused_gives_up_when_the_retry_window_is_spent() -> None:
+    now = [0.0]
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        now[0] += seconds
+
+    port = free_port()
+    outcome = verify_endpoint(
+        f"http://127.0.0.1:{port}/v1", MODEL, timeout_s=1, retry_window_s=30, clock=lambda: now[0], sleep=sleep
+    )
+    assert isinstance(outcome, Failed) and outcome.reason is Reason.UNREACHABLE
+    assert "not ready for 30 s" in outcome.message and "connection refused" in outcome.message
+    assert sum(sleeps) == pytest.approx(30)
+    assert max(sleeps) <= verify.MAX_RETRY_PAUSE_S
+    assert sleeps[:3] == [1, 2, 4], "backs off instead of hammering a loading server"
+
+
+def test_503_is_retried_then_verifies() -> None:
+    answers = iter(
+        [Reply(status=503, body=b'{"detail":"loading"}')] * 2 + [Reply(body=chat_body(good_items()).encode())]
+    )
+    with FakeVllm(lambda _body: next(answers)) as server:
+        outcome = verify_endpoint(server.url, MODEL, timeout_s=2, retry_window_s=30, sleep=lambda _: None)
+        assert len(server.completion_requests()) == 3
+    assert isinstance(outcome, Passed)
+
+
+def test_run_bounded_gives_up_at_its_deadline() -> None:
+    started = time.monotonic()
+    with pytest.raises(VerificationTimeout, match="did not finish within its 0.2 s deadline"):
+        run_bounded(lambda: time.sleep(3), 0.2, "the test's work")
+    assert time.monotonic() - started < 1
+    assert run_bounded(lambda: 7, 1, "quick work") == 7
+    with pytest.raises(KeyError):
+        run_bounded(lambda: {}["missing"], 1, "failing work")
+
+
+# --- decode probe -------------------------------------------------------------------------------
+
+PROBE_PROMPTS = DECODE_PROBE_PROMPTS[:3]
+
+
+def test_decode_probe_measures_a_paced_stream_within_15_percent() -> None:
+    with FakeVllm(Reply(events=paced_stream(30, 40.0))) as server:
+        measured = measure_decode(server.url, MODEL, timeout_s=3, prompts=PROBE_PROMPTS)
+        prompts = [r.body["messages"][0]["content"] for r in server.completion_requests()]
+        streamed = [r.body["stream"] and r.body["stream_options"] for r in server.completion_requests()]
+    assert not isinstance(measured, Failed), measured
+    assert measured.median_tokens_per_second == pytest.approx(40.0, rel=0.15)
+    assert len(measured.per_prompt) == 3
+    assert prompts == list(PROBE_PROMPTS), "each prompt is sent once, in order"
+    assert streamed == [{"include_usage": True}] * 3
+
+
+def test_decode_probe_counts_chunks_when_usage_is_missing() -> None:
+    with FakeVllm(Reply(events=paced_stream(12, 50.0, with_usage=False))) as server:
+        measured = measure_decode(server.url, MODEL, timeout_s=3, prompts=PROBE_PROMPTS)
+    assert not isinstance(measured, Failed), measured
+    assert measured.median_tokens_per_second == pytest.approx(50.0, rel=0.2)
+
+
+def test_decode_below_threshold_fails_naming_measured_required_and_eager_mode() -> None:
+    def script(body: dict[str, Any]) -> Reply:
+        if body.get("logprobs"):
+            return Reply(body=chat_body(good_items()).encode())
+        return Reply(events=paced_stream(10, 40.0))
+
+    with FakeVllm(script) as server:
+        outcome = verify_endpoint(
+            server.url, MODEL, timeout_s=3, min_decode_tokens_per_second=80, decode_prompts=PROBE_PROMPTS
+        )
+        assert len(server.completion_requests()) == 4  # the recipe request, then the 3 probe prompts
+    assert isinstance(outcome, Failed) and outcome.reason is Reason.SLOW_DECODE, outcome
+    assert "below the required 80 tok/s" in outcome.message
+    assert "11-13 tok/s is eager mode" in outcome.message
+    rate = float(outcome.message.split("decode speed ")[1].split(" tok/s")[0])
+    assert rate == pytest.approx(40.0, rel=0.2)
+
+
+def test_decode_above_threshold_passes_with_the_rate() -> None:
+    def script(body: dict[str, Any]) -> Reply:
+        if body.get("logprobs"):
+            return Reply(body=chat_body(good_items()).encode())
+        return Reply(events=paced_stream(10, 40.0))
+
+    with FakeVllm(script) as server:
+        outcome = verify_endpoint(
+            server.url, MODEL, timeout_s=3, min_decode_tokens_per_second=20, decode_prompts=PROBE_PROMPTS
+        )
+    assert isinstance(outcome, Passed), outcome
+    assert outcome.decode_tokens_per_second == pytest.approx(40.0, rel=0.2)
+
+
+def test_decode_sample_uses_usage_when_speculation_packs_tokens_into_chunks() -> None:
+    events = [
+        (at, p)
+        for at, (_, p) in zip(
+            [0.0, 1.0, 1.5, 2.0, 2.0, 2.0],
+            stream_events([{"token": "a"}, {"token": "b"}, {"token": "c"}], completion_tokens=9),
+            strict=True,
+        )
+    ]
+    sample = decode_sample(events)
+    assert not isinstance(sample, Failed)
+    # 9 tokens in 3 chunks between t=1.0 and t=2.0: 8 tokens after the first in 1 s
+    assert sample.tokens_per_second == pytest.approx(8.0)
+
+
+def test_decode_sample_needs_two_timed_tokens() -> None:
+    sample = decode_sample([(0.0, p) for _, p in stream_events([{"token": "a"}])])
+    assert isinstance(sample, Failed) and sample.reason is Reason.UNMEASURABLE
+
+
+def test_probe_prompts_are_varied_and_not_counting() -> None:
+    assert len(set(DECODE_PROBE_PROMPTS)) == len(DECODE_PROBE_PROMPTS) >= 3
+    assert not any("count" in prompt.lower() or "repeat" in prompt.lower() for prompt in DECODE_PROBE_PROMPTS)
+    with pytest.raises(ValueError, match="at least 3 prompts"):
+        measure_decode("http://127.0.0.1:9/v1", MODEL, prompts=PROBE_PROMPTS[:2])
+
+
+# --- pure judgement edge cases ------------------------------------------------------------------
+
+
+def test_sse_payloads_join_multiline_data_and_skip_comments() -> None:
+    lines = [": keep-alive\n", 'data: {"a":\n', "data: 1}\n", "\n", "data:[DONE]\n"]
+    assert sse_payloads(lines) == ['{"a":\n1}', "[DONE]"]
+
+
+def test_zero_and_integer_logprobs_are_real() -> None:
+    verdict = judge_completion(200, {}, chat_body([logprob_item("Paris", 0), logprob_item(".", -0.0)]))
+    assert isinstance(verdict, Verified) and [t.logprob for t in verdict.logprobs] == [0.0, -0.0]
+
+
+# --- Pulumi dynamic provider --------------------------------------------------------------------
+
+
+def _props(url: str, **overrides: Any) -> dict[str, Any]:
+    props: dict[str, Any] = {
+        "endpoint": url,
+        "model": MODEL,
+        "api_key": None,
+        "timeout_s": 2,
+        "retry_window_s": 0,
+        "min_decode_tokens_per_second": None,
+        "rerun_on": ["head-id-1", "worker-id-1"],
+        "__provider": "pickled-provider-v1",
+    }
+    return {**props, **overrides}
+
+
+def test_provider_create_verifies_and_returns_outputs() -> None:
+    with FakeVllm(Reply(body=chat_body(good_items()).encode())) as server:
+        result = VerifierProvider().create(_props(server.url, api_key="k-1"))
+        assert server.completion_requests()[0].headers["Authorization"] == "Bearer k-1"
+    assert result.id.startswith("verifier-")
+    outs = result.outs
+    assert outs is not None
+    assert outs["answer"] == "Paris."
+    assert outs["logprobs"] == [{"token": t, "logprob": v} for t, v in GOOD_TOKENS]
+    assert outs["decode_tokens_per_second"] is None and outs["latency_s"] >= 0
+    assert outs["verified_at"].endswith("Z") and "T" in outs["verified_at"]
+    assert outs["rerun_on"] == ["head-id-1", "worker-id-1"] and outs["endpoint"] == server.url
+    assert "__provider" not in outs
+
+
+def test_provider_create_raises_the_one_line_diagnosis() -> None:
+    with (
+        FakeVllm(Reply(status=400, body=_error_body(OUT_OF_RANGE, "BadRequestError", 400))) as server,
+        pytest.raises(VerificationFailed) as raised,
+    ):
+        VerifierProvider().create(_props(server.url, api_key="k-secret"))
+    message = str(raised.value)
+    assert message.startswith("verification failed (nan): ")
+    assert "the model produced NaN" in message and "\n" not in message and "k-secret" not in message
+
+
+def test_diff_with_equal_inputs_reports_no_changes() -> None:
+    olds = _props("http://127.0.0.1:1/v1", timeout_s=2.0, answer="Paris.", latency_s=0.4)
+    # a new pickled provider (any code edit), int vs float and container order are not changes
+    news = _props("http://127.0.0.1:1/v1/", __provider="pickled-provider-v2", rerun_on=["worker-id-1", "head-id-1"])
+    result = VerifierProvider().diff("verifier-1", olds, news)
+    assert result.changes is False
+    assert not result.replaces
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("rerun_on", ["head-id-2", "worker-id-1"]),
+        ("rerun_on", ["head-id-1"]),
+        ("endpoint", "http://127.0.0.1:2/v1"),
+        ("model", "other-model"),
+        ("api_key", "k-2"),
+        ("min_decode_tokens_per_second", 15.0),
+        ("timeout_s", 30.0),
+        ("rerun_on", "04da6b54-80e4-46f7-96ec-b56ff0331ba9"),  # unknown during preview
+    ],
+)
+def test_diff_with_a_changed_input_reruns_the_verification(key: str, value: Any) -> None:
+    olds = _props("http://127.0.0.1:1/v1")
+    result = VerifierProvider().diff("verifier-1", olds, {**olds, key: value})
+    assert result.changes is True, f"a change of {key} must re-verify"
+    assert not result.replaces, "re-verification is an in-place update"
+
+
+def test_update_reverifies_and_returns_full_outputs() -> None:
+    with FakeVllm(Reply(body=chat_body(good_items()).encode())) as server:
+        olds = {**_props(server.url), "answer": "old", "verified_at": "2020-01-01T00:00:00Z"}
+        news = _props(server.url, rerun_on=["head-id-2", "worker-id-2"])
+        result = VerifierProvider().update("verifier-1", olds, news)
+        assert len(server.completion_requests()) == 1, "update runs the verification again"
+    outs = result.outs
+    assert outs is not None
+    assert set(verify.OUTPUT_KEYS) | set(verify.INPUT_KEYS) <= set(outs)
+    assert outs["answer"] == "Paris." and outs["verified_at"] != "2020-01-01T00:00:00Z"
+    assert outs["rerun_on"] == ["head-id-2", "worker-id-2"]
+
+
+def test_update_that_fails_raises_instead_of_keeping_stale_outputs() -> None:
+    with (
+        FakeVllm(Reply(body=chat_body(_items_with(None)).encode())) as server,
+        pytest.raises(VerificationFailed, match=r"\(nan\)"),
+    ):
+        VerifierProvider().update("verifier-1", _props(server.url), _props(server.url, rerun_on=["new"]))
+
+
+def test_provider_pickles_by_reference_as_the_sdk_does() -> None:
+    from pulumi.dynamic.dynamic import serialize_provider
+
+    encoded = serialize_provider(VerifierProvider())
+    raw = base64.b64decode(encoded)
+    restored = dill.loads(raw)
+    assert type(restored) is VerifierProvider, "the class must be the importable one, not a copy"
+    # By reference: the module path is recorded, the code is not.
+    assert b"components.verify" in raw
+    assert b"verify_endpoint" not in raw and b"co_code" not in raw
+    assert len(raw) < 500
+
+
+def test_module_imports_without_side_effects() -> None:
+    code = "import threading, components.verify as v; print(threading.active_count(), v.VerifierProvider.__module__)"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1", "components.verify"] and done.stderr == ""
+
+
+def test_verifier_resource_registers_inputs_and_a_pickled_provider() -> None:
+    import pulumi
+
+    registered: list[tuple[str, dict[str, Any]]] = []
+
+    class Mocks(pulumi.runtime.Mocks):
+        def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
+            registered.append((args.typ, dict(args.inputs)))
+            outs = {**args.inputs, "answer": "Paris.", "logprobs": [], "latency_s": 0.1}
+            return f"{args.name}-id", outs
+
+        def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict[str, Any], list[tuple[str, str]] | None]:
+            return {}, None
+
+    pulumi.runtime.set_mocks(Mocks(), preview=False)
+    resource = verify.Verifier(
+        "verify",
+        verify.VerifierArgs(endpoint="http://10.0.0.1:8888/v1", model=MODEL, rerun_on=["h", "w"], api_key="k-9"),
+    )
+
+    @pulumi.runtime.test
+    def check() -> pulumi.Output[Any]:
+        def assert_registered(answer: str) -> None:
+            ((typ, inputs),) = registered
+            assert typ == "pulumi-python:dynamic/verify:Verifier"
+            assert inputs["rerun_on"] == ["h", "w"] and inputs["endpoint"] == "http://10.0.0.1:8888/v1"
+            assert verify._unwrap_secret(inputs["api_key"]) == "k-9"
+            assert inputs["api_key"] != "k-9", "the API key must travel as a secret"
+            assert inputs["__provider"]
+            assert answer == "Paris."
+
+        return resource.answer.apply(assert_registered)
+
+    check()
+
+
+# --- operator command ---------------------------------------------------------------------------
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "components.verify", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=20,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def _lines(done: subprocess.CompletedProcess[str]) -> list[str]:
+    return (done.stdout + done.stderr).splitlines()
+
+
+def test_cli_verified_prints_one_line_and_reads_the_key_from_the_environment() -> None:
+    with FakeVllm(Reply(body=chat_body(good_items()).encode())) as server:
+        done = _cli(
+            "--endpoint",
+            server.url,
+            "--model",
+            MODEL,
+            "--api-key-env",
+            "TEST_VLLM_KEY",
+            "--timeout",
+            "3",
+            env={"TEST_VLLM_KEY": "k-env-42"},
+        )
+        (request,) = server.completion_requests()
+    assert done.returncode == 0, done.stderr
+    (line,) = _lines(done)
+    assert line.startswith(f"verified {server.url} model 'fake-model': answer \"Paris.\"")
+    assert '[["Paris", -0.00012], [".", -0.3817]]' in line
+    assert request.headers["Authorization"] == "Bearer k-env-42"
+    assert "k-env-42" not in line
+
+
+def test_cli_failure_exits_1_with_one_line() -> None:
+    with FakeVllm(Reply(status=500, body=OUT_OF_RANGE.encode(), content_type="text/plain")) as server:
+        done = _cli("--endpoint", server.url, "--model", MODEL, "--timeout", "3")
+    assert done.returncode == 1
+    (line,) = _lines(done)
+    assert line.startswith("NOT verified (nan): ") and "the model produced NaN" in line
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "words"),
+    [
+        (["--endpoint", "http://127.0.0.1:9/v1"], {}, "--model"),
+        (["--endpoint", "http://127.0.0.1:9", "--model", MODEL], {}, "/v1"),
+        (["--endpoint", "http://127.0.0.1:9/v1", "--model", MODEL, "--api-key-env", "UNSET_KEY_VAR_X"], {}, "not set"),
+        (["--endpoint", "http://127.0.0.1:9/v1", "--model", MODEL, "--api-key", "sk-live-77"], {}, "unrecognized"),
+        (["--endpoint", "http://127.0.0.1:9/v1", "--model", MODEL, "--api-key-env", "sk-live-77"], {}, "NAME"),
+        (["--endpoint", "http://127.0.0.1:9/v1", "--model", MODEL, "--timeout", "0"], {}, "--timeout"),
+    ],
+    ids=[
+        "missing-model",
+        "endpoint-without-v1",
+        "key-variable-unset",
+        "key-in-argv-refused",
+        "key-as-variable-name",
+        "zero-timeout",
+    ],
+)
+def test_cli_usage_errors_exit_2_with_one_line(args: list[str], env: dict[str, str], words: str) -> None:
+    done = _cli(*args, env=env)
+    assert done.returncode == 2
+    (line,) = _lines(done)
+    assert line.startswith("usage error: ") and words in line
+    assert "sk-live-77" not in line, "a key typed on the command line is never echoed"
+
+
+def test_cli_unreachable_endpoint_exits_1() -> None:
+    done = _cli("--endpoint", f"http://127.0.0.1:{free_port()}/v1", "--model", MODEL, "--timeout", "1")
+    assert done.returncode == 1
+    (line,) = _lines(done)
+    assert line.startswith("NOT verified (unreachable): ") and "connection refused" in line
