@@ -667,3 +667,15 @@ def test_nfs_without_worker_docker_provider_is_rejected() -> None:
     bad_root = WeightStoreArgs(**{**args.__dict__, "root": "x", "share": "bind"})
     with pytest.raises(ValueError, match="weights root='x'"):
         WeightStore._validate(bad_root)
+
+
+def test_stage_timeout_fails_with_resume_hint(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text("#!/bin/sh\n[ \"$1\" = run ] || exit 0\nexec sleep 30\n")
+    (bin_dir / "docker").chmod(0o755)
+    proc = subprocess.run(["sh", "-c", stage_command(timeout_s=1)], input=wm.stage_stdin(None, "script"),
+                          capture_output=True, text=True, timeout=60,
+                          env={"PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path)})
+    assert proc.returncode == 124
+    assert "weights staging timed out after 1s on the head; raise stage_timeout_s" in proc.stderr
