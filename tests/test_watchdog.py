@@ -1,0 +1,253 @@
+"""The memory watchdog: rendering, the script itself run with sh against a fake meminfo / docker / sleep,
+the install and remove commands run locally, and the component's wiring."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pulumi
+import pytest
+from pulumi_command import remote
+
+from components.watchdog import (
+    LOG_PATH,
+    MemoryWatchdog,
+    MemoryWatchdogArgs,
+    WatchdogSettings,
+    render_install_command,
+    render_remove_command,
+    render_watchdog_script,
+)
+from tests import recording
+
+GIB_KIB = 1024 * 1024
+FLOOR_KIB = 5 * GIB_KIB
+LOW, HIGH = FLOOR_KIB - 1, 80 * GIB_KIB
+
+FAKE_SLEEP = """#!/bin/sh
+# Each sleep moves the fake clock one sample on: the next MemAvailable value from the queue.
+# Queue empty: end the watchdog under test (it is our parent) with TERM, as `pulumi destroy` would.
+q="$WD_TEST_DIR/queue"
+if [ ! -s "$q" ]; then kill -TERM "$PPID"; exit 0; fi
+next=$(head -n 1 "$q"); tail -n +2 "$q" > "$q.tmp"; mv "$q.tmp" "$q"
+printf 'MemTotal:       127535264 kB\\nMemFree:          1000 kB\\nMemAvailable:   %s kB\\n' "$next" \\
+  > "$WD_TEST_DIR/meminfo.tmp"
+mv "$WD_TEST_DIR/meminfo.tmp" "$WD_TEST_DIR/meminfo"
+"""
+FAKE_DOCKER = '#!/bin/sh\necho "$*" >> "$WD_TEST_DIR/docker.calls"\n'
+FAKE_LOGGER = '#!/bin/sh\necho "$*" >> "$WD_TEST_DIR/logger.calls"\n'
+
+
+def _settings(**kw: object) -> WatchdogSettings:
+    return WatchdogSettings(**{"node_name": "spark-b", "container_name": "dsv41-rank1", **kw})  # type: ignore[arg-type]
+
+
+# --- pure rendering -------------------------------------------------------------------------------------
+
+class TestRendering:
+    def test_floor_is_converted_to_kib(self) -> None:
+        assert _settings().floor_kib == FLOOR_KIB
+        assert _settings(floor_gib=0.5).floor_kib == 524288
+
+    def test_script_guards_on_memavailable_never_used(self) -> None:
+        script = render_watchdog_script(_settings(consecutive_samples=4, sample_interval_s=7))
+        assert "$1 == \"MemAvailable:\"" in script
+        assert "MemFree" not in script and "free -" not in script and "used" not in script.replace('"used"', "")
+        assert f"FLOOR_KIB={FLOOR_KIB}\n" in script and "SAMPLES=4\n" in script
+        assert 'INTERVAL="${DSV41_WATCHDOG_INTERVAL_S:-7}"' in script
+        assert "CONTAINER='dsv41-rank1'" in script and "logger -t dsv41-exl3-watchdog" in script
+
+    def test_every_remote_command_is_bounded_by_timeout(self) -> None:
+        assert render_install_command(_settings()).startswith("timeout 60 sh -c ")
+        assert render_remove_command(_settings()).startswith("timeout 30 sh -c ")
+        assert "timeout \"$STOP_TIMEOUT\" $DOCKER stop" in render_watchdog_script(_settings())
+
+    @pytest.mark.parametrize(("kw", "message"), [
+        ({"floor_gib": 0}, "floor_gib=0 on spark-b must be > 0 GiB"),
+        ({"consecutive_samples": 0}, "consecutive_samples=0 on spark-b must be >= 1"),
+        ({"sample_interval_s": 0}, "sample_interval_s=0 on spark-b must be >= 1"),
+        ({"container_name": "a b"}, "container_name 'a b' on spark-b is not a valid docker container name"),
+        ({"node_name": "../x"}, "node_name '../x' must match"),
+        ({"meminfo_path": "proc/meminfo"}, "must be an absolute path"),
+    ])
+    def test_bad_settings_are_named(self, kw: dict[str, object], message: str) -> None:
+        with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            _settings(**kw)
+
+
+# --- the script, run with sh ------------------------------------------------------------------------------
+
+@pytest.fixture
+def node(tmp_path: Path) -> dict[str, str]:
+    """A fake node: HOME, a bin dir with fake sleep/docker/logger first on PATH, a fake meminfo."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for name, text in (("sleep", FAKE_SLEEP), ("docker", FAKE_DOCKER), ("logger", FAKE_LOGGER)):
+        (bindir / name).write_text(text)
+        (bindir / name).chmod(0o755)
+    home = tmp_path / "home"
+    home.mkdir()
+    return {"PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}", "HOME": str(home), "WD_TEST_DIR": str(tmp_path),
+            "DSV41_WATCHDOG_MEMINFO": str(tmp_path / "meminfo")}
+
+
+def _run_samples(node: dict[str, str], values: list[int | str], samples: int = 3) -> tuple[list[str], str]:
+    """Run the watchdog over `values` (one per sample); return docker calls and the log."""
+    d = Path(node["WD_TEST_DIR"])
+    (d / "meminfo").write_text(f"MemTotal: 127535264 kB\nMemAvailable: {values[0]} kB\n")
+    (d / "queue").write_text("".join(f"{v}\n" for v in values[1:]))
+    script = d / "watchdog.sh"
+    script.write_text(render_watchdog_script(_settings(consecutive_samples=samples)))
+    done = subprocess.run(["sh", str(script)], env=node, capture_output=True, text=True, timeout=20, check=False)
+    assert done.returncode == 0, done.stderr
+    state = Path(node["HOME"]) / ".local/state/dsv41-exl3"
+    assert not (state / "memory-watchdog-spark-b.pid").exists(), "the TERM trap removes the pidfile"
+    calls = (d / "docker.calls").read_text().splitlines() if (d / "docker.calls").exists() else []
+    return calls, (state / "watchdog.log").read_text()
+
+
+class TestScript:
+    def test_stops_after_k_low_samples_and_records_why(self, node: dict[str, str]) -> None:
+        calls, log = _run_samples(node, [HIGH, LOW, LOW - 5, LOW - 9])
+        assert calls == ["stop dsv41-rank1"]
+        stop = [ln for ln in log.splitlines() if "STOP" in ln]
+        assert len(stop) == 1
+        assert "node=spark-b container=dsv41-rank1" in stop[0]
+        assert f"(KiB: {LOW} {LOW - 5} {LOW - 9})" in stop[0] and f"below {FLOOR_KIB} KiB" in stop[0]
+        assert stop[0][:4].isdigit() and stop[0][10] == "T"  # starts with a UTC timestamp
+        assert "stopped dsv41-rank1" in log
+        logger = (Path(node["WD_TEST_DIR"]) / "logger.calls").read_text()
+        assert "-t dsv41-exl3-watchdog" in logger and "STOP" in logger
+
+    def test_k_minus_1_low_samples_do_nothing(self, node: dict[str, str]) -> None:
+        calls, log = _run_samples(node, [LOW, LOW, HIGH, HIGH])
+        assert calls == [] and "STOP" not in log
+
+    def test_a_high_sample_resets_the_count(self, node: dict[str, str]) -> None:
+        calls, _ = _run_samples(node, [LOW, LOW, HIGH, LOW, LOW, HIGH])
+        assert calls == []
+
+    def test_never_on_high_values_and_exactly_the_floor_is_not_low(self, node: dict[str, str]) -> None:
+        calls, _ = _run_samples(node, [HIGH, FLOOR_KIB, FLOOR_KIB, FLOOR_KIB, FLOOR_KIB + 1, HIGH])
+        assert calls == []
+
+    def test_keeps_guarding_after_a_stop(self, node: dict[str, str]) -> None:
+        calls, _ = _run_samples(node, [LOW] * 6)
+        assert calls == ["stop dsv41-rank1", "stop dsv41-rank1"]
+
+    def test_k_is_configurable(self, node: dict[str, str]) -> None:
+        calls, _ = _run_samples(node, [LOW] * 4, samples=5)
+        assert calls == []
+
+    def test_unreadable_meminfo_never_stops(self, node: dict[str, str]) -> None:
+        calls, log = _run_samples(node, ["garbage", "", LOW, "x", LOW])
+        assert calls == [] and log.count("cannot read MemAvailable") == 2  # once per unreadable stretch
+
+
+# --- install / remove, run locally -------------------------------------------------------------------------
+
+@pytest.fixture
+def installed(node: dict[str, str], tmp_path: Path) -> Iterator[tuple[dict[str, str], WatchdogSettings]]:
+    env = {k: v for k, v in node.items() if k != "DSV41_WATCHDOG_MEMINFO"}
+    env["PATH"] = node["PATH"].split(os.pathsep, 1)[1]  # the real sleep: install waits on it
+    docker_bin = tmp_path / "dockerbin"
+    docker_bin.mkdir()
+    (docker_bin / "docker").write_text(FAKE_DOCKER)
+    (docker_bin / "docker").chmod(0o755)
+    env["PATH"] = f"{docker_bin}{os.pathsep}{env['PATH']}"
+    meminfo = tmp_path / "node-meminfo"
+    meminfo.write_text(f"MemAvailable: {HIGH} kB\n")
+    settings = _settings(meminfo_path=str(meminfo), sample_interval_s=1)
+    pidfile = Path(env["HOME"]) / ".local/state/dsv41-exl3/memory-watchdog-spark-b.pid"
+    yield env, settings
+    if pidfile.exists():  # only the watchdog this test started
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(pidfile.read_text()), signal.SIGKILL)
+
+
+def _sh(command: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["sh", "-c", command], env=env, capture_output=True, text=True, timeout=30, check=False)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+
+
+class TestInstall:
+    def test_install_is_idempotent_and_remove_keeps_the_log(self, installed: tuple[dict[str, str],
+                                                                                   WatchdogSettings]) -> None:
+        env, settings = installed
+        home = Path(env["HOME"])
+        pidfile = home / ".local/state/dsv41-exl3/memory-watchdog-spark-b.pid"
+        script = home / ".local/share/dsv41-exl3/memory-watchdog-spark-b.sh"
+        log = home / ".local/state/dsv41-exl3/watchdog.log"
+
+        first = _sh(render_install_command(settings), env)
+        assert first.returncode == 0, first.stderr
+        assert "running on spark-b" in first.stdout and LOG_PATH in first.stdout
+        pid1 = int(pidfile.read_text())
+        assert _alive(pid1) and script.read_text() == render_watchdog_script(settings)
+
+        again = _sh(render_install_command(settings), env)  # create/update re-install and restart
+        assert again.returncode == 0, again.stderr
+        pid2 = int(pidfile.read_text())
+        assert pid2 != pid1 and _alive(pid2)
+        deadline = time.monotonic() + 5
+        while _alive(pid1) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(pid1), "the old copy must be stopped, not left running beside the new one"
+
+        removed = _sh(render_remove_command(settings), env)
+        assert removed.returncode == 0, removed.stderr
+        assert "log kept" in removed.stdout
+        time.sleep(0.2)
+        assert not _alive(pid2) and not script.exists() and not pidfile.exists()
+        text = log.read_text()
+        assert text.count("watchdog started") == 2 and "watchdog stopping (signal)" in text
+        assert not (Path(env["WD_TEST_DIR"]) / "docker.calls").exists()  # memory was high throughout
+
+        assert _sh(render_remove_command(settings), env).returncode == 0  # removing twice is fine
+
+
+# --- component wiring ------------------------------------------------------------------------------------
+
+def test_component_installs_with_one_remote_command() -> None:
+    def program() -> dict[str, object]:
+        wd = MemoryWatchdog("wd-spark-b", MemoryWatchdogArgs(
+            node_name="spark-b",
+            connection=remote.ConnectionArgs(host="127.0.0.3", port=2222, user="root"),
+            container_name="dsv41-rank1",
+            restart_on=["cid-worker-1"],
+        ))
+        return {"log": wd.log_path, "status": wd.status}
+
+    rec = recording.run(program)
+    (component,) = rec.of_type("dsv41-exl3:watchdog:MemoryWatchdog")
+    (cmd,) = rec.of_type("command:remote:Command")
+    settings = _settings()
+    assert cmd.name == "wd-spark-b-install" and cmd.parent == component.urn
+    assert cmd.delete_before_replace, "the old copy's delete would kill the new copy (same pidfile)"
+    assert cmd.inputs["create"] == cmd.inputs["update"] == render_install_command(settings)
+    assert cmd.inputs["delete"] == render_remove_command(settings)
+    assert cmd.inputs["triggers"] == ["cid-worker-1"]
+    assert cmd.inputs["addPreviousOutputInEnv"] is False
+    assert "connection" in cmd.secret_paths()  # the provider marks the whole connection secret
+    assert "127.0.0.3" in str(cmd.inputs["connection"])
+    assert rec.outputs["log"] == LOG_PATH
+
+
+def test_args_validate_at_program_time() -> None:
+    with pytest.raises(ValueError, match="floor_gib=-1 on spark-b"):
+        MemoryWatchdogArgs(node_name="spark-b", connection=remote.ConnectionArgs(host="127.0.0.3"),
+                           container_name="c", floor_gib=-1)
+    assert pulumi  # the SDK is importable without an engine
