@@ -112,9 +112,7 @@ def completion_request(model: str, *, stream: bool = False) -> dict[str, Any]:
     return body
 
 
-def decode_probe_request(
-    model: str, prompt: str, max_tokens: int = DECODE_PROBE_MAX_TOKENS
-) -> dict[str, Any]:
+def decode_probe_request(model: str, prompt: str, max_tokens: int = DECODE_PROBE_MAX_TOKENS) -> dict[str, Any]:
     """A streamed request for measuring decode speed; sampling is left to the server's defaults."""
     return {
         "model": model,
@@ -130,9 +128,7 @@ def _snippet(text: str, limit: int = 160) -> str:
     return one_line if len(one_line) <= limit else one_line[: limit - 3] + "..."
 
 
-_NAN_FIX = (
-    "the deployment is computing garbage; check that every rank is healthy and the weights and kernels match"
-)
+_NAN_FIX = "the deployment is computing garbage; check that every rank is healthy and the weights and kernels match"
 
 
 def _check_logprob(value: Any, where: str) -> Failed | None:
@@ -145,12 +141,8 @@ def _check_logprob(value: Any, where: str) -> Failed | None:
         )
     if isinstance(value, NonFiniteLiteral):
         if value.text == "NaN":
-            return Failed(
-                Reason.NAN, f"the model produced NaN: logprob of {where} is the literal NaN; {_NAN_FIX}"
-            )
-        return Failed(
-            Reason.INF, f"the model produced inf: logprob of {where} is the literal {value.text}; {_NAN_FIX}"
-        )
+            return Failed(Reason.NAN, f"the model produced NaN: logprob of {where} is the literal NaN; {_NAN_FIX}")
+        return Failed(Reason.INF, f"the model produced inf: logprob of {where} is the literal {value.text}; {_NAN_FIX}")
     if isinstance(value, bool) or not isinstance(value, int | float):
         return Failed(
             Reason.BAD_LOGPROB,
@@ -182,8 +174,7 @@ def judge_tokens(items: Sequence[Any]) -> tuple[TokenLogprob, ...] | Failed:
     if not items:
         return Failed(
             Reason.NO_LOGPROBS,
-            "logprobs.content is empty: no token carries a log-probability, so nothing proves the model "
-            "computes",
+            "logprobs.content is empty: no token carries a log-probability, so nothing proves the model computes",
         )
     checked: list[TokenLogprob] = []
     for index, item in enumerate(items):
@@ -352,9 +343,7 @@ def _stream_chunks(payloads: Sequence[str]) -> list[Mapping[str, Any]] | Failed:
                 "OpenAI server",
             )
         if not isinstance(chunk, Mapping):
-            return Failed(
-                Reason.MALFORMED, f"stream event {index} is not an object: {_snippet(payload, 80)!r}"
-            )
+            return Failed(Reason.MALFORMED, f"stream event {index} is not an object: {_snippet(payload, 80)!r}")
         if "error" in chunk:
             error = chunk["error"]
             code = error.get("code") if isinstance(error, Mapping) else None
@@ -383,9 +372,7 @@ def _delta_text(choice: Mapping[str, Any]) -> str:
     if not isinstance(delta, Mapping):
         return ""
     return "".join(
-        value
-        for key in ("reasoning_content", "reasoning", "content")
-        if isinstance(value := delta.get(key), str)
+        value for key in ("reasoning_content", "reasoning", "content") if isinstance(value := delta.get(key), str)
     )
 
 
@@ -460,9 +447,7 @@ def decode_sample(events: Sequence[tuple[float, str]]) -> DecodeSample | Failed:
             f"the answer had {tokens} token(s) in {len(token_times)} chunk(s); at least 2 tokens arriving "
             "at different times are needed to measure decode speed",
         )
-    return DecodeSample(
-        completion_tokens=tokens, first_token_at=token_times[0], last_token_at=token_times[-1]
-    )
+    return DecodeSample(completion_tokens=tokens, first_token_at=token_times[0], last_token_at=token_times[-1])
 
 
 def median_rate(samples: Sequence[DecodeSample]) -> float:
