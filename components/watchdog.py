@@ -149,12 +149,14 @@ done
 
 def _stop_running(s: WatchdogSettings) -> str:
     """sh that stops this node's running watchdog, if any (checked by pid and command line)."""
+    # "ours": alive and still our script (not a recycled pid; a zombie's cmdline is empty)
     return f"""pidfile={_STATE_DIR}/{s.pid_name}
+ours() {{ kill -0 "$1" 2>/dev/null && grep -q memory-watchdog "/proc/$1/cmdline" 2>/dev/null; }}
 if [ -s "$pidfile" ]; then
   old=$(cat "$pidfile")
-  if kill -0 "$old" 2>/dev/null && grep -q memory-watchdog "/proc/$old/cmdline" 2>/dev/null; then
+  if ours "$old"; then
     kill "$old"
-    i=0; while kill -0 "$old" 2>/dev/null && [ "$i" -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+    i=0; while ours "$old" && [ "$i" -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
   fi
   rm -f "$pidfile"
 fi
