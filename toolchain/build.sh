@@ -52,7 +52,7 @@ build_pulumi_cli() {
         log "pulumi $want already built: $BIN/pulumi"
         return
     fi
-    log "building pulumi $want from $PULUMI_CLI_PACKAGE (cold: ~15-25 min on 2 cores)"
+    log "building pulumi $want from $PULUMI_CLI_PACKAGE (cold: about 5 min on 2 cores, 1.4 GB of modules, 1.7 GB of build cache)"
     local start=$SECONDS
     (cd "$here/engine" && go build -tags osusergo,grpcnotrace \
         -ldflags "-s -w -X $PULUMI_VERSION_SYMBOL=$want" -o "$BIN/pulumi.partial" "$PULUMI_CLI_PACKAGE")
