@@ -1,0 +1,672 @@
+"""The per-node preflight: the rendered script run locally with sh, and the Preflight component.
+
+The script runs against fixture sysfs trees, a fake meminfo and fake `docker`, `systemctl`
+and `df` executables on a PATH that holds only the tools the script may use, so a test
+shows both the decision and the exact docker calls it made.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import pytest
+from pulumi_command import remote
+
+from components.preflight import Preflight, PreflightArgs
+from components.preflight_script import (
+    INSPECT_FORMAT,
+    PreflightSpec,
+    format_report,
+    parse_output,
+    render_command,
+    render_script,
+    wrap_in_timeout,
+)
+from tests import recording
+
+FIXTURES = Path(__file__).parent / "fixtures" / "sysfs"
+GIB_KIB = 1024 * 1024
+
+# The utilities the script may use on a node besides docker and systemctl.
+NODE_TOOLS = ["sh", "awk", "sed", "tr", "cat", "timeout", "du", "date", "sleep", "dirname", "id"]
+
+FAKE_DOCKER = """#!{python}
+import json, os, subprocess, sys, time
+args = sys.argv[1:]
+with open(os.environ["FAKE_DOCKER_LOG"], "a") as f:
+    f.write(json.dumps(args) + "\\n")
+path = os.environ["FAKE_DOCKER_STATE"]
+with open(path) as f:
+    state = json.load(f)
+if state["hang"]:
+    time.sleep(60)
+if not state["daemon_up"]:
+    print("Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?",
+          file=sys.stderr)
+    sys.exit(1)
+
+def value_of(flag):
+    return [args[i + 1] for i, a in enumerate(args) if a == flag]
+
+containers = state["containers"]
+cmd = args[0]
+if cmd == "version":
+    assert value_of("--format") == ["{{{{.Server.Version}}}}"], args
+    print("24.0.7")
+elif cmd == "ps":
+    chosen = [c for c in containers if c["running"]]  # docker ps lists running containers only
+    for flt in value_of("--filter"):
+        if flt.startswith("label="):
+            key, _, want = flt[len("label="):].partition("=")
+            chosen = [c for c in chosen if c["labels"].get(key) == want]
+        elif flt != "status=running":
+            sys.exit("fake docker: unsupported filter " + flt)
+    if "-q" in args:
+        out = [c["id"] for c in chosen]
+    elif value_of("--format") == ["{{{{.ID}}}} {{{{.Names}}}}"]:
+        out = [c["id"] + " " + c["name"] for c in chosen]
+    else:
+        sys.exit("fake docker: unsupported ps " + repr(args))
+    print("\\n".join(out))
+elif cmd == "stop":
+    assert args[1] == "-t", args
+    if state["stop_fails"]:
+        print("Error response from daemon: cannot stop container: permission denied", file=sys.stderr)
+        sys.exit(1)
+    for cid in args[3:]:
+        (c,) = [c for c in containers if c["id"] == cid]
+        c["running"] = False
+    with open(path, "w") as f:
+        json.dump(state, f)
+    if state["mem_after_stop_kib"] is not None:
+        # unified memory comes back a little after the container exits
+        subprocess.Popen([sys.executable, "-c",
+            "import sys, time; time.sleep(float(sys.argv[1])); open(sys.argv[2], 'w').write(sys.argv[3])",
+            str(state["mem_after_stop_delay_s"]), os.environ["DSV41_MEMINFO"],
+            "MemAvailable: %d kB\\n" % state["mem_after_stop_kib"]], start_new_session=True)
+    print("\\n".join(args[3:]))
+elif cmd == "inspect":
+    if value_of("--format") != [os.environ["FAKE_INSPECT_FORMAT"]]:
+        sys.exit("fake docker: inspect format changed in transit: " + repr(args))
+    for cid in args[3:]:
+        (c,) = [c for c in containers if c["id"] == cid]
+        caps = "".join(cap + " " for cap in c["gpu_caps"])
+        devs = "".join(d + " " for d in c["devices"])
+        print("/" + c["name"] + "|" + caps + "|" + devs + "|" + c["labels"].get("dsv41-exl3.stack", ""))
+else:
+    sys.exit("fake docker: unsupported command " + repr(args))
+"""
+
+FAKE_SYSTEMCTL = """#!/bin/sh
+echo "$*" >> "$FAKE_SYSTEMCTL_LOG"
+if [ -n "${FAKE_SYSTEMCTL_FAIL:-}" ]; then echo "Failed to connect to bus: No medium found" >&2; exit 1; fi
+cat "$FAKE_UNITS"
+"""
+
+FAKE_DF = """#!/bin/sh
+echo "$*" >> "$FAKE_DF_LOG"
+echo "Filesystem     1024-blocks      Used Available Capacity Mounted on"
+echo "/dev/nvme0n1p2  3907029168 100000000 $FAKE_DF_FREE_K      3% /"
+"""
+
+
+def container(cid: str, name: str, *, stack: str | None = None, running: bool = True, gpu: bool = False,
+              devices: tuple[str, ...] = (), labels: dict[str, str] | None = None) -> dict[str, Any]:
+    all_labels = dict(labels or {})
+    if stack is not None:
+        all_labels["dsv41-exl3.stack"] = stack
+    return {"id": cid, "name": name, "labels": all_labels, "running": running,
+            "gpu_caps": ["gpu"] if gpu else [], "devices": list(devices)}
+
+
+OWN_HEAD = container("a1a1a1", "dsv41-exl3-dev-head", stack="dev", gpu=True, devices=("/dev/infiniband",))
+
+
+@dataclass
+class Run:
+    rc: int
+    stdout: str
+    stderr: str
+    elapsed: float
+    docker_calls: list[list[str]]
+    systemctl_calls: list[str]
+    df_calls: list[str]
+    containers: list[dict[str, Any]]
+
+    @property
+    def refusals(self) -> list[str]:
+        return [line for line in self.stderr.splitlines() if line.startswith("preflight refused on node ")]
+
+    def calls(self, verb: str) -> list[list[str]]:
+        return [c for c in self.docker_calls if c[0] == verb]
+
+
+@dataclass
+class FakeNode:
+    """One simulated node: what its docker, systemd, /proc/meminfo, sysfs and disk say."""
+
+    tmp: Path
+    containers: list[dict[str, Any]] = field(default_factory=list)
+    daemon_up: bool = True
+    docker_hangs: bool = False
+    stop_fails: bool = False
+    mem_available_kib: int = 120 * GIB_KIB
+    mem_after_stop_kib: int | None = None
+    mem_after_stop_delay_s: float = 0.0
+    units: str = "ssh-agent.service enabled enabled\n"
+    systemctl: bool = True
+    systemctl_fails: bool = False
+    df_free_kib: int = 500 * GIB_KIB
+    sysfs_case: str = "healthy"
+    dev_infiniband: bool = True
+    home: Path | None = None
+
+    def run(self, spec: PreflightSpec) -> Run:
+        tmp = self.tmp
+        fake_bin, tools = tmp / "fakebin", tmp / "tools"
+        for d in (fake_bin, tools):
+            d.mkdir(exist_ok=True)
+        for tool in NODE_TOOLS:
+            target = shutil.which(tool)
+            assert target, f"test machine lacks {tool}"
+            link = tools / tool
+            if not link.exists():
+                link.symlink_to(target)
+        (fake_bin / "docker").write_text(FAKE_DOCKER.format(python=sys.executable))
+        (fake_bin / "df").write_text(FAKE_DF)
+        systemctl = fake_bin / "systemctl"
+        if self.systemctl:
+            systemctl.write_text(FAKE_SYSTEMCTL)
+        elif systemctl.exists():
+            systemctl.unlink()
+        for f in fake_bin.iterdir():
+            f.chmod(0o755)
+
+        meminfo = tmp / "meminfo"
+        # MemFree is tiny on purpose: the check must read MemAvailable, never free/used.
+        meminfo.write_text(f"MemTotal:       127533396 kB\nMemFree:         2097152 kB\n"
+                           f"MemAvailable:   {self.mem_available_kib} kB\nCached:         90000000 kB\n")
+        state = tmp / "docker-state.json"
+        state.write_text(json.dumps({
+            "containers": self.containers, "daemon_up": self.daemon_up,
+            "hang": self.docker_hangs, "stop_fails": self.stop_fails,
+            "mem_after_stop_kib": self.mem_after_stop_kib, "mem_after_stop_delay_s": self.mem_after_stop_delay_s,
+        }))
+        units = tmp / "units.txt"
+        units.write_text(self.units)
+        dev = tmp / "dev"
+        if self.dev_infiniband:
+            (dev / "infiniband").mkdir(parents=True, exist_ok=True)
+        logs = {k: tmp / f"{k}.log" for k in ("docker", "systemctl", "df")}
+        for log in logs.values():
+            log.write_text("")
+        env = {
+            "PATH": f"{fake_bin}:{tools}",
+            "HOME": str(self.home or tmp),
+            "DSV41_SYSFS_ROOT": str(FIXTURES / self.sysfs_case),
+            "DSV41_MEMINFO": str(meminfo),
+            "DSV41_DEV_ROOT": str(dev),
+            "FAKE_DOCKER_STATE": str(state),
+            "FAKE_DOCKER_LOG": str(logs["docker"]),
+            "FAKE_INSPECT_FORMAT": INSPECT_FORMAT,
+            "FAKE_SYSTEMCTL_LOG": str(logs["systemctl"]),
+            "FAKE_UNITS": str(units),
+            "FAKE_DF_LOG": str(logs["df"]),
+            "FAKE_DF_FREE_K": str(self.df_free_kib),
+        }
+        if self.systemctl_fails:
+            env["FAKE_SYSTEMCTL_FAIL"] = "1"
+        start = time.monotonic()
+        # the exact command text the remote.Command sends, timeout wrapper included
+        proc = subprocess.run(["/bin/sh", "-c", render_command(spec)], capture_output=True, text=True,
+                              env=env, timeout=60)
+        elapsed = time.monotonic() - start
+        return Run(
+            rc=proc.returncode, stdout=proc.stdout, stderr=proc.stderr, elapsed=elapsed,
+            docker_calls=[json.loads(line) for line in logs["docker"].read_text().splitlines()],
+            systemctl_calls=logs["systemctl"].read_text().splitlines(),
+            df_calls=logs["df"].read_text().splitlines(),
+            containers=json.loads(state.read_text())["containers"],
+        )
+
+
+def make_spec(**overrides: Any) -> PreflightSpec:
+    base: dict[str, Any] = dict(
+        node_name="spark-1", fabric_ip="192.168.100.1", ib_hcas=("rocep1s0f1",), gid_index="auto",
+        check_rdma=True, min_mem_available_gib=111.5, weights_root=None, min_free_disk_gib=None,
+        stack_label="dev", command_timeout_s=40, stop_timeout_s=2, mem_settle_s=3, docker_timeout_s=5,
+    )
+    base.update(overrides)
+    return PreflightSpec(**base)
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> FakeNode:
+    return FakeNode(tmp_path)
+
+
+# --- the script on a node -------------------------------------------------------------------------
+
+
+def test_healthy_node_passes_and_prints_one_json_line_that_parses(node: FakeNode) -> None:
+    spec = make_spec()
+    run = node.run(spec)
+    assert run.rc == 0, run.stderr
+    assert len(run.stdout.splitlines()) == 1, f"stdout must hold only the JSON line: {run.stdout!r}"
+    result = parse_output(run.stdout, spec)
+    assert result.node == "spark-1"
+    assert result.mem_available_gib == 120.0  # MemAvailable, not the 2 GiB MemFree
+    assert result.gid_index == 3
+    assert result.stopped == ()
+    assert any("RoCE v2 GID index 3 on rocep1s0f1" in f for f in result.findings), result.findings
+
+
+def test_stops_only_this_stacks_running_containers(node: FakeNode) -> None:
+    node.containers = [
+        OWN_HEAD,
+        container("b2b2b2", "dsv41-exl3-dev-old", stack="dev", running=False),
+        container("c3c3c3", "dsv41-exl3-prod-head", stack="prod"),
+        container("d4d4d4", "dsv41-exl3-dev2-head", stack="dev2"),
+        container("e5e5e5", "grafana"),
+        container("f6f6f6", "dev", labels={"other.stack": "dev"}),
+    ]
+    run = node.run(make_spec())
+    assert run.rc == 0, run.stderr
+    assert run.calls("stop") == [["stop", "-t", "2", "a1a1a1"]]
+    running = {c["name"] for c in run.containers if c["running"]}
+    assert running == {"dsv41-exl3-prod-head", "dsv41-exl3-dev2-head", "grafana", "dev"}
+    assert parse_output(run.stdout, make_spec()).stopped == ("dsv41-exl3-dev-head",)
+
+
+def test_a_failed_stop_is_refused_as_our_own_container_not_a_foreign_one(node: FakeNode) -> None:
+    node.containers = [OWN_HEAD]
+    node.stop_fails = True
+    run = node.run(make_spec())
+    assert run.rc == 1
+    (refusal,) = run.refusals
+    assert "could not stop this stack's container(s) dsv41-exl3-dev-head" in refusal
+    assert "docker rm -f dsv41-exl3-dev-head" in refusal
+
+
+def test_no_stop_is_attempted_when_this_stack_runs_nothing(node: FakeNode) -> None:
+    node.containers = [container("c3c3c3", "dsv41-exl3-prod-head", stack="prod")]
+    run = node.run(make_spec())
+    assert run.rc == 0, run.stderr
+    assert run.calls("stop") == []
+
+
+def test_memory_is_measured_after_the_stop_and_waits_for_it_to_come_back(node: FakeNode) -> None:
+    node.containers = [OWN_HEAD]
+    node.mem_available_kib = 8 * GIB_KIB  # the old serving container holds the rest
+    node.mem_after_stop_kib = 121 * GIB_KIB
+    node.mem_after_stop_delay_s = 1.0
+    run = node.run(make_spec(mem_settle_s=5))
+    assert run.rc == 0, run.stderr
+    assert parse_output(run.stdout, make_spec()).mem_available_gib == 121.0
+
+
+def test_memory_that_does_not_come_back_is_refused_within_the_settle_window(node: FakeNode) -> None:
+    node.containers = [OWN_HEAD]
+    node.mem_available_kib = 8 * GIB_KIB
+    run = node.run(make_spec(mem_settle_s=2))
+    assert run.rc == 1
+    assert run.elapsed < 8, f"the wait must be bounded by mem_settle_s, took {run.elapsed:.1f}s"
+    assert any("MemAvailable is 8.00 GiB, below the required 111.5 GiB" in r for r in run.refusals), run.stderr
+
+
+def test_low_mem_available_is_refused_with_the_numbers_and_the_fix(node: FakeNode) -> None:
+    node.mem_available_kib = 80 * GIB_KIB + 256 * 1024  # 80.25 GiB
+    run = node.run(make_spec())
+    assert run.rc == 1
+    assert run.stdout == ""
+    (refusal,) = run.refusals
+    assert refusal.startswith("preflight refused on node spark-1: MemAvailable is 80.25 GiB")
+    assert "below the required 111.5 GiB" in refusal
+    assert "sync; echo 3 > /proc/sys/vm/drop_caches" in refusal
+    assert run.elapsed < 5, "nothing was stopped, so nothing to wait for"
+
+
+def test_enabled_vllm_sglang_ray_user_units_are_refused(node: FakeNode) -> None:
+    node.units = textwrap.dedent("""\
+        ssh-agent.service enabled enabled
+        vllm-head.service enabled enabled
+        SGLang-router.service enabled enabled
+        ray-worker.service enabled enabled
+        pipewire.socket enabled enabled
+    """)
+    run = node.run(make_spec())
+    assert run.rc == 1
+    (refusal,) = run.refusals
+    assert "vllm-head.service SGLang-router.service ray-worker.service" in refusal
+    assert "systemctl --user disable --now vllm-head.service SGLang-router.service ray-worker.service" in refusal
+    assert "ssh-agent" not in refusal and "pipewire" not in refusal
+    assert run.systemctl_calls == ["--user list-unit-files --state=enabled --no-legend --no-pager"]
+
+
+def test_unit_sweep_is_skipped_and_noted_without_systemctl(node: FakeNode) -> None:
+    node.systemctl = False
+    node.units = "vllm-head.service enabled enabled\n"  # would refuse if it were read
+    run = node.run(make_spec())
+    assert run.rc == 0, run.stderr
+    assert "user systemd units not checked (no systemctl)" in parse_output(run.stdout, make_spec()).findings
+
+
+def test_unreachable_user_manager_is_noted_not_fatal(node: FakeNode) -> None:
+    node.systemctl_fails = True
+    run = node.run(make_spec())
+    assert run.rc == 0, run.stderr
+    findings = parse_output(run.stdout, make_spec()).findings
+    assert any("Failed to connect to bus" in f for f in findings), findings
+
+
+def test_foreign_containers_holding_the_gpu_or_rdma_devices_are_refused_by_name(node: FakeNode) -> None:
+    node.containers = [
+        OWN_HEAD,
+        container("c1c1c1", "comfyui", gpu=True),
+        container("c2c2c2", "rdma-bench", devices=("/dev/infiniband/uverbs0",)),
+        container("c3c3c3", "dsv41-exl3-prod-head", stack="prod", gpu=True, devices=("/dev/infiniband",)),
+        container("c4c4c4", "nginx", devices=("/dev/fuse",)),
+        container("c5c5c5", "old-trainer", gpu=True, running=False),
+    ]
+    run = node.run(make_spec())
+    assert run.rc == 1
+    refusals = "\n".join(run.refusals)
+    assert "container comfyui (not of this stack) holds the GPU;" in refusals
+    assert "container rdma-bench (not of this stack) holds /dev/infiniband;" in refusals
+    assert "container dsv41-exl3-prod-head (not of this stack) holds the GPU and /dev/infiniband;" in refusals
+    assert "nginx" not in refusals and "old-trainer" not in refusals and "dsv41-exl3-dev-head" not in refusals
+    assert len(run.refusals) == 3
+    assert run.calls("stop") == [["stop", "-t", "2", "a1a1a1"]], "foreign containers are never stopped"
+
+
+def test_unreachable_docker_is_a_clear_failure_and_nothing_is_stopped(node: FakeNode) -> None:
+    node.daemon_up = False
+    node.mem_available_kib = 50 * GIB_KIB
+    run = node.run(make_spec())
+    assert run.rc == 1
+    refusals = "\n".join(run.refusals)
+    assert "docker is not reachable (Cannot connect to the Docker daemon" in refusals
+    assert "MemAvailable is 50.00 GiB" in refusals, "the other checks still run and report"
+    assert [c[0] for c in run.docker_calls] == ["version"]
+
+
+def test_hung_docker_is_bounded_and_named(node: FakeNode) -> None:
+    node.docker_hangs = True
+    run = node.run(make_spec(docker_timeout_s=1))
+    assert run.rc == 1
+    assert run.elapsed < 10, f"took {run.elapsed:.1f}s"
+    assert any("docker is not reachable" in r for r in run.refusals), run.stderr
+
+
+def test_head_checks_free_disk_at_the_nearest_existing_parent_with_numbers(node: FakeNode, tmp_path: Path) -> None:
+    node.df_free_kib = 100 * GIB_KIB
+    weights = tmp_path / "disk" / "dsv41-exl3" / "model"
+    (tmp_path / "disk").mkdir()
+    run = node.run(make_spec(weights_root=str(weights), min_free_disk_gib=387))
+    assert run.rc == 1
+    (refusal,) = run.refusals
+    assert (f"disk at {tmp_path / 'disk'} has 100.0 GiB free + 0.0 GiB already staged in {weights} = 100.0 GiB, "
+            "below the required 387 GiB") in refusal
+    assert run.df_calls == [f"-Pk {tmp_path / 'disk'}"]
+
+
+def test_head_counts_already_staged_weights_toward_the_disk_minimum(node: FakeNode, tmp_path: Path) -> None:
+    node.df_free_kib = 100 * GIB_KIB
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    spec = make_spec(weights_root=str(weights), min_free_disk_gib=100.05)
+    assert node.run(spec).rc == 1, "100 GiB free alone is below 100.05"
+    (weights / "model-00001.safetensors").write_bytes(b"x" * (80 * 1024 * 1024))  # 0.08 GiB staged
+    run = node.run(spec)
+    assert run.rc == 0, run.stderr
+    assert any("GiB staged in" in f for f in parse_output(run.stdout, spec).findings)
+
+
+def test_head_weights_root_under_home_is_expanded_on_the_node(node: FakeNode, tmp_path: Path) -> None:
+    node.home = tmp_path / "home"
+    node.home.mkdir()
+    run = node.run(make_spec(weights_root="~/dsv41-exl3", min_free_disk_gib=1))
+    assert run.rc == 0, run.stderr
+    assert run.df_calls == [f"-Pk {tmp_path / 'home'}"]
+
+
+def test_worker_does_not_check_disk(node: FakeNode) -> None:
+    run = node.run(make_spec())
+    assert run.rc == 0, run.stderr
+    assert run.df_calls == []
+
+
+def test_moved_gid_index_fails_the_command_on_the_node(node: FakeNode) -> None:
+    node.sysfs_case = "moved"
+    run = node.run(make_spec(gid_index=3))
+    assert run.rc == 1
+    (refusal,) = run.refusals
+    assert refusal.startswith("preflight refused on node spark-1: GID index 3 on rocep1s0f1")
+    assert "set gid_index to 4" in refusal
+    auto = node.run(make_spec())
+    assert auto.rc == 0, auto.stderr
+    assert parse_output(auto.stdout, make_spec()).gid_index == 4
+
+
+def test_down_port_fails_the_command_naming_node_and_hca(node: FakeNode) -> None:
+    node.sysfs_case = "two-down"
+    run = node.run(make_spec(ib_hcas=("rocep1s0f1", "roceP2p1s0f1")))
+    assert run.rc == 1
+    assert [r.split(": ", 1)[1].split(",")[0] for r in run.refusals] == [
+        "HCA rocep1s0f1 port 1 is DOWN", "HCA roceP2p1s0f1 port 1 is DOWN"]
+
+
+def test_missing_dev_infiniband_is_refused(node: FakeNode) -> None:
+    node.dev_infiniband = False
+    run = node.run(make_spec())
+    assert run.rc == 1
+    assert any("/infiniband does not exist" in r and "modprobe mlx5_ib" in r for r in run.refusals), run.stderr
+
+
+def test_no_rdma_checks_when_check_rdma_is_false(node: FakeNode) -> None:
+    node.sysfs_case = "no-such-tree"
+    node.dev_infiniband = False
+    spec = make_spec(check_rdma=False, ib_hcas=())
+    run = node.run(spec)
+    assert run.rc == 0, run.stderr
+    assert parse_output(run.stdout, spec).gid_index is None
+
+
+def test_all_problems_are_reported_together(node: FakeNode) -> None:
+    node.mem_available_kib = 60 * GIB_KIB
+    node.units = "ray-head.service enabled enabled\n"
+    node.containers = [container("c1c1c1", "comfyui", gpu=True)]
+    node.sysfs_case = "all-zero"
+    run = node.run(make_spec())
+    assert run.rc == 1
+    joined = "\n".join(run.refusals)
+    for expected in ("MemAvailable is 60.00 GiB", "ray-head.service", "container comfyui", "no RoCE v2 GID entry"):
+        assert expected in joined, f"{expected!r} missing from:\n{joined}"
+    assert len(run.refusals) == 4
+
+
+def test_hostile_values_are_quoted_not_executed(node: FakeNode, tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    label = f"dev'; touch {marker}; echo '$(touch {marker})"
+    spec = make_spec(stack_label=label, node_name=f"n$(touch {marker})")
+    run = node.run(spec)
+    assert not marker.exists()
+    assert run.rc == 0, run.stderr
+    ps_own = [c for c in run.calls("ps") if "--filter" in c and "label=dsv41-exl3.stack=" + label in c]
+    assert ps_own, run.docker_calls
+    assert parse_output(run.stdout, spec).node == f"n$(touch {marker})"
+
+
+def test_outer_timeout_bounds_a_hung_script() -> None:
+    start = time.monotonic()
+    proc = subprocess.run(["/bin/sh", "-c", wrap_in_timeout("sleep 30", 1)], capture_output=True, timeout=20)
+    assert proc.returncode == 124
+    assert time.monotonic() - start < 5
+
+
+def test_script_is_posix_sh_and_uses_only_the_listed_tools() -> None:
+    script = render_script(make_spec(weights_root="/w", min_free_disk_gib=1))
+    assert subprocess.run(["sh", "-n", "-c", script]).returncode == 0
+    if shutil.which("bash"):
+        assert subprocess.run(["bash", "--posix", "-n", "-c", script]).returncode == 0
+
+
+# --- parsing what the node printed ----------------------------------------------------------------
+
+
+def line(**fields: Any) -> str:
+    base: dict[str, Any] = {"node": "spark-1", "mem_available_gib": 118.25, "gid_index": 3,
+                            "stopped": [], "findings": []}
+    base.update(fields)
+    return json.dumps(base)
+
+
+@pytest.mark.parametrize(("stdout", "message"), [
+    ("", "is empty"),
+    ("not json\n", "does not end in a JSON line"),
+    ("[1]", "expected a JSON object"),
+    (line(node="spark-2"), "names node 'spark-2'"),
+    (line(mem_available_gib="118"), "mem_available_gib is '118'"),
+    (line(mem_available_gib=True), "mem_available_gib is True"),
+    (line(gid_index=None), "no gid_index although check_rdma is true"),
+    (line(gid_index="3"), "gid_index is '3'"),
+    (line(findings="x"), "field 'findings'"),
+])
+def test_malformed_output_is_refused_naming_the_node(stdout: str, message: str) -> None:
+    with pytest.raises(ValueError, match="preflight output of node spark-1") as e:
+        parse_output(stdout, make_spec())
+    assert message in str(e.value)
+
+
+def test_output_must_agree_with_a_configured_index_and_with_check_rdma() -> None:
+    with pytest.raises(ValueError, match="reports gid_index 4, configured 3"):
+        parse_output(line(gid_index=4), make_spec(gid_index=3))
+    with pytest.raises(ValueError, match="gid_index 3 although check_rdma is false"):
+        parse_output(line(), make_spec(check_rdma=False))
+
+
+def test_report_is_one_line_with_the_measurements() -> None:
+    spec = make_spec()
+    report = format_report(parse_output("progress\n" + line(stopped=["dsv41-exl3-dev-head"]), spec), spec)
+    assert report == ("preflight spark-1: ok: 118.2 GiB MemAvailable (need 111.5); RoCE v2 GID index 3 "
+                      "(resolved) on rocep1s0f1; stopped dsv41-exl3-dev-head")
+
+
+# --- argument validation --------------------------------------------------------------------------
+
+
+def test_invalid_spec_reports_every_problem_at_once() -> None:
+    with pytest.raises(ValueError) as e:
+        make_spec(fabric_ip="fe80::1", ib_hcas=("bad name",), gid_index=-1, min_mem_available_gib=float("nan"))
+    text = str(e.value)
+    assert text.startswith("preflight for node 'spark-1': ")
+    for part in ("fabric_ip 'fe80::1'", "'bad name' is not an RDMA device name", "gid_index -1",
+                 "min_mem_available_gib nan"):
+        assert part in text, f"{part!r} missing from {text!r}"
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (dict(check_rdma=True, ib_hcas=()), "check_rdma is true but ib_hcas is empty"),
+    (dict(weights_root="/w"), "weights_root '/w' and min_free_disk_gib None go together"),
+    (dict(weights_root="dsv41", min_free_disk_gib=1), "must be an absolute path or start with ~/"),
+    (dict(weights_root="~other/x", min_free_disk_gib=1), "must be an absolute path or start with ~/"),
+    (dict(command_timeout_s=20), "command_timeout_s 20 is shorter than"),
+    (dict(stack_label=""), "stack_label is empty"),
+    (dict(node_name=" "), "node_name is empty"),
+])
+def test_invalid_spec_is_refused(overrides: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match="preflight for node") as e:
+        make_spec(**overrides)
+    assert message in str(e.value)
+
+
+# --- the component under the recording mock engine ------------------------------------------------
+
+SECRET_KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nc2VjcmV0LWtleS1ieXRlcw==\n-----END OPENSSH PRIVATE KEY-----"
+
+
+def component_args(**overrides: Any) -> PreflightArgs:
+    base: dict[str, Any] = dict(
+        node_name="spark-1",
+        connection=remote.ConnectionArgs(host="127.0.0.1", port=2222, user="root",
+                                         private_key=pulumi.Output.secret(SECRET_KEY)),
+        fabric_ip="192.168.100.1", ib_hcas=["rocep1s0f1"], gid_index="auto", check_rdma=True,
+        min_mem_available_gib=111.5, weights_root="/srv/dsv41-exl3", min_free_disk_gib=387.0,
+        stack_label="dev", triggers=["generation-7", "node-spec-abc123"],
+    )
+    base.update(overrides)
+    return PreflightArgs(**base)
+
+
+def run_component(args: PreflightArgs, stdout: str) -> recording.Recorded:
+    def program() -> dict[str, Any]:
+        p = Preflight("preflight-spark-1", args)
+        return {"gid_index": p.gid_index, "mem": p.mem_available_gib, "report": p.report}
+
+    return recording.run(program, {"command:remote:Command": lambda a: {"stdout": stdout, "stderr": ""}})
+
+
+def test_component_runs_one_timeout_wrapped_command_parented_and_triggered() -> None:
+    rec = run_component(component_args(), line(stopped=["dsv41-exl3-dev-head"]))
+    (component,) = rec.of_type("dsv41-exl3:preflight:Preflight")
+    (cmd,) = rec.of_type("command:remote:Command")
+    assert cmd.parent == component.urn, "the command must be a child of its Preflight"
+    assert cmd.name == "preflight-spark-1-check"
+    assert cmd.inputs["triggers"] == ["generation-7", "node-spec-abc123"]
+    create = cmd.inputs["create"]
+    assert create.startswith("timeout -k 10 120 sh -c "), create[:80]
+    assert cmd.inputs["update"] == create, "an input change re-runs the same check"
+    assert cmd.inputs["delete"] == "true"
+    assert cmd.inputs["addPreviousOutputInEnv"] is False
+    assert cmd.custom_timeouts["create"] == "180s"
+    assert "/srv/dsv41-exl3" in create and "rocep1s0f1" in create
+    assert rec.outputs == {
+        "gid_index": 3,
+        "mem": 118.25,
+        "report": "preflight spark-1: ok: 118.2 GiB MemAvailable (need 111.5); RoCE v2 GID index 3 (resolved) "
+                  "on rocep1s0f1; stopped dsv41-exl3-dev-head",
+    }
+
+
+def test_component_keeps_the_ssh_key_out_of_the_command_text() -> None:
+    rec = run_component(component_args(), line())
+    (cmd,) = rec.of_type("command:remote:Command")
+    key_body = "c2VjcmV0LWtleS1ieXRlcw=="
+    for name, value in cmd.raw_inputs.items():
+        if name != "connection":
+            assert key_body not in json.dumps(value), f"secret leaked into input {name!r}"
+    assert "connection" in cmd.secret_paths()
+
+
+def test_component_without_rdma_reports_no_gid_index() -> None:
+    args = component_args(check_rdma=False, ib_hcas=[], weights_root=None, min_free_disk_gib=None)
+    rec = run_component(args, line(gid_index=None))
+    assert rec.outputs["gid_index"] is None
+    assert rec.outputs["mem"] == 118.25
+
+
+def test_component_surfaces_a_bad_node_report_as_an_error() -> None:
+    with pytest.raises(Exception, match="preflight output of node spark-1 has no gid_index"):
+        run_component(component_args(), line(gid_index=None))
+
+
+def test_component_refuses_invalid_args_before_creating_anything() -> None:
+    with pytest.raises(ValueError, match="fabric_ip '10.0.0' is not an IPv4 address"):
+        run_component(component_args(fabric_ip="10.0.0"), line())
+
+
+def test_spec_carries_every_arg() -> None:
+    args = component_args(gid_index=4, command_timeout_s=200, stop_timeout_s=40, mem_settle_s=50)
+    assert args.spec() == PreflightSpec(
+        node_name="spark-1", fabric_ip="192.168.100.1", ib_hcas=("rocep1s0f1",), gid_index=4, check_rdma=True,
+        min_mem_available_gib=111.5, weights_root="/srv/dsv41-exl3", min_free_disk_gib=387.0, stack_label="dev",
+        command_timeout_s=200, stop_timeout_s=40, mem_settle_s=50)
