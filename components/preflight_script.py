@@ -122,6 +122,7 @@ class PreflightSpec:
 
 _SCRIPT_BODY = r"""
 exec 3>&1 1>&2   # stdout carries only the final JSON line; everything else goes to stderr
+LC_ALL=C; export LC_ALL   # a '.' decimal point in awk's numbers and English tool messages
 MEMINFO="${DSV41_MEMINFO:-/proc/meminfo}"
 DEVROOT="${DSV41_DEV_ROOT:-/dev}"
 NL='
@@ -149,7 +150,8 @@ fi
 
 if [ "$DOCKER_OK" = 1 ]; then
   step "stopping this stack's running containers (label $LABEL_KEY=$STACK_LABEL)"
-  if own=$(timeout "$DOCKER_T" docker ps --filter "label=$LABEL_KEY=$STACK_LABEL" --filter status=running \
+  # plain `docker ps` lists running, restarting and paused containers: all of them hold memory
+  if own=$(timeout "$DOCKER_T" docker ps --filter "label=$LABEL_KEY=$STACK_LABEL" \
            --format '{{.ID}} {{.Names}}' 2>&1); then
     if [ -n "$own" ]; then
       ids=$(printf '%s\n' "$own" | awk 'NF { print $1 }')
