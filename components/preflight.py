@@ -44,6 +44,8 @@ class PreflightArgs:
     min_free_disk_gib: float | None
     stack_label: str
     """Value of label dsv41-exl3.stack on this stack's own containers: those are stopped, others never."""
+    generation: str = ""
+    """Config generation this update deploys: this stack's containers already on it are not stopped."""
     triggers: list[pulumi.Input[str]]
     """The only inputs that re-run the check (remote.Command replaces on triggers alone)."""
     command_timeout_s: int = 120
@@ -64,6 +66,7 @@ class PreflightArgs:
             weights_root=self.weights_root,
             min_free_disk_gib=self.min_free_disk_gib,
             stack_label=self.stack_label,
+            generation=self.generation,
             command_timeout_s=self.command_timeout_s,
             stop_timeout_s=self.stop_timeout_s,
             mem_settle_s=self.mem_settle_s,

@@ -29,9 +29,11 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
+from components import serve_spec
 from components.gid import GidWanted, check_gid_wanted, check_hca_name, ipv4_mapped_gid, render_gid_check
 
-STACK_LABEL_KEY = "dsv41-exl3.stack"
+STACK_LABEL_KEY = serve_spec.STACK_LABEL
+CONFIG_LABEL_KEY = serve_spec.CONFIG_LABEL
 MEMINFO_ENV = "DSV41_MEMINFO"
 DEV_ROOT_ENV = "DSV41_DEV_ROOT"
 
@@ -63,6 +65,8 @@ class PreflightSpec:
     weights_root: str | None
     min_free_disk_gib: float | None
     stack_label: str
+    generation: str = ""
+    """Config generation the update asks for: own containers already on it are left running."""
     command_timeout_s: int = 120
     stop_timeout_s: int = 30
     """docker stop -t: seconds this stack's containers get to exit before SIGKILL."""
@@ -130,6 +134,7 @@ NL='
 FAILURES=''
 FINDINGS=''
 STOPPED=''
+CURRENT=''
 GID_INDEX=''
 fail() { FAILURES="$FAILURES$1$NL"; }
 note() { FINDINGS="$FINDINGS$1$NL"; }
@@ -151,8 +156,16 @@ fi
 if [ "$DOCKER_OK" = 1 ]; then
   step "stopping this stack's running containers (label $LABEL_KEY=$STACK_LABEL)"
   # plain `docker ps` lists running, restarting and paused containers: all of them hold memory
-  if own=$(timeout "$DOCKER_T" docker ps --filter "label=$LABEL_KEY=$STACK_LABEL" \
-           --format '{{.ID}} {{.Names}}' 2>&1); then
+  if listed=$(timeout "$DOCKER_T" docker ps --filter "label=$LABEL_KEY=$STACK_LABEL" \
+           --format "{{.ID}} {{.Names}} {{.Label \"$CONFIG_LABEL_KEY\"}}" 2>&1); then
+    # A container already on the generation this update asks for is not being replaced: leave it
+    # serving, and skip the memory check (a running deployment legitimately leaves ~5 GiB).
+    own=$(printf '%s\n' "$listed" | awk -v g="$GENERATION" 'NF && (g == "" || $3 != g)')
+    CURRENT=$(printf '%s\n' "$listed" | awk -v g="$GENERATION" 'NF && g != "" && $3 == g { print $2 }')
+    if [ -n "$CURRENT" ]; then
+      note "$(printf '%s' "$CURRENT" | tr '\n' ' ')already serves generation $GENERATION:"\
+" left running, memory check skipped"
+    fi
     if [ -n "$own" ]; then
       ids=$(printf '%s\n' "$own" | awk 'NF { print $1 }')
       names=$(printf '%s\n' "$own" | awk 'NF { printf "%s%s", (n++ ? " " : ""), $2 }')
@@ -165,7 +178,7 @@ if [ "$DOCKER_OK" = 1 ]; then
       fi
     fi
   else
-    fail "docker ps failed ($(last_line "$own")); fix: check the docker daemon on $NODE, then re-run"
+    fail "docker ps failed ($(last_line "$listed")); fix: check the docker daemon on $NODE, then re-run"
   fi
 fi
 
@@ -182,7 +195,7 @@ if MEM=$(mem_gib); then
       MEM=$(mem_gib) || break
     done
   fi
-  if ! ge "$MEM" "$MIN_MEM"; then
+  if [ -z "$CURRENT" ] && ! ge "$MEM" "$MIN_MEM"; then
     fail "MemAvailable is $MEM GiB, below the required $MIN_MEM GiB; fix: stop what holds memory on $NODE"\
 " (ps aux --sort=-rss | head; docker ps), or if it is page cache run as root:"\
 " sync; echo 3 > /proc/sys/vm/drop_caches"
@@ -309,6 +322,8 @@ def render_script(spec: PreflightSpec) -> str:
         "NODE": spec.node_name,
         "STACK_LABEL": spec.stack_label,
         "LABEL_KEY": STACK_LABEL_KEY,
+        "CONFIG_LABEL_KEY": CONFIG_LABEL_KEY,
+        "GENERATION": spec.generation,
         "INSPECT_FORMAT": INSPECT_FORMAT,
         "MIN_MEM": f"{spec.min_mem_available_gib:g}",
         "WEIGHTS_ROOT": spec.weights_root or "",

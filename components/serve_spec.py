@@ -15,6 +15,9 @@ from components.config import Node, Settings
 
 STACK_LABEL = "dsv41-exl3.stack"
 GENERATION_LABEL = "dsv41-exl3.generation"
+# The config-only part of the generation: known before anything runs, so the preflight can tell
+# "this node already serves what the update asks for" from "this node is about to be replaced".
+CONFIG_LABEL = "dsv41-exl3.config"
 RANK_LABEL = "dsv41-exl3.rank"
 
 MODEL_MOUNT = "/model"
@@ -150,8 +153,8 @@ def container_name(stack: str, node: Node) -> str:
     return f"dsv41-exl3-{stack}-{node.name}"
 
 
-def labels(stack: str, generation: str, rank: int) -> dict[str, str]:
-    return {STACK_LABEL: stack, GENERATION_LABEL: generation, RANK_LABEL: str(rank)}
+def labels(stack: str, config_generation: str, generation: str, rank: int) -> dict[str, str]:
+    return {STACK_LABEL: stack, CONFIG_LABEL: config_generation, GENERATION_LABEL: generation, RANK_LABEL: str(rank)}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -133,7 +133,8 @@ class ServingCluster(pulumi.ComponentResource):
             capabilities=docker.ContainerCapabilitiesArgs(adds=list(shape.capabilities)),
             mounts=mounts,
             labels=generation.apply(lambda g: [
-                docker.ContainerLabelArgs(label=k, value=v) for k, v in serve_spec.labels(args.stack, g, rank).items()
+                docker.ContainerLabelArgs(label=k, value=v)
+                for k, v in serve_spec.labels(args.stack, args.generation, g, rank).items()
             ]),
             # A crashed rank must stay down: restarted alone it would block at rendezvous forever.
             restart="no",

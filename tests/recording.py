@@ -125,18 +125,19 @@ class Recorded:
         return out
 
     def depends_on(self, reg: Registration, other: Registration) -> bool:
-        """True when `reg` waits for `other`: directly or through a component `other` belongs to."""
+        """True when `reg` waits for `other`, or for a resource inside `other` (a component's
+        dependency reaches the engine as its children)."""
         deps = set(reg.dependencies)
         for urns in reg.property_dependencies.values():
             deps.update(urns)
-        for d in deps:
-            if d == other.urn:
-                return True
+        if other.urn in deps:
+            return True
+        for urn in deps:
             try:
-                dep = self.by_urn(d)
+                dep = self.by_urn(urn)
             except ValueError:
                 continue
-            if other.urn in [a.urn for a in self.ancestors(other)] or dep.urn in [a.urn for a in self.ancestors(other)]:
+            if other.urn in {a.urn for a in self.ancestors(dep)}:
                 return True
         return False
 
@@ -147,10 +148,13 @@ def run(
     *,
     preview: bool = False,
     stack: str = "test",
+    into: list[Registration] | None = None,
 ) -> Recorded:
     """Run `program` under the recording mock; return every registration and the resolved outputs."""
     mocks = Outputs(fixtures or {})
     monitor = RecordingMonitor(mocks)
+    if into is not None:
+        monitor.registrations = into  # the caller sees what was registered even if the program raises
     pulumi.runtime.set_mocks(mocks, project="dsv41-exl3", stack=stack, preview=preview, monitor=monitor)
     SETTINGS.rpc_manager.clear()
     SETTINGS.outputs.clear()

@@ -72,8 +72,8 @@ elif cmd == "ps":
             sys.exit("fake docker: unsupported filter " + flt)
     if "-q" in args:
         out = [c["id"] for c in chosen]
-    elif value_of("--format") == ["{{{{.ID}}}} {{{{.Names}}}}"]:
-        out = [c["id"] + " " + c["name"] for c in chosen]
+    elif value_of("--format") == ['{{{{.ID}}}} {{{{.Names}}}} {{{{.Label "dsv41-exl3.config"}}}}']:
+        out = [c["id"] + " " + c["name"] + " " + c["labels"].get("dsv41-exl3.config", "") for c in chosen]
     else:
         sys.exit("fake docker: unsupported ps " + repr(args))
     print("\\n".join(out))
@@ -285,6 +285,33 @@ def test_stops_only_this_stacks_running_containers(node: FakeNode) -> None:
     running = {c["name"] for c in run.containers if c["running"]}
     assert running == {"dsv41-exl3-prod-head", "dsv41-exl3-dev2-head", "grafana", "dev"}
     assert parse_output(run.stdout, make_spec()).stopped == ("dsv41-exl3-dev-head",)
+
+
+def test_containers_already_on_the_requested_generation_keep_serving(node: FakeNode) -> None:
+    """An update that does not replace the containers (e.g. a new preflight script) must not stop a
+    running deployment, nor refuse it for the ~5 GiB MemAvailable a serving node legitimately has."""
+    node.containers = [
+        container("a1a1a1", "dsv41-exl3-dev-head", stack="dev", labels={"dsv41-exl3.config": "gen-new"}),
+        container("b2b2b2", "dsv41-exl3-dev-old", stack="dev", labels={"dsv41-exl3.config": "gen-old"}),
+    ]
+    node.mem_available_kib = 5 * GIB_KIB
+    node.mem_after_stop_kib = 5 * GIB_KIB
+    spec = make_spec(generation="gen-new")
+    run = node.run(spec)
+    assert run.rc == 0, run.stderr
+    assert run.calls("stop") == [["stop", "-t", "2", "b2b2b2"]], "only the stale generation is stopped"
+    result = parse_output(run.stdout, spec)
+    assert any("already serves generation gen-new" in f for f in result.findings)
+
+
+def test_a_new_generation_stops_the_running_one_and_checks_memory(node: FakeNode) -> None:
+    node.containers = [
+        container("a1a1a1", "dsv41-exl3-dev-head", stack="dev", labels={"dsv41-exl3.config": "gen-old"}),
+    ]
+    node.mem_available_kib = 5 * GIB_KIB
+    run = node.run(make_spec(generation="gen-new"))
+    assert run.calls("stop") == [["stop", "-t", "2", "a1a1a1"]]
+    assert run.rc == 1 and any("MemAvailable is 5.00 GiB" in r for r in run.refusals)
 
 
 def test_a_failed_stop_is_refused_as_our_own_container_not_a_foreign_one(node: FakeNode) -> None:

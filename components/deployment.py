@@ -1,0 +1,168 @@
+"""The whole deployment: every layer, wired in the order the hardware requires.
+
+Per node: access -> (preflight, image) -> weights visible -> container; every worker's
+container before the head's; then the rendezvous gate, the ready gate and the verifier.
+Only wiring lives here; each layer's logic is in its own module.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import pulumi
+
+from components import serve_spec
+from components.config import Loaded
+from components.gates import GateRank, ReadyGate, ReadyGateArgs, RendezvousGate, RendezvousGateArgs
+from components.node_access import NodeAccess, NodeAccessArgs
+from components.node_image import NodeImage, NodeImageArgs
+from components.preflight import Preflight, PreflightArgs
+from components.serving import RankInputs, ServingCluster, ServingClusterArgs
+from components.verify import Verifier, VerifierArgs
+from components.watchdog import MemoryWatchdog, MemoryWatchdogArgs
+from components.weight_store import WeightNode, WeightStore, WeightStoreArgs
+
+
+def _node_spec_hash(loaded: Loaded, generation: str, name: str) -> str:
+    node = next(n for n in loaded.settings.nodes if n.name == name)
+    return hashlib.sha256(json.dumps([generation, node.model_dump(mode="json")]).encode()).hexdigest()[:16]
+
+
+def deploy(loaded: Loaded, stack: str) -> dict[str, Any]:
+    """Build every layer; return the stack outputs."""
+    s = loaded.settings
+    for warning in loaded.warnings:
+        pulumi.log.warn(warning)
+    generation = serve_spec.cluster_generation(s)
+    api_key = pulumi.Output.secret(s.serve.api_key.get_secret_value()) if s.serve.api_key else None
+
+    access = {n.name: NodeAccess(f"access-{n.name}", NodeAccessArgs(node=n, ssh=s.ssh)) for n in s.nodes}
+    images = {
+        n.name: NodeImage(f"image-{n.name}", NodeImageArgs(
+            image=s.image, provider=access[n.name].docker_provider,
+            pull_timeout_minutes=s.image_pull_timeout_minutes))
+        for n in s.nodes
+    }
+    preflights = {
+        n.name: Preflight(f"preflight-{n.name}", PreflightArgs(
+            node_name=n.name,
+            connection=access[n.name].connection,
+            fabric_ip=n.fabric_ip,
+            ib_hcas=n.ib_hcas,
+            gid_index=n.gid_index,
+            check_rdma=bool(n.rdma_devices and n.ib_hcas),
+            min_mem_available_gib=s.preflight.min_mem_available_gi_b,
+            weights_root=s.weights.root if n is s.head else None,
+            min_free_disk_gib=s.preflight.min_free_disk_gi_b if n is s.head else None,
+            stack_label=stack,
+            generation=generation,
+            # Re-run exactly when this node's container will be created or replaced.
+            triggers=[generation, _node_spec_hash(loaded, generation, n.name)],
+        ))
+        for n in s.nodes
+    }
+
+    def weight_node(name: str) -> WeightNode:
+        node = next(n for n in s.nodes if n.name == name)
+        return WeightNode(name=name, connection=access[name].connection, fabric_ip=node.fabric_ip,
+                          docker_provider=access[name].docker_provider, image=images[name].image_id)
+
+    weights = WeightStore("weights", WeightStoreArgs(
+        head=weight_node(s.head.name),
+        workers=[weight_node(w.name) for w in s.workers],
+        root=s.weights.root,
+        share=s.weights.share,
+        staging_image=images[s.head.name].image_id,
+        model_repo=s.weights.model_repo,
+        engram_repo=s.weights.engram_repo,
+        revision=s.weights.revision,
+        hf_token=pulumi.Output.secret(s.weights.hf_token.get_secret_value()) if s.weights.hf_token else None,
+        hf_endpoint=s.weights.hf_endpoint,
+        stage_timeout_s=s.weights.stage_timeout_minutes * 60,
+    ), opts=pulumi.ResourceOptions(depends_on=[preflights[s.head.name]]))
+
+    serving = ServingCluster("serving", ServingClusterArgs(
+        settings=s,
+        stack=stack,
+        generation=generation,
+        ranks=[
+            RankInputs(
+                node=n,
+                provider=access[n.name].docker_provider,
+                image_id=images[n.name].image_id,
+                gid_index=preflights[n.name].gid_index,
+                model_source=weights.model_source[n.name],
+                engram_source=weights.engram_source[n.name],
+                mount_type="bind" if weights.mount_type[n.name] == "bind" else "volume",
+                depends_on=[preflights[n.name], weights.visible[n.name], images[n.name]],
+            )
+            for n in s.nodes
+        ],
+    ))
+
+    if s.watchdog.enabled:
+        for n in s.nodes:
+            MemoryWatchdog(f"watchdog-{n.name}", MemoryWatchdogArgs(
+                node_name=n.name,
+                connection=access[n.name].connection,
+                container_name=serving.container_names[n.name],
+                floor_gib=s.watchdog.mem_available_floor_gi_b,
+                sample_interval_s=s.watchdog.sample_seconds,
+                consecutive_samples=s.watchdog.consecutive_samples,
+                restart_on=[serving.containers[n.name].id],
+            ), opts=pulumi.ResourceOptions(depends_on=[serving.containers[n.name]]))
+
+    api_base = f"http://{s.head.host}:{s.serve.port}"
+    endpoint = f"{api_base}/v1"
+    ranks = [
+        GateRank(rank=i, node=n.name, host=n.host, port=n.port, user=n.user,
+                 container=serving.container_names[n.name])
+        for i, n in enumerate(s.nodes)
+    ]
+    private_key = pulumi.Output.secret(s.ssh.private_key.get_secret_value()) if s.ssh.private_key else None
+    rendezvous = RendezvousGate("rendezvous", RendezvousGateArgs(
+        ranks=ranks,
+        ssh_private_key=private_key,
+        ssh_agent_socket=s.ssh.agent_socket,
+        rendezvous_timeout_s=s.gates.rendezvous_timeout_seconds,
+        rerun_on=serving.container_ids,
+    ), opts=pulumi.ResourceOptions(depends_on=list(serving.containers.values())))
+    ready = ReadyGate("ready", ReadyGateArgs(
+        ranks=ranks,
+        ssh_private_key=private_key,
+        ssh_agent_socket=s.ssh.agent_socket,
+        api_base=api_base,
+        model_name=s.serve.served_model_name,
+        api_key=api_key,
+        ready_timeout_s=s.gates.ready_timeout_seconds,
+        stall_s=s.gates.stall_seconds,
+        rerun_on=serving.container_ids,
+    ), opts=pulumi.ResourceOptions(depends_on=[rendezvous]))
+    verifier = Verifier("verify", VerifierArgs(
+        endpoint=endpoint,
+        model=s.serve.served_model_name,
+        rerun_on=serving.container_ids,
+        api_key=api_key,
+        timeout_s=min(120.0, float(s.gates.verify_timeout_seconds)),
+        retry_window_s=float(s.gates.verify_timeout_seconds),
+        min_decode_tokens_per_second=s.gates.min_decode_tokens_per_second,
+    ), opts=pulumi.ResourceOptions(depends_on=[ready]))
+
+    verification: dict[str, Any] = {
+        "answer": verifier.answer,
+        "logprobs": verifier.logprobs,
+        "latencySeconds": verifier.latency_s,
+        "verifiedAt": verifier.verified_at,
+    }
+    outputs: dict[str, Any] = {
+        "endpoint": endpoint,
+        "model": s.serve.served_model_name,
+        "containers": serving.container_names,
+        "clusterGeneration": serving.generation,
+        "verification": verification,
+    }
+    if s.gates.min_decode_tokens_per_second is not None:
+        outputs["decodeTokensPerSecond"] = verifier.decode_tokens_per_second
+    return outputs
