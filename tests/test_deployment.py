@@ -185,3 +185,23 @@ def test_preflight_reruns_with_the_generation_and_knows_it_to_spare_a_running_de
     other = run(config(2, serve={"maxNumSeqs": 1}))
     assert other.named("preflight-spark-0-check").inputs["triggers"] != rec.named("preflight-spark-0-check").inputs[
         "triggers"]
+
+
+def test_an_unrelated_change_leaves_the_verifier_inputs_alone() -> None:
+    """The verifier re-runs when its inputs change (a replaced container changes `rerun_on`);
+    a change that replaces no container must leave them byte-identical."""
+    base = run(config(2)).named("verify").raw_inputs
+    for overrides in ({"watchdog": {"memAvailableFloorGiB": 7}}, {"gates": {"stallSeconds": 900}}):
+        changed = run(config(2, **overrides))
+        assert changed.named("verify").raw_inputs == base, overrides
+        assert changed.outputs["clusterGeneration"] == run(config(2)).outputs["clusterGeneration"]
+
+
+def test_a_serve_change_is_a_new_generation_for_every_rank() -> None:
+    a = run(config(2))
+    b = run(config(2, serve={"maxNumSeqs": 1}))
+    for node in ("spark-0", "spark-1"):
+        labels_a = {x["label"]: x["value"] for x in container(a, node).inputs["labels"]}
+        labels_b = {x["label"]: x["value"] for x in container(b, node).inputs["labels"]}
+        assert labels_a["dsv41-exl3.generation"] != labels_b["dsv41-exl3.generation"], (
+            f"{node}: a changed serve flag must replace every rank together")
