@@ -159,7 +159,8 @@ class Watchdog(_Model):
 
 
 class Gates(_Model):
-    rendezvous_timeout_seconds: int = Field(default=900, ge=1)
+    # Longer than torch's ~600 s store timeout, so vLLM's own DistStoreError usually arrives first.
+    rendezvous_timeout_seconds: int = Field(default=720, ge=1)
     # A first boot after an NCCL topology change can spend ~36 min in JIT.
     ready_timeout_seconds: int = Field(default=2700, ge=1)
     # The recipe's launcher calls a hang after 420 s of log silence; weight streaming over NFS is quieter.
