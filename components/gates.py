@@ -229,38 +229,43 @@ def run_ready_gate(props: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-class RendezvousGateProvider(pulumi.dynamic.ResourceProvider):
-    """CRUD for RendezvousGate. Nothing exists outside the state, so delete does nothing."""
+class _GateProvider(pulumi.dynamic.ResourceProvider):
+    """CRUD shared by the gates. Nothing exists outside the state, so delete does nothing."""
+
+    input_keys: tuple[str, ...] = ()
+    id_prefix = "gate"
+
+    def run(self, props: Mapping[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError
 
     def create(self, props: dict[str, Any]) -> pulumi.dynamic.CreateResult:
-        return pulumi.dynamic.CreateResult(id_=f"rendezvous-{uuid.uuid4().hex[:16]}", outs=run_rendezvous_gate(props))
+        return pulumi.dynamic.CreateResult(id_=f"{self.id_prefix}-{uuid.uuid4().hex[:16]}", outs=self.run(props))
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> pulumi.dynamic.DiffResult:
-        changed = changed_inputs(RENDEZVOUS_INPUT_KEYS, olds, news)
+        changed = changed_inputs(self.input_keys, olds, news)
         return pulumi.dynamic.DiffResult(changes=bool(changed), replaces=[], stables=[], delete_before_replace=False)
 
     def update(self, _id: str, _olds: dict[str, Any], news: dict[str, Any]) -> pulumi.dynamic.UpdateResult:
-        return pulumi.dynamic.UpdateResult(outs=run_rendezvous_gate(news))
+        return pulumi.dynamic.UpdateResult(outs=self.run(news))
 
     def delete(self, _id: str, _props: dict[str, Any]) -> None:
         """A gate leaves nothing behind."""
 
 
-class ReadyGateProvider(pulumi.dynamic.ResourceProvider):
-    """CRUD for ReadyGate. Nothing exists outside the state, so delete does nothing."""
+class RendezvousGateProvider(_GateProvider):
+    input_keys = RENDEZVOUS_INPUT_KEYS
+    id_prefix = "rendezvous"
 
-    def create(self, props: dict[str, Any]) -> pulumi.dynamic.CreateResult:
-        return pulumi.dynamic.CreateResult(id_=f"ready-{uuid.uuid4().hex[:16]}", outs=run_ready_gate(props))
+    def run(self, props: Mapping[str, Any]) -> dict[str, Any]:
+        return run_rendezvous_gate(props)
 
-    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> pulumi.dynamic.DiffResult:
-        changed = changed_inputs(READY_INPUT_KEYS, olds, news)
-        return pulumi.dynamic.DiffResult(changes=bool(changed), replaces=[], stables=[], delete_before_replace=False)
 
-    def update(self, _id: str, _olds: dict[str, Any], news: dict[str, Any]) -> pulumi.dynamic.UpdateResult:
-        return pulumi.dynamic.UpdateResult(outs=run_ready_gate(news))
+class ReadyGateProvider(_GateProvider):
+    input_keys = READY_INPUT_KEYS
+    id_prefix = "ready"
 
-    def delete(self, _id: str, _props: dict[str, Any]) -> None:
-        """A gate leaves nothing behind."""
+    def run(self, props: Mapping[str, Any]) -> dict[str, Any]:
+        return run_ready_gate(props)
 
 
 def _secret_or_none(value: pulumi.Input[str] | None) -> pulumi.Output[str] | None:
