@@ -1,0 +1,235 @@
+"""Hugging Face hub stand-in on a loopback address: the part of the hub API that `huggingface_hub` uses to
+list and download a model repo, serving the small checkpoint of `sim/checkpoint.py` from memory.
+
+Routes (revision is `main` or the repo's commit id):
+  GET       /api/models/{org}/{name}/tree/{rev}[/{dir}]   JSON list of {type, path, size, oid}
+  GET       /api/models/{org}/{name}[/revision/{rev}]     model info (id, sha, siblings)
+  HEAD|GET  /{org}/{name}/resolve/{rev}/{path}            the file, with X-Repo-Commit, ETag, Content-Length
+                                                          (and Range support, which the client uses to resume)
+  GET       /api/sim/health                               {"ok": true, "repos": {repo: commit}}
+Anything else is a 404 (the client's `GET /api/agent-harnesses` probe among them; it ignores that).
+
+Fault switch for tests: a file is MISSING when it is named (as `{org}/{name}/{path}`) in the env var
+SIM_HUB_MISSING (comma-separated, read at start) or on a line of the --faults file (re-read on every request,
+so a test can flip it while the hub runs). A missing file is absent from listings and 404s with
+`X-Error-Code: EntryNotFound`. A line `listed:{org}/{name}/{path}` keeps the file in listings but 404s on
+download (a stale listing). One line per request is logged to stderr: `METHOD path status`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ipaddress
+import json
+import os
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from sim import checkpoint
+
+DEFAULT_PORT = 5080
+
+
+@dataclass(frozen=True)
+class Faults:
+    hidden: frozenset[str] = frozenset()  # absent everywhere
+    unresolvable: frozenset[str] = frozenset()  # listed, but 404 on resolve
+
+    @staticmethod
+    def parse(entries: Iterable[str]) -> Faults:
+        hidden: set[str] = set()
+        unresolvable: set[str] = set()
+        for raw in entries:
+            entry = raw.strip()
+            if not entry or entry.startswith("#"):
+                continue
+            if entry.startswith("listed:"):
+                unresolvable.add(entry[len("listed:"):].strip().strip("/"))
+            else:
+                hidden.add(entry.strip("/"))
+        return Faults(frozenset(hidden), frozenset(unresolvable))
+
+
+@dataclass
+class Hub:
+    repos: dict[str, dict[str, bytes]]
+    env_missing: tuple[str, ...] = ()
+    faults_file: Path | None = None
+    commits: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.commits = {repo: checkpoint.repo_commit(files) for repo, files in self.repos.items()}
+
+    def faults(self) -> Faults:
+        entries = list(self.env_missing)
+        if self.faults_file is not None:
+            with contextlib.suppress(FileNotFoundError):
+                entries += self.faults_file.read_text().splitlines()
+        return Faults.parse(entries)
+
+    def visible(self, repo: str) -> dict[str, bytes]:
+        hidden = self.faults().hidden
+        return {p: d for p, d in self.repos[repo].items() if f"{repo}/{p}" not in hidden}
+
+    def resolvable(self, repo: str, path: str) -> bytes | None:
+        faults = self.faults()
+        key = f"{repo}/{path}"
+        if key in faults.hidden or key in faults.unresolvable:
+            return None
+        return self.repos[repo].get(path)
+
+    def known_revision(self, repo: str, rev: str) -> bool:
+        return rev in ("main", self.commits[repo])
+
+
+def _json_bytes(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def _parse_range(header: str | None, size: int) -> tuple[int, int] | None:
+    """(start, end inclusive) of a single `bytes=a-b` / `bytes=a-` / `bytes=-n` range, or None for the whole file."""
+    if not header or not header.startswith("bytes=") or "," in header:
+        return None
+    first, _, last = header[len("bytes="):].strip().partition("-")
+    try:
+        if first == "":
+            n = int(last)
+            return (max(size - n, 0), size - 1) if n > 0 else None
+        start = int(first)
+        end = int(last) if last else size - 1
+    except ValueError:
+        return None
+    return (start, min(end, size - 1)) if start <= end else None
+
+
+def make_handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        server_version = "dsv41-sim-hub"
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (http.server's signature)
+            pass
+
+        def _send(self, code: int, body: bytes = b"", headers: dict[str, str] | None = None) -> None:
+            self.send_response(code)
+            for key, value in (headers or {}).items():
+                self.send_header(key, value)
+            if "Content-Length" not in (headers or {}):
+                self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+            print(f"{self.command} {self.path} {code}", file=sys.stderr, flush=True)
+
+        def _error(self, code: int, error_code: str, message: str) -> None:
+            self._send(code, _json_bytes({"error": message}),
+                       {"X-Error-Code": error_code, "X-Error-Message": message, "Content-Type": "application/json"})
+
+        def _repo(self, org: str, name: str, rev: str | None) -> str | None:
+            repo = f"{org}/{name}"
+            if repo not in hub.repos:
+                self._error(404, "RepoNotFound", f"Repository {repo} not found")
+                return None
+            if rev is not None and not hub.known_revision(repo, rev):
+                self._error(404, "RevisionNotFound", f"Invalid rev id: {rev}")
+                return None
+            return repo
+
+        def _tree(self, org: str, name: str, rev: str, sub: str) -> None:
+            repo = self._repo(org, name, rev)
+            if repo is None:
+                return
+            prefix = f"{sub.strip('/')}/" if sub.strip("/") else ""
+            files = {p: d for p, d in hub.visible(repo).items() if p.startswith(prefix)}
+            dirs = sorted({p[:i] for p in files for i in range(len(p)) if p[i] == "/" and i > len(prefix)})
+            entries: list[dict[str, Any]] = [{"type": "directory", "path": d, "oid": "0" * 40, "size": 0}
+                                             for d in dirs]
+            entries += [{"type": "file", "path": p, "size": len(d), "oid": checkpoint.blob_oid(d)}
+                        for p, d in sorted(files.items())]
+            self._send(200, _json_bytes(entries), {"Content-Type": "application/json"})
+
+        def _info(self, org: str, name: str, rev: str) -> None:
+            repo = self._repo(org, name, rev)
+            if repo is None:
+                return
+            siblings = [{"rfilename": p, "size": len(d)} for p, d in sorted(hub.visible(repo).items())]
+            self._send(200, _json_bytes({"id": repo, "modelId": repo, "sha": hub.commits[repo], "private": False,
+                                         "gated": False, "disabled": False, "tags": [], "siblings": siblings}),
+                       {"Content-Type": "application/json"})
+
+        def _resolve(self, org: str, name: str, rev: str, path: str) -> None:
+            repo = self._repo(org, name, rev)
+            if repo is None:
+                return
+            data = hub.resolvable(repo, path)
+            if data is None:
+                self._error(404, "EntryNotFound", f"{path} does not exist on {rev} of {repo}")
+                return
+            headers = {"X-Repo-Commit": hub.commits[repo], "ETag": f'"{checkpoint.blob_oid(data)}"',
+                       "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}
+            span = _parse_range(self.headers.get("Range"), len(data))
+            if span is None:
+                self._send(200, data, headers)
+                return
+            start, end = span
+            if start >= len(data):
+                self._send(416, b"", {"Content-Range": f"bytes */{len(data)}"})
+                return
+            headers["Content-Range"] = f"bytes {start}-{end}/{len(data)}"
+            self._send(206, data[start:end + 1], headers)
+
+        def _route(self) -> None:
+            raw = [unquote(p) for p in urlsplit(self.path).path.strip("/").split("/")]
+            if raw[:3] == ["api", "sim", "health"]:
+                self._send(200, _json_bytes({"ok": True, "repos": hub.commits}), {"Content-Type": "application/json"})
+            elif raw[:2] == ["api", "models"] and len(raw) >= 6 and raw[4] == "tree":
+                self._tree(raw[2], raw[3], raw[5], "/".join(raw[6:]))
+            elif raw[:2] == ["api", "models"] and len(raw) == 4:
+                self._info(raw[2], raw[3], "main")
+            elif raw[:2] == ["api", "models"] and len(raw) == 6 and raw[4] == "revision":
+                self._info(raw[2], raw[3], raw[5])
+            elif len(raw) >= 5 and raw[2] == "resolve" and raw[0] != "api":
+                self._resolve(raw[0], raw[1], raw[3], "/".join(raw[4:]))
+            else:
+                self._error(404, "NotFound", f"no such route in the hub stand-in: {self.path}")
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            self._route()
+
+        def do_HEAD(self) -> None:  # noqa: N802
+            self._route()
+
+    return Handler
+
+
+def serve(host: str, port: int, hub: Hub) -> ThreadingHTTPServer:
+    if not ipaddress.ip_address(host).is_loopback:
+        raise ValueError(f"hub host={host!r} is not a loopback address; the stand-in only listens on 127.0.0.0/8")
+    server = ThreadingHTTPServer((host, port), make_handler(hub))
+    server.daemon_threads = True
+    return server
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Hugging Face hub stand-in serving the simulated checkpoint.")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    parser.add_argument("--faults", type=Path, help="file naming missing files, re-read on every request")
+    parser.add_argument("--pidfile", type=Path)
+    ns = parser.parse_args(argv)
+    env_missing = tuple(e for e in os.environ.get("SIM_HUB_MISSING", "").split(",") if e.strip())
+    server = serve(ns.host, ns.port, Hub(repos=checkpoint.build(), env_missing=env_missing, faults_file=ns.faults))
+    if ns.pidfile:
+        ns.pidfile.write_text(f"{os.getpid()}\n")
+    print(f"hub stand-in on http://{ns.host}:{server.server_address[1]}", file=sys.stderr, flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
