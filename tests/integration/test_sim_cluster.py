@@ -1,0 +1,382 @@
+"""The simulated cluster (sim/): hub stand-in with the real huggingface_hub client, and, with the sim up, each
+node's sshd -> its own dockerd, image pulls from the loopback registry, host-network containers per node, and
+the program's own staging command against the hub.
+
+The hub and pure-logic tests run everywhere (in-process server on 127.0.0.1, port 0). Tests marked `sim` need
+the daemons: they skip unless DSV41_REQUIRE_SIM=1, which brings the sim up (`python -m sim.cluster up`,
+idempotent) and turns any failure to do so into a test failure. Needs root (dockerd, sshd, apt).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from components import weights_manifest as wm
+from sim import checkpoint, cluster, hub
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL_REPO, BASE_REPO = checkpoint.MODEL_REPO, checkpoint.BASE_REPO
+STEP_TIMEOUT = 120  # seconds, for any single command against the sim
+
+
+# --- the hub stand-in, in process ------------------------------------------------------------------
+
+
+@pytest.fixture
+def local_hub(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """(url, faults file) of a hub stand-in on an ephemeral loopback port."""
+    faults = tmp_path / "missing"
+    server = hub.serve("127.0.0.1", 0, hub.Hub(repos=checkpoint.build(), faults_file=faults))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", faults
+    server.shutdown()
+    server.server_close()
+
+
+def client_env(url: str, home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower() and k != "HF_TOKEN"}
+    env.update({"HF_ENDPOINT": url, "HF_HOME": str(home), "HF_HUB_DISABLE_TELEMETRY": "1",
+                "HF_HUB_DISABLE_PROGRESS_BARS": "1", "NO_PROXY": "*", "HF_HUB_ETAG_TIMEOUT": "5",
+                "HF_HUB_DOWNLOAD_TIMEOUT": "10"})
+    return env
+
+
+def run_client(url: str, tmp_path: Path, code: str) -> Any:
+    """Run `code` with the real huggingface_hub client (fresh process, so HF_ENDPOINT applies); JSON result."""
+    proc = subprocess.run([sys.executable, "-c", code], env=client_env(url, tmp_path / "hf-home"),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_checkpoint_has_the_names_and_counts_staging_expects() -> None:
+    repos = checkpoint.build()
+    model, base = repos[MODEL_REPO], repos[BASE_REPO]
+    assert sorted(n for n in model if n.endswith(".safetensors")) == [
+        f"model-{i:05d}-of-00039.safetensors" for i in range(1, 40)]
+    assert sorted(n for n in base if n.endswith(".safetensors")) == [wm.engram_shard_name(i) for i in range(1, 49)]
+    index = json.loads(base[wm.ENGRAM_INDEX])
+    assert set(index["weight_map"].values()) == {wm.engram_shard_name(i) for i in range(1, 49)}
+    assert {"config.json", wm.ENGRAM_INDEX, "tokenizer.json"} <= set(model)
+    assert all(1024 <= len(d) <= 8192 for n, d in {**model, **base}.items() if n.endswith(".safetensors"))
+    assert checkpoint.build() == repos, "the checkpoint must be the same on every build"
+    # Each shard is a parseable safetensors file: u64 header length, then a JSON header.
+    shard = model["model-00001-of-00039.safetensors"]
+    header = json.loads(shard[8:8 + int.from_bytes(shard[:8], "little")])
+    assert header["model.layers.0.weight"]["data_offsets"][1] == len(shard) - 8 - int.from_bytes(shard[:8], "little")
+
+
+def test_hub_listing_and_download_with_the_real_client(local_hub: tuple[str, Path], tmp_path: Path) -> None:
+    url, _ = local_hub
+    got = run_client(url, tmp_path, f"""
+import json
+from huggingface_hub import HfApi, hf_hub_download
+api = HfApi()
+tree = {{f.path: f.size for f in api.list_repo_tree({BASE_REPO!r}, recursive=True)}}
+path = hf_hub_download({MODEL_REPO!r}, "model-00007-of-00039.safetensors", local_dir={str(tmp_path / "d")!r})
+info = api.model_info({MODEL_REPO!r})
+print(json.dumps({{"tree": tree, "path": path, "sha": info.sha}}))
+""")
+    base = checkpoint.build()[BASE_REPO]
+    assert got["tree"] == {n: len(d) for n, d in base.items()}
+    assert Path(got["path"]).read_bytes() == checkpoint.build()[MODEL_REPO]["model-00007-of-00039.safetensors"]
+    assert got["sha"] == checkpoint.repo_commit(checkpoint.build()[MODEL_REPO])
+
+
+def test_hub_fault_file_hides_a_file_and_listed_fault_404s(local_hub: tuple[str, Path], tmp_path: Path) -> None:
+    url, faults = local_hub
+    shard47, shard3 = wm.engram_shard_name(47), "model-00003-of-00039.safetensors"
+    faults.write_text(f"{BASE_REPO}/{shard47}\nlisted:{MODEL_REPO}/{shard3}\n")
+    got = run_client(url, tmp_path, f"""
+import json
+from huggingface_hub import HfApi, hf_hub_download
+from huggingface_hub.errors import EntryNotFoundError
+api = HfApi()
+out = {{"base": [f.path for f in api.list_repo_tree({BASE_REPO!r}, recursive=True)],
+        "model": [f.path for f in api.list_repo_tree({MODEL_REPO!r}, recursive=True)]}}
+for repo, name in (({BASE_REPO!r}, {shard47!r}), ({MODEL_REPO!r}, {shard3!r})):
+    try:
+        hf_hub_download(repo, name, local_dir={str(tmp_path / "d")!r})
+        out[name] = "downloaded"
+    except EntryNotFoundError:
+        out[name] = "EntryNotFound"
+print(json.dumps(out))
+""")
+    assert shard47 not in got["base"] and shard3 in got["model"]
+    assert got[shard47] == got[shard3] == "EntryNotFound"
+    faults.write_text("")  # re-read on every request: the fault is gone at once
+    with urllib.request.urlopen(f"{url}/{BASE_REPO}/resolve/main/{shard47}", timeout=5) as resp:
+        assert resp.status == 200 and resp.headers["X-Repo-Commit"] == checkpoint.repo_commit(
+            checkpoint.build()[BASE_REPO])
+
+
+def test_hub_resolve_headers_range_and_errors(local_hub: tuple[str, Path]) -> None:
+    url, _ = local_hub
+    data = checkpoint.build()[MODEL_REPO]["config.json"]
+    with urllib.request.urlopen(urllib.request.Request(f"{url}/{MODEL_REPO}/resolve/main/config.json",
+                                                       method="HEAD"), timeout=5) as resp:
+        assert resp.headers["Content-Length"] == str(len(data))
+        assert resp.headers["ETag"] == f'"{checkpoint.blob_oid(data)}"'
+        assert len(resp.headers["X-Repo-Commit"]) == 40
+    req = urllib.request.Request(f"{url}/{MODEL_REPO}/resolve/main/config.json", headers={"Range": "bytes=10-"})
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        assert resp.status == 206 and resp.read() == data[10:]
+        assert resp.headers["Content-Range"] == f"bytes 10-{len(data) - 1}/{len(data)}"
+    for path, code in ((f"/{MODEL_REPO}/resolve/main/nope.bin", "EntryNotFound"),
+                       (f"/{MODEL_REPO}/resolve/v9/config.json", "RevisionNotFound"),
+                       ("/org/none/resolve/main/config.json", "RepoNotFound")):
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(f"{url}{path}", timeout=5)
+        assert err.value.code == 404 and err.value.headers["X-Error-Code"] == code, path
+
+
+def test_hub_refuses_a_non_loopback_address() -> None:
+    with pytest.raises(ValueError, match="not a loopback address"):
+        hub.serve("0.0.0.0", 0, hub.Hub(repos={}))
+
+
+def test_sshd_config_points_sessions_at_the_nodes_own_daemon(tmp_path: Path) -> None:
+    layout = cluster.Layout(state=tmp_path)
+    text = cluster.sshd_config(layout, 3)
+    assert f"ListenAddress 127.0.0.4:{cluster.SSH_PORT}\n" in text
+    assert f"SetEnv DOCKER_HOST=unix://{tmp_path}/node-3/docker.sock\n" in text
+    for line in ("PasswordAuthentication no", "UsePAM no", "PermitRootLogin prohibit-password",
+                 "Subsystem sftp internal-sftp", "MaxStartups 100:30:200", f"AuthorizedKeysFile {tmp_path}/ssh/"):
+        assert line in text
+
+
+def test_liveness_needs_the_named_process_not_just_a_pid(tmp_path: Path) -> None:
+    pidfile = tmp_path / "x.pid"
+    pidfile.write_text(f"{os.getpid()}\n")
+    assert cluster.running_pid(pidfile, "python") == os.getpid()
+    assert cluster.running_pid(pidfile, "dockerd") is None, "a recycled pid of another program is not the daemon"
+    proc = subprocess.Popen(["sleep", "0"])
+    proc.wait()
+    pidfile.write_text(f"{proc.pid}\n")
+    assert cluster.running_pid(pidfile, "sleep") is None
+    assert cluster.stop_pid(pidfile, "sleep") is False and not pidfile.exists()
+
+
+# --- the running sim -------------------------------------------------------------------------------
+
+
+def sim_ready_or_skip() -> dict[str, Any]:
+    if os.environ.get("DSV41_REQUIRE_SIM") != "1":
+        pytest.skip("simulated cluster tests need root and start daemons; set DSV41_REQUIRE_SIM=1 to run them")
+    proc = subprocess.run([sys.executable, "-m", "sim.cluster", "up"], cwd=REPO, capture_output=True, text=True,
+                          timeout=1800)
+    if proc.returncode != 0:
+        pytest.fail(f"`python -m sim.cluster up` failed (DSV41_REQUIRE_SIM=1):\n{proc.stderr[-3000:]}")
+    info: dict[str, Any] = json.loads((cluster.default_layout().state / "sim.json").read_text())
+    return info
+
+
+@pytest.fixture(scope="session")
+def sim() -> dict[str, Any]:
+    """The sim's description (sim.json); the sim stays up after the session."""
+    return sim_ready_or_skip()
+
+
+@pytest.fixture(scope="session")
+def test_label() -> Iterator[str]:
+    """Every container a test starts carries this label; the session removes them on every node."""
+    label = f"dsv41.sim.test={uuid.uuid4().hex[:12]}"
+    yield label
+    if os.environ.get("DSV41_REQUIRE_SIM") == "1":
+        layout = cluster.default_layout()
+        for i in layout.existing_nodes():
+            ids = subprocess.run(["docker", "-H", layout.docker_host(i), "ps", "-aq", "--filter", f"label={label}"],
+                                 capture_output=True, text=True, timeout=STEP_TIMEOUT).stdout.split()
+            if ids:
+                subprocess.run(["docker", "-H", layout.docker_host(i), "rm", "-f", *ids], capture_output=True,
+                               timeout=STEP_TIMEOUT)
+
+
+def on_node(sim: dict[str, Any], ip: str, command: str, stdin: str | None = None,
+            timeout: int = STEP_TIMEOUT) -> subprocess.CompletedProcess[str]:
+    """Run `command` on a node over its sshd, as the program does."""
+    return subprocess.run(["ssh", "-F", sim["ssh"]["config"], f"root@{ip}", command], input=stdin,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def docker_over_ssh(sim: dict[str, Any], ip: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """The docker CLI with `-H ssh://` (what pulumi_docker's provider does), through the sim's ssh config."""
+    env = {**os.environ, "PATH": f"{sim['ssh']['bin']}:{os.environ['PATH']}"}
+    env.pop("DOCKER_HOST", None)
+    return subprocess.run(["docker", "-H", f"ssh://root@{ip}:{sim['ssh']['port']}", *args], env=env,
+                          capture_output=True, text=True, timeout=STEP_TIMEOUT)
+
+
+def ips(sim: dict[str, Any]) -> list[str]:
+    return [n["ip"] for n in sim["nodes"]]
+
+
+@pytest.mark.sim
+@pytest.mark.timeout(300)
+def test_each_sshd_reaches_its_own_dockerd(sim: dict[str, Any]) -> None:
+    roots = []
+    for node in sim["nodes"]:
+        proc = on_node(sim, node["ip"], "docker info --format '{{json .}}'")
+        assert proc.returncode == 0, f"node {node['ip']}: {proc.stderr[-1000:]}"
+        info = json.loads(proc.stdout)
+        assert info["DockerRootDir"] == f"{sim['state']}/node-{node['index']}/root"
+        assert f"dsv41.sim.node=node-{node['index']}" in info["Labels"]
+        assert "127.0.0.0/8" in info["RegistryConfig"]["InsecureRegistryCIDRs"]
+        roots.append(info["DockerRootDir"])
+    assert len(set(roots)) == len(roots) >= 2
+
+
+@pytest.mark.sim
+@pytest.mark.timeout(300)
+def test_sshd_takes_many_parallel_connections_and_sftp(sim: dict[str, Any], tmp_path: Path) -> None:
+    """docker over ssh opens one connection per API call: 24 at once must all get in (MaxStartups)."""
+    ip = ips(sim)[0]
+    with ThreadPoolExecutor(max_workers=24) as pool:
+        codes = list(pool.map(lambda _: on_node(sim, ip, "true", timeout=60).returncode, range(24)))
+    assert codes == [0] * 24
+    src = tmp_path / "payload"
+    src.write_text("over sftp\n")
+    dest = f"/tmp/dsv41-sim-sftp-{uuid.uuid4().hex[:8]}"
+    proc = subprocess.run(["sftp", "-F", sim["ssh"]["config"], "-b", "-", f"root@{ip}"],
+                          input=f"put {src} {dest}\n", capture_output=True, text=True, timeout=60)
+    try:
+        assert proc.returncode == 0, proc.stderr
+        assert Path(dest).read_text() == "over sftp\n", "a node's filesystem is the host's"
+    finally:
+        Path(dest).unlink(missing_ok=True)
+
+
+@pytest.mark.sim
+@pytest.mark.timeout(600)
+def test_image_pulls_from_the_registry_on_every_node(sim: dict[str, Any]) -> None:
+    image = sim["image"]
+    registry = sim["registry"]
+    name, tag = image[len(registry) + 1:].rsplit(":", 1)
+    req = urllib.request.Request(f"http://{registry}/v2/{name}/manifests/{tag}", method="HEAD", headers={
+        "Accept": "application/vnd.docker.distribution.manifest.v2+json"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        digest = resp.headers["Docker-Content-Digest"]
+    for ip in ips(sim):
+        proc = on_node(sim, ip, f"docker image rm {image} >/dev/null 2>&1 || true; docker pull -q {image} && "
+                                f"docker image inspect --format '{{{{json .RepoDigests}}}}' {image}", timeout=300)
+        assert proc.returncode == 0, f"{ip}: {proc.stderr[-1000:]}"
+        assert f"{registry}/{name}@{digest}" in json.loads(proc.stdout.strip().splitlines()[-1]), ip
+        run = on_node(sim, ip, f"docker run --rm --network host --entrypoint python3 {image} -c "
+                               "'import huggingface_hub, http.server; print(huggingface_hub.__version__)'")
+        assert run.returncode == 0 and run.stdout.strip() == "2.4.0", run.stderr[-1000:]
+        which = on_node(sim, ip, f"docker run --rm --network none --entrypoint sh {image} -c 'command -v vllm; command -v ps'")
+        assert which.stdout.split() == ["/usr/local/bin/vllm", "/usr/bin/ps"], which.stderr
+    inspect = on_node(sim, ips(sim)[0], f"docker image inspect --format '{{{{json .Config.Entrypoint}}}}' {image}")
+    assert json.loads(inspect.stdout) == ["vllm"]
+
+
+@pytest.mark.sim
+@pytest.mark.timeout(300)
+def test_host_network_container_on_node_2_is_invisible_on_node_1(sim: dict[str, Any], test_label: str) -> None:
+    node1, node2 = ips(sim)[:2]
+    port = 18000 + uuid.uuid4().int % 2000
+    name = f"dsv41-sim-test-{uuid.uuid4().hex[:8]}"
+    proc = on_node(sim, node2, f"docker run -d --name {name} --label {test_label} --network host "
+                               f"--entrypoint python3 {sim['image']} -m http.server --bind {node2} {port}")
+    assert proc.returncode == 0, proc.stderr[-1000:]
+    deadline = time.monotonic() + 30
+    body = b""
+    while time.monotonic() < deadline and not body:
+        try:
+            with urllib.request.urlopen(f"http://{node2}:{port}/", timeout=2) as resp:
+                body = resp.read()
+        except OSError:
+            time.sleep(0.3)
+    assert b"Directory listing" in body, f"the container on node 2 must serve on {node2}:{port} (host network)"
+    on2 = docker_over_ssh(sim, node2, "ps", "--filter", f"label={test_label}", "--format", "{{.Names}}")
+    on1 = docker_over_ssh(sim, node1, "ps", "-a", "--filter", f"label={test_label}", "--format", "{{.Names}}")
+    assert on2.returncode == 0 and on1.returncode == 0, on2.stderr + on1.stderr
+    assert on2.stdout.split() == [name]
+    assert on1.stdout.split() == [], "node 1's daemon must not see node 2's containers"
+    rm = docker_over_ssh(sim, node2, "rm", "-f", name)
+    assert rm.returncode == 0, rm.stderr
+
+
+def stage_on_head(sim: dict[str, Any], root: Path) -> subprocess.CompletedProcess[str]:
+    """The program's own staging command (weights_manifest), run on the head over ssh, image from the registry."""
+    plan = wm.staging_plan(model_repo=MODEL_REPO, engram_repo=BASE_REPO, revision="main")
+    command = wm.render_stage_command(root=str(root), image=sim["image"], plan=plan, hf_endpoint=sim["hub"],
+                                      with_token=False, timeout_s=STEP_TIMEOUT)
+    return on_node(sim, ips(sim)[0], command, stdin=wm.stage_stdin(None, wm.stage_script_source()),
+                   timeout=STEP_TIMEOUT + 60)
+
+
+@pytest.fixture
+def stage_root() -> Iterator[Path]:
+    root = Path(tempfile.mkdtemp(prefix="dsv41-sim-stage-"))
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.sim
+@pytest.mark.timeout(300)
+def test_hub_checkpoint_stages_fully_on_the_head(sim: dict[str, Any], stage_root: Path) -> None:
+    proc = stage_on_head(sim, stage_root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    staged = wm.parse_stage_output(proc.stdout)
+    assert staged.root == str(stage_root)
+    repos = checkpoint.build()
+    expected = {f"model/{n}": len(d) for n, d in repos[MODEL_REPO].items()}
+    expected.update({f"engram-src/{n}": len(repos[BASE_REPO][n]) for n in
+                     (wm.engram_shard_name(47), wm.engram_shard_name(48), wm.ENGRAM_INDEX, "config.json")})
+    assert staged.files == expected
+    assert len(list((stage_root / "model").glob("*.safetensors"))) == 39
+    for rel, size in staged.files.items():
+        assert (stage_root / rel).stat().st_size == size, rel
+    assert (stage_root / "model" / "model-00039-of-00039.safetensors").read_bytes() == repos[MODEL_REPO][
+        "model-00039-of-00039.safetensors"]
+
+
+@pytest.mark.sim
+@pytest.mark.timeout(300)
+def test_missing_engram_shard_on_the_hub_fails_staging(sim: dict[str, Any], stage_root: Path) -> None:
+    faults = Path(sim["hub_faults"])
+    shard = wm.engram_shard_name(47)
+    faults.write_text(f"{BASE_REPO}/{shard}\n")
+    try:
+        proc = stage_on_head(sim, stage_root)
+    finally:
+        faults.unlink(missing_ok=True)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("stage_weights: error:")]
+    assert errors and BASE_REPO in errors[-1] and shard in errors[-1], proc.stderr[-2000:]
+    assert not (stage_root / "engram-src" / shard).exists()
+
+
+@pytest.mark.sim
+@pytest.mark.timeout(300)
+def test_second_sim_up_starts_nothing(sim: dict[str, Any]) -> None:
+    layout = cluster.default_layout()
+    pidfiles = [layout.registry_dir / "registry.pid", layout.hub_dir / "hub.pid"]
+    for i in layout.existing_nodes():
+        pidfiles += [layout.node_dir(i) / "dockerd.pid", layout.node_dir(i) / "sshd.pid"]
+    before = {p: p.read_text() for p in pidfiles}
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "sim.cluster", "up"], cwd=REPO, capture_output=True, text=True,
+                          timeout=STEP_TIMEOUT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "starting" not in proc.stderr and "pushed" not in proc.stderr, proc.stderr
+    assert {p: p.read_text() for p in pidfiles} == before
+    assert time.monotonic() - started < 30
