@@ -68,3 +68,19 @@ clean:
 # Deletes this version's toolchain build (not Go's module and build caches, which other projects share).
 clean-cache:
 	@$(WITH_ENV) echo "removing $$DSV41_TOOLCHAIN_DIR" && rm -rf "$$DSV41_TOOLCHAIN_DIR"
+
+# --- simulated cluster (sim/README.md): loopback nodes with their own dockerd + sshd, a registry, a hub
+# stand-in and the stand-in image. Installs its Debian packages itself when missing (as root).
+# `make sim-up SIM_NODES=4`; `make sim-down` stops it all and removes containers (the image cache stays).
+.PHONY: sim-up sim-down sim-image
+SIM_NODES ?= 2
+
+sim-up: venv
+	SIM_NODES=$(SIM_NODES) $(PY) -m sim.cluster up
+
+sim-image: venv
+	$(PY) -m sim.cluster image
+
+sim-down:
+	$(PYTHON) -m sim.cluster down
+# --- end simulated cluster
