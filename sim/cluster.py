@@ -480,6 +480,23 @@ def remove_containers(layout: Layout, i: int) -> None:
                        timeout=120)
 
 
+def mounts_under(path: Path) -> list[str]:
+    """Mount points at or below `path`, deepest first (mountinfo field 5, octal escapes decoded)."""
+    prefix = str(path).rstrip("/") + "/"
+    points = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split()[4].encode().decode("unicode_escape")
+        if point.startswith(prefix):
+            points.append(point)
+    return sorted(points, key=len, reverse=True)
+
+
+def unmount_leftovers(path: Path) -> None:
+    """dockerd leaves its netns bind mount (exec/netns/default) behind after it exits."""
+    for point in mounts_under(path):
+        subprocess.run(["umount", "-l", point], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30)
+
+
 def down(layout: Layout) -> None:
     nodes = layout.existing_nodes()
     for i in nodes:
@@ -495,6 +512,7 @@ def down(layout: Layout) -> None:
             stopped.append(f"node {i} sshd")
         if stop_pid(layout.node_dir(i) / "dockerd.pid", "dockerd", 60):
             stopped.append(f"node {i} dockerd")
+        unmount_leftovers(layout.node_dir(i) / "exec")
     log(f"down: stopped {', '.join(stopped) if stopped else 'nothing (not running)'}")
 
 

@@ -281,7 +281,8 @@ def test_image_pulls_from_the_registry_on_every_node(sim: dict[str, Any]) -> Non
         run = on_node(sim, ip, f"docker run --rm --network host --entrypoint python3 {image} -c "
                                "'import huggingface_hub, http.server; print(huggingface_hub.__version__)'")
         assert run.returncode == 0 and run.stdout.strip() == "2.4.0", run.stderr[-1000:]
-        which = on_node(sim, ip, f"docker run --rm --network none --entrypoint sh {image} -c 'command -v vllm; command -v ps'")
+        which = on_node(sim, ip, f"docker run --rm --network none --entrypoint sh {image} "
+                                 "-c 'command -v vllm; command -v ps'")
         assert which.stdout.split() == ["/usr/local/bin/vllm", "/usr/bin/ps"], which.stderr
     inspect = on_node(sim, ips(sim)[0], f"docker image inspect --format '{{{{json .Config.Entrypoint}}}}' {image}")
     assert json.loads(inspect.stdout) == ["vllm"]
@@ -370,8 +371,8 @@ def test_missing_engram_shard_on_the_hub_fails_staging(sim: dict[str, Any], stag
 def test_second_sim_up_starts_nothing(sim: dict[str, Any]) -> None:
     layout = cluster.default_layout()
     pidfiles = [layout.registry_dir / "registry.pid", layout.hub_dir / "hub.pid"]
-    for i in layout.existing_nodes():
-        pidfiles += [layout.node_dir(i) / "dockerd.pid", layout.node_dir(i) / "sshd.pid"]
+    for node in sim["nodes"]:
+        pidfiles += [layout.node_dir(node["index"]) / "dockerd.pid", layout.node_dir(node["index"]) / "sshd.pid"]
     before = {p: p.read_text() for p in pidfiles}
     started = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "sim.cluster", "up"], cwd=REPO, capture_output=True, text=True,
