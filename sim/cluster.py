@@ -178,11 +178,16 @@ def stop_pid(pidfile: Path, name: str, timeout_s: float = 30.0) -> bool:
     return True
 
 
-def spawn(argv: Sequence[str], logfile: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+def daemon_env() -> dict[str, str]:
+    """This environment minus proxy settings: the sim's daemons only ever talk to loopback addresses."""
+    return {k: v for k, v in os.environ.items() if "proxy" not in k.lower() and k != "PYTHONPATH"}
+
+
+def spawn(argv: Sequence[str], logfile: Path) -> subprocess.Popen[bytes]:
     """A daemon detached from this process (own session), so it outlives `make`."""
     with logfile.open("ab") as out:
         return subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, cwd=REPO, env=env)
+                                start_new_session=True, cwd=REPO, env=daemon_env())
 
 
 def tcp_open(host: str, port: int) -> bool:
@@ -193,9 +198,13 @@ def tcp_open(host: str, port: int) -> bool:
         return False
 
 
+# Never through a proxy: every URL here is a loopback address.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 def http_ok(url: str) -> bool:
     try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
+        with _OPENER.open(url, timeout=2) as resp:
             return bool(resp.status == 200)
     except OSError:
         return False
@@ -396,9 +405,8 @@ def start_hub(layout: Layout) -> None:
         raise SimError(f"{host}:{port} is taken by a process the sim did not start (no live {pidfile}); stop it")
     d.mkdir(parents=True, exist_ok=True)
     log(f"starting hub stand-in on {host}:{port}")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     spawn([sys.executable, "-m", "sim.hub", "--host", host, "--port", str(port), "--faults", str(layout.hub_faults),
-           "--pidfile", str(pidfile)], d / "hub.log", env=env)
+           "--pidfile", str(pidfile)], d / "hub.log")
 
 
 def wait_ready(layout: Layout, nodes: Sequence[int], with_hub: bool = True) -> None:
@@ -420,7 +428,7 @@ def image_ref() -> str:
 
 
 def build_image(layout: Layout) -> None:
-    env = {**os.environ, "SIM_DOCKER_HOST": layout.docker_host(1), "SIM_STATE_DIR": str(layout.state),
+    env = {**daemon_env(), "SIM_DOCKER_HOST": layout.docker_host(1), "SIM_STATE_DIR": str(layout.state),
            "SIM_REGISTRY": f"{REGISTRY_ADDR[0]}:{REGISTRY_ADDR[1]}", "SIM_IMAGE": image_ref()}
     subprocess.run(["bash", str(REPO / "sim" / "image" / "build.sh")], env=env, check=True, timeout=1800)
 
@@ -439,9 +447,15 @@ def describe(layout: Layout, nodes: Sequence[int]) -> dict[str, object]:
     }
 
 
+def require_root() -> None:
+    if os.geteuid() != 0:
+        raise SimError(f"the sim runs dockerd and sshd as root; run it as root (uid is {os.geteuid()})")
+
+
 def up(layout: Layout, nodes: int, build: bool = True) -> None:
     if not 1 <= nodes <= MAX_NODES:
         raise SimError(f"SIM_NODES={nodes} out of range; use 1..{MAX_NODES} (default {DEFAULT_NODES})")
+    require_root()
     ensure_packages()
     indices = list(range(1, nodes + 1))
     for i in indices:
@@ -460,6 +474,7 @@ def up(layout: Layout, nodes: int, build: bool = True) -> None:
 
 
 def image(layout: Layout) -> None:
+    require_root()
     ensure_packages()
     layout.node_dir(1).mkdir(parents=True, exist_ok=True)
     start_dockerd(layout, 1)

@@ -44,7 +44,7 @@ name, tag = image[len(registry) + 1:].rsplit(":", 1)
 req = urllib.request.Request(f"http://{registry}/v2/{name}/manifests/{tag}", method="HEAD",
                              headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"})
 try:
-    urllib.request.urlopen(req, timeout=5)
+    urllib.request.build_opener(urllib.request.ProxyHandler({})).open(req, timeout=5)
 except Exception:
     sys.exit(1)
 PY

@@ -33,6 +33,8 @@ from sim import checkpoint, cluster, hub
 REPO = Path(__file__).resolve().parents[2]
 MODEL_REPO, BASE_REPO = checkpoint.MODEL_REPO, checkpoint.BASE_REPO
 STEP_TIMEOUT = 120  # seconds, for any single command against the sim
+# Every URL here is a loopback address: never through a proxy.
+OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 # --- the hub stand-in, in process ------------------------------------------------------------------
@@ -122,7 +124,7 @@ print(json.dumps(out))
     assert shard47 not in got["base"] and shard3 in got["model"]
     assert got[shard47] == got[shard3] == "EntryNotFound"
     faults.write_text("")  # re-read on every request: the fault is gone at once
-    with urllib.request.urlopen(f"{url}/{BASE_REPO}/resolve/main/{shard47}", timeout=5) as resp:
+    with OPENER.open(f"{url}/{BASE_REPO}/resolve/main/{shard47}", timeout=5) as resp:
         assert resp.status == 200 and resp.headers["X-Repo-Commit"] == checkpoint.repo_commit(
             checkpoint.build()[BASE_REPO])
 
@@ -130,21 +132,28 @@ print(json.dumps(out))
 def test_hub_resolve_headers_range_and_errors(local_hub: tuple[str, Path]) -> None:
     url, _ = local_hub
     data = checkpoint.build()[MODEL_REPO]["config.json"]
-    with urllib.request.urlopen(urllib.request.Request(f"{url}/{MODEL_REPO}/resolve/main/config.json",
+    with OPENER.open(urllib.request.Request(f"{url}/{MODEL_REPO}/resolve/main/config.json",
                                                        method="HEAD"), timeout=5) as resp:
         assert resp.headers["Content-Length"] == str(len(data))
         assert resp.headers["ETag"] == f'"{checkpoint.blob_oid(data)}"'
         assert len(resp.headers["X-Repo-Commit"]) == 40
     req = urllib.request.Request(f"{url}/{MODEL_REPO}/resolve/main/config.json", headers={"Range": "bytes=10-"})
-    with urllib.request.urlopen(req, timeout=5) as resp:
+    with OPENER.open(req, timeout=5) as resp:
         assert resp.status == 206 and resp.read() == data[10:]
         assert resp.headers["Content-Range"] == f"bytes 10-{len(data) - 1}/{len(data)}"
     for path, code in ((f"/{MODEL_REPO}/resolve/main/nope.bin", "EntryNotFound"),
                        (f"/{MODEL_REPO}/resolve/v9/config.json", "RevisionNotFound"),
                        ("/org/none/resolve/main/config.json", "RepoNotFound")):
         with pytest.raises(urllib.error.HTTPError) as err:
-            urllib.request.urlopen(f"{url}{path}", timeout=5)
+            OPENER.open(f"{url}{path}", timeout=5)
         assert err.value.code == 404 and err.value.headers["X-Error-Code"] == code, path
+
+
+def test_hub_env_switch_hides_a_file(tmp_path: Path) -> None:
+    shard = wm.engram_shard_name(48)
+    served = hub.Hub(repos=checkpoint.build(), env_missing=(f"{BASE_REPO}/{shard}",), faults_file=tmp_path / "none")
+    assert shard not in served.visible(BASE_REPO) and served.resolvable(BASE_REPO, shard) is None
+    assert served.resolvable(BASE_REPO, wm.engram_shard_name(47)) is not None
 
 
 def test_hub_refuses_a_non_loopback_address() -> None:
@@ -271,7 +280,7 @@ def test_image_pulls_from_the_registry_on_every_node(sim: dict[str, Any]) -> Non
     name, tag = image[len(registry) + 1:].rsplit(":", 1)
     req = urllib.request.Request(f"http://{registry}/v2/{name}/manifests/{tag}", method="HEAD", headers={
         "Accept": "application/vnd.docker.distribution.manifest.v2+json"})
-    with urllib.request.urlopen(req, timeout=10) as resp:
+    with OPENER.open(req, timeout=10) as resp:
         digest = resp.headers["Docker-Content-Digest"]
     for ip in ips(sim):
         proc = on_node(sim, ip, f"docker image rm {image} >/dev/null 2>&1 || true; docker pull -q {image} && "
@@ -301,7 +310,7 @@ def test_host_network_container_on_node_2_is_invisible_on_node_1(sim: dict[str, 
     body = b""
     while time.monotonic() < deadline and not body:
         try:
-            with urllib.request.urlopen(f"http://{node2}:{port}/", timeout=2) as resp:
+            with OPENER.open(f"http://{node2}:{port}/", timeout=2) as resp:
                 body = resp.read()
         except OSError:
             time.sleep(0.3)
