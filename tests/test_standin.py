@@ -511,6 +511,18 @@ class TestHealthyCluster:
         status, body = post(c, {}, path="/version", method="GET")
         assert status == 200 and json.loads(body) == {"version": "0.33.0"}
 
+    def test_metrics_count_generated_tokens(self, healthy: Healthy) -> None:
+        def generated() -> float:
+            status, body = post(healthy.cluster, {}, path="/metrics", method="GET")
+            assert status == 200
+            lines = body.decode().splitlines()
+            line = next(ln for ln in lines if ln.startswith("vllm:generation_tokens_total{"))
+            return float(line.rsplit(" ", 1)[1])
+
+        before = generated()
+        assert post(healthy.cluster, chat("Tell me about the sun.", max_tokens=3), key=API_KEY)[0] == 200
+        assert generated() == before + 3
+
     def test_bad_requests_get_vllms_400(self, healthy: Healthy) -> None:
         c = healthy.cluster
         status, body = post(c, chat(VERIFY_PROMPT, top_logprobs=21, logprobs=True), key=API_KEY)
