@@ -116,6 +116,8 @@ class Node(_Model):
 class Ssh(_Model):
     private_key: SecretStr | None = None
     agent_socket: str | None = None
+    # Default: the operator's ~/.ssh/known_hosts (new hosts are accepted once, then pinned).
+    known_hosts_file: str | None = None
 
 
 class Weights(_Model):

@@ -126,6 +126,7 @@ def deploy(loaded: Loaded, stack: str) -> dict[str, Any]:
         ranks=ranks,
         ssh_private_key=private_key,
         ssh_agent_socket=s.ssh.agent_socket,
+        ssh_known_hosts_file=s.ssh.known_hosts_file,
         rendezvous_timeout_s=s.gates.rendezvous_timeout_seconds,
         rerun_on=serving.container_ids,
     ), opts=pulumi.ResourceOptions(depends_on=list(serving.containers.values())))
@@ -133,6 +134,7 @@ def deploy(loaded: Loaded, stack: str) -> dict[str, Any]:
         ranks=ranks,
         ssh_private_key=private_key,
         ssh_agent_socket=s.ssh.agent_socket,
+        ssh_known_hosts_file=s.ssh.known_hosts_file,
         api_base=api_base,
         model_name=s.serve.served_model_name,
         api_key=api_key,

@@ -37,8 +37,8 @@ _SECRET_SIG_KEY = rpc._special_sig_key  # noqa: SLF001 - the wire marker of a se
 _SECRET_SIG = rpc._special_secret_sig  # noqa: SLF001
 _CONTAINER_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]*$")
 
-SHARED_INPUT_KEYS = ("ranks", "ssh_private_key", "ssh_agent_socket", "poll_interval_s", "progress_interval_s",
-                     "rerun_on")
+SHARED_INPUT_KEYS = ("ranks", "ssh_private_key", "ssh_agent_socket", "ssh_known_hosts_file", "poll_interval_s",
+                     "progress_interval_s", "rerun_on")
 RENDEZVOUS_INPUT_KEYS = (*SHARED_INPUT_KEYS, "rendezvous_timeout_s")
 READY_INPUT_KEYS = (*SHARED_INPUT_KEYS, "api_base", "model_name", "api_key", "ready_timeout_s", "stall_s",
                     "models_timeout_s")
@@ -88,6 +88,7 @@ class RendezvousGateArgs:
     rerun_on: pulumi.Input[Sequence[pulumi.Input[str]]]
     ssh_private_key: pulumi.Input[str] | None = None
     ssh_agent_socket: str | None = None
+    ssh_known_hosts_file: str | None = None
     rendezvous_timeout_s: float = 720.0
     poll_interval_s: float = 5.0
     progress_interval_s: float = 30.0
@@ -109,6 +110,7 @@ class ReadyGateArgs:
     api_key: pulumi.Input[str] | None = None
     ssh_private_key: pulumi.Input[str] | None = None
     ssh_agent_socket: str | None = None
+    ssh_known_hosts_file: str | None = None
     ready_timeout_s: float = 2700.0
     stall_s: float = 600.0
     poll_interval_s: float = 5.0
@@ -172,8 +174,10 @@ def _inputs(keys: Sequence[str], props: Mapping[str, Any]) -> dict[str, Any]:
 def _source(props: Mapping[str, Any]) -> SshRankSource:
     key = _unwrap_secret(props.get("ssh_private_key"))
     agent = _unwrap_secret(props.get("ssh_agent_socket"))
+    known_hosts = props.get("ssh_known_hosts_file")
     return SshRankSource(_ranks_from_prop(_unwrap_secret(props.get("ranks"))),
-                         private_key=str(key) if key else None, agent_socket=str(agent) if agent else None)
+                         private_key=str(key) if key else None, agent_socket=str(agent) if agent else None,
+                         known_hosts_file=str(known_hosts) if known_hosts else None)
 
 
 def _log_progress(message: str) -> None:
@@ -289,6 +293,7 @@ class RendezvousGate(pulumi.dynamic.Resource, module="gates", name="RendezvousGa
             "ranks": [r.to_prop() for r in args.ranks],
             "ssh_private_key": _secret_or_none(args.ssh_private_key),
             "ssh_agent_socket": args.ssh_agent_socket,
+            "ssh_known_hosts_file": args.ssh_known_hosts_file,
             "poll_interval_s": args.poll_interval_s,
             "progress_interval_s": args.progress_interval_s,
             "rerun_on": args.rerun_on,
@@ -317,6 +322,7 @@ class ReadyGate(pulumi.dynamic.Resource, module="gates", name="ReadyGate"):
             "ranks": [r.to_prop() for r in args.ranks],
             "ssh_private_key": _secret_or_none(args.ssh_private_key),
             "ssh_agent_socket": args.ssh_agent_socket,
+            "ssh_known_hosts_file": args.ssh_known_hosts_file,
             "poll_interval_s": args.poll_interval_s,
             "progress_interval_s": args.progress_interval_s,
             "rerun_on": args.rerun_on,

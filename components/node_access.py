@@ -26,7 +26,7 @@ class NodeAccessArgs:
 def ssh_target(node: Node, ssh: Ssh) -> SshTarget:
     key = ssh.private_key.get_secret_value() if ssh.private_key else None
     return SshTarget(host=node.host, port=node.port, user=node.user, private_key=key,
-                     agent_socket=ssh.agent_socket)
+                     agent_socket=ssh.agent_socket, known_hosts_file=ssh.known_hosts_file)
 
 
 class NodeAccess(pulumi.ComponentResource):

@@ -677,12 +677,13 @@ class SshRankSource:
     """
 
     def __init__(self, ranks: Sequence[RankSpec], *, private_key: str | None = None,
-                 agent_socket: str | None = None, remote_timeout_s: int = 10,
+                 agent_socket: str | None = None, known_hosts_file: str | None = None,
+                 remote_timeout_s: int = 10,
                  runner: Runner = _run) -> None:
         self._specs: Mapping[int, RankSpec] = {r.rank: r for r in ranks}
         self._targets = {
             r.rank: SshTarget(host=r.host, port=r.port, user=r.user, private_key=private_key,
-                              agent_socket=agent_socket)
+                              agent_socket=agent_socket, known_hosts_file=known_hosts_file)
             for r in ranks
         }
         self._remote_timeout_s = remote_timeout_s

@@ -23,6 +23,7 @@ class SshTarget:
     user: str
     private_key: str | None = None
     agent_socket: str | None = None
+    known_hosts_file: str | None = None
 
     def __repr__(self) -> str:  # keep the key out of tracebacks and logs
         return f"SshTarget({self.user}@{self.host}:{self.port})"
@@ -69,6 +70,8 @@ def ssh_options(target: SshTarget, *, connect_timeout_s: int = 10) -> list[str]:
         opts += ["-o", "IdentitiesOnly=yes", "-i", str(materialize_key(target.private_key))]
     if target.agent_socket:
         opts += ["-o", f"IdentityAgent={target.agent_socket}"]
+    if target.known_hosts_file:
+        opts += ["-o", f"UserKnownHostsFile={target.known_hosts_file}"]
     return opts
 
 
