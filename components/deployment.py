@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pulumi
 
 from components import serve_spec
-from components.config import Loaded
+from components.config import Loaded, Settings
 from components.gates import GateRank, ReadyGate, ReadyGateArgs, RendezvousGate, RendezvousGateArgs
 from components.node_access import NodeAccess, NodeAccessArgs
 from components.node_image import NodeImage, NodeImageArgs
@@ -36,8 +37,6 @@ def deploy(loaded: Loaded, stack: str) -> dict[str, Any]:
     for warning in loaded.warnings:
         pulumi.log.warn(warning)
     generation = serve_spec.cluster_generation(s)
-    api_key = pulumi.Output.secret(s.serve.api_key.get_secret_value()) if s.serve.api_key else None
-
     access = {n.name: NodeAccess(f"access-{n.name}", NodeAccessArgs(node=n, ssh=s.ssh)) for n in s.nodes}
     images = {
         n.name: NodeImage(f"image-{n.name}", NodeImageArgs(
@@ -114,11 +113,46 @@ def deploy(loaded: Loaded, stack: str) -> dict[str, Any]:
                 restart_on=[serving.containers[n.name].id],
             ), opts=pulumi.ResourceOptions(depends_on=[serving.containers[n.name]]))
 
-    api_base = f"http://{s.head.host}:{s.serve.port}"
-    endpoint = f"{api_base}/v1"
+    verifier = verify_after(s, container_names=serving.container_names, container_ids=serving.container_ids,
+                            after=list(serving.containers.values()))
+    outputs: dict[str, Any] = {
+        "endpoint": endpoint_of(s),
+        "model": s.serve.served_model_name,
+        "containers": serving.container_names,
+        "clusterGeneration": serving.generation,
+        "verification": {
+            "answer": verifier.answer,
+            "logprobs": verifier.logprobs,
+            "latencySeconds": verifier.latency_s,
+            "verifiedAt": verifier.verified_at,
+        },
+    }
+    if s.gates.min_decode_tokens_per_second is not None:
+        outputs["decodeTokensPerSecond"] = verifier.decode_tokens_per_second
+    return outputs
+
+
+def endpoint_of(s: Settings) -> str:
+    """The OpenAI base URL the operator reaches: the head's SSH address and the API port."""
+    return f"http://{s.head.host}:{s.serve.port}/v1"
+
+
+def verify_after(
+    s: Settings,
+    *,
+    container_names: Mapping[str, str],
+    container_ids: pulumi.Input[Sequence[pulumi.Input[str]]],
+    after: Sequence[pulumi.Resource],
+) -> Verifier:
+    """The rendezvous gate after every container, the ready gate after it, the verifier last.
+
+    All three re-run exactly when `container_ids` changes.
+    """
+    api_key = pulumi.Output.secret(s.serve.api_key.get_secret_value()) if s.serve.api_key else None
+    endpoint = endpoint_of(s)
+    api_base = endpoint.removesuffix("/v1")
     ranks = [
-        GateRank(rank=i, node=n.name, host=n.host, port=n.port, user=n.user,
-                 container=serving.container_names[n.name])
+        GateRank(rank=i, node=n.name, host=n.host, port=n.port, user=n.user, container=container_names[n.name])
         for i, n in enumerate(s.nodes)
     ]
     private_key = pulumi.Output.secret(s.ssh.private_key.get_secret_value()) if s.ssh.private_key else None
@@ -128,8 +162,8 @@ def deploy(loaded: Loaded, stack: str) -> dict[str, Any]:
         ssh_agent_socket=s.ssh.agent_socket,
         ssh_known_hosts_file=s.ssh.known_hosts_file,
         rendezvous_timeout_s=s.gates.rendezvous_timeout_seconds,
-        rerun_on=serving.container_ids,
-    ), opts=pulumi.ResourceOptions(depends_on=list(serving.containers.values())))
+        rerun_on=container_ids,
+    ), opts=pulumi.ResourceOptions(depends_on=list(after)))
     ready = ReadyGate("ready", ReadyGateArgs(
         ranks=ranks,
         ssh_private_key=private_key,
@@ -140,31 +174,15 @@ def deploy(loaded: Loaded, stack: str) -> dict[str, Any]:
         api_key=api_key,
         ready_timeout_s=s.gates.ready_timeout_seconds,
         stall_s=s.gates.stall_seconds,
-        rerun_on=serving.container_ids,
+        rerun_on=container_ids,
     ), opts=pulumi.ResourceOptions(depends_on=[rendezvous]))
     verifier = Verifier("verify", VerifierArgs(
         endpoint=endpoint,
         model=s.serve.served_model_name,
-        rerun_on=serving.container_ids,
+        rerun_on=container_ids,
         api_key=api_key,
         timeout_s=min(120.0, float(s.gates.verify_timeout_seconds)),
         retry_window_s=float(s.gates.verify_timeout_seconds),
         min_decode_tokens_per_second=s.gates.min_decode_tokens_per_second,
     ), opts=pulumi.ResourceOptions(depends_on=[ready]))
-
-    verification: dict[str, Any] = {
-        "answer": verifier.answer,
-        "logprobs": verifier.logprobs,
-        "latencySeconds": verifier.latency_s,
-        "verifiedAt": verifier.verified_at,
-    }
-    outputs: dict[str, Any] = {
-        "endpoint": endpoint,
-        "model": s.serve.served_model_name,
-        "containers": serving.container_names,
-        "clusterGeneration": serving.generation,
-        "verification": verification,
-    }
-    if s.gates.min_decode_tokens_per_second is not None:
-        outputs["decodeTokensPerSecond"] = verifier.decode_tokens_per_second
-    return outputs
+    return verifier
