@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+from pathlib import Path
 
 from components.ssh import SshTarget, materialize_key, ssh_argv, ssh_options
 
@@ -14,7 +15,7 @@ def test_key_reaches_ssh_as_a_private_file_never_as_argv() -> None:
     argv = ssh_argv(SshTarget(host="127.0.0.2", port=2222, user="root", private_key=KEY), "docker ps")
     assert not any("PRIVATE KEY" in a for a in argv)
     path = argv[argv.index("-i") + 1]
-    assert open(path).read().strip() == KEY.strip()
+    assert Path(path).read_text().strip() == KEY.strip()
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     assert argv[-2:] == ["root@127.0.0.2", "docker ps"] and argv[argv.index("-p") + 1] == "2222"
 

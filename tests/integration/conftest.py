@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import os
 import sys
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from engine_support import toolchain_dir
+from sim_support import remove_labelled, sim_ready_or_skip
 
 HERE = Path(__file__).resolve().parent
 
@@ -57,3 +61,18 @@ def standin_language_host(pulumi_root: Path) -> Path:
             pytest.fail(reason)
         pytest.skip(reason)
     return host
+
+
+@pytest.fixture(scope="session")
+def sim() -> dict[str, Any]:
+    """The sim's description (sim.json); the sim stays up after the session."""
+    return sim_ready_or_skip()
+
+
+@pytest.fixture(scope="session")
+def test_label() -> Iterator[str]:
+    """Every container a test starts carries this label; the session removes them on every node."""
+    label = f"dsv41.sim.test={uuid.uuid4().hex[:12]}"
+    yield label
+    if os.environ.get("DSV41_REQUIRE_SIM") == "1":
+        remove_labelled(label)

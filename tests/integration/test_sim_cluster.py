@@ -26,13 +26,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sim_support import STEP_TIMEOUT, on_node
 
 from components import weights_manifest as wm
 from sim import checkpoint, cluster, hub
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL_REPO, BASE_REPO = checkpoint.MODEL_REPO, checkpoint.BASE_REPO
-STEP_TIMEOUT = 120  # seconds, for any single command against the sim
 # Every URL here is a loopback address: never through a proxy.
 OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -184,45 +184,6 @@ def test_liveness_needs_the_named_process_not_just_a_pid(tmp_path: Path) -> None
 
 
 # --- the running sim -------------------------------------------------------------------------------
-
-
-def sim_ready_or_skip() -> dict[str, Any]:
-    if os.environ.get("DSV41_REQUIRE_SIM") != "1":
-        pytest.skip("simulated cluster tests need root and start daemons; set DSV41_REQUIRE_SIM=1 to run them")
-    proc = subprocess.run([sys.executable, "-m", "sim.cluster", "up"], cwd=REPO, capture_output=True, text=True,
-                          timeout=1800)
-    if proc.returncode != 0:
-        pytest.fail(f"`python -m sim.cluster up` failed (DSV41_REQUIRE_SIM=1):\n{proc.stderr[-3000:]}")
-    info: dict[str, Any] = json.loads((cluster.default_layout().state / "sim.json").read_text())
-    return info
-
-
-@pytest.fixture(scope="session")
-def sim() -> dict[str, Any]:
-    """The sim's description (sim.json); the sim stays up after the session."""
-    return sim_ready_or_skip()
-
-
-@pytest.fixture(scope="session")
-def test_label() -> Iterator[str]:
-    """Every container a test starts carries this label; the session removes them on every node."""
-    label = f"dsv41.sim.test={uuid.uuid4().hex[:12]}"
-    yield label
-    if os.environ.get("DSV41_REQUIRE_SIM") == "1":
-        layout = cluster.default_layout()
-        for i in layout.existing_nodes():
-            ids = subprocess.run(["docker", "-H", layout.docker_host(i), "ps", "-aq", "--filter", f"label={label}"],
-                                 capture_output=True, text=True, timeout=STEP_TIMEOUT).stdout.split()
-            if ids:
-                subprocess.run(["docker", "-H", layout.docker_host(i), "rm", "-f", *ids], capture_output=True,
-                               timeout=STEP_TIMEOUT)
-
-
-def on_node(sim: dict[str, Any], ip: str, command: str, stdin: str | None = None,
-            timeout: int = STEP_TIMEOUT) -> subprocess.CompletedProcess[str]:
-    """Run `command` on a node over its sshd, as the program does."""
-    return subprocess.run(["ssh", "-F", sim["ssh"]["config"], f"root@{ip}", command], input=stdin,
-                          capture_output=True, text=True, timeout=timeout)
 
 
 def docker_over_ssh(sim: dict[str, Any], ip: str, *args: str) -> subprocess.CompletedProcess[str]:
