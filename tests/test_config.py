@@ -231,3 +231,12 @@ def test_parse_does_not_mutate_its_input() -> None:
     before = copy.deepcopy(raw)
     parse(raw)
     assert raw == before
+
+
+def test_sim_stack_file_is_valid_once_make_demo_sets_the_key() -> None:
+    stack = yaml.safe_load((ROOT / "Pulumi.sim.yaml").read_text())["config"]
+    raw = read_raw({k: json.dumps(v) if not isinstance(v, str) else v for k, v in stack.items()})
+    raw["ssh"] = {"privateKey": "key set by make demo", "knownHostsFile": "/x/known_hosts"}
+    s = parse(raw).settings
+    assert [n.host for n in s.nodes] == ["127.0.0.2", "127.0.0.3"] and s.weights.share == "bind"
+    assert all(not n.rdma_devices and not n.gpus for n in s.nodes)

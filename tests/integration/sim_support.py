@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from sim import cluster
+from components import weights_manifest as wm
+from sim import checkpoint, cluster
 
 REPO = Path(__file__).resolve().parents[2]
 STEP_TIMEOUT = 120  # seconds, for any single command against the sim
@@ -46,3 +47,12 @@ def on_node(sim: dict[str, Any], ip: str, command: str, stdin: str | None = None
                           capture_output=True, text=True, timeout=timeout)
 
 
+
+
+def stage_on_head(sim: dict[str, Any], root: Path) -> subprocess.CompletedProcess[str]:
+    """The program's own staging command (weights_manifest), run on the head over ssh, image from the registry."""
+    plan = wm.staging_plan(model_repo=checkpoint.MODEL_REPO, engram_repo=checkpoint.BASE_REPO, revision="main")
+    command = wm.render_stage_command(root=str(root), image=sim["image"], plan=plan, hf_endpoint=sim["hub"],
+                                      with_token=False, timeout_s=STEP_TIMEOUT)
+    return on_node(sim, sim["nodes"][0]["ip"], command, stdin=wm.stage_stdin(None, wm.stage_script_source()),
+                   timeout=STEP_TIMEOUT + 60)

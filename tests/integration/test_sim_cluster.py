@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sim_support import STEP_TIMEOUT, on_node
+from sim_support import STEP_TIMEOUT, on_node, stage_on_head
 
 from components import weights_manifest as wm
 from sim import checkpoint, cluster, hub
@@ -283,15 +283,6 @@ def test_host_network_container_on_node_2_is_invisible_on_node_1(sim: dict[str, 
     assert on1.stdout.split() == [], "node 1's daemon must not see node 2's containers"
     rm = docker_over_ssh(sim, node2, "rm", "-f", name)
     assert rm.returncode == 0, rm.stderr
-
-
-def stage_on_head(sim: dict[str, Any], root: Path) -> subprocess.CompletedProcess[str]:
-    """The program's own staging command (weights_manifest), run on the head over ssh, image from the registry."""
-    plan = wm.staging_plan(model_repo=MODEL_REPO, engram_repo=BASE_REPO, revision="main")
-    command = wm.render_stage_command(root=str(root), image=sim["image"], plan=plan, hf_endpoint=sim["hub"],
-                                      with_token=False, timeout_s=STEP_TIMEOUT)
-    return on_node(sim, ips(sim)[0], command, stdin=wm.stage_stdin(None, wm.stage_script_source()),
-                   timeout=STEP_TIMEOUT + 60)
 
 
 @pytest.fixture
