@@ -116,3 +116,11 @@ demo: toolchain
 demo-down:
 	-$(WITH_ENV) pulumi destroy --stack sim --yes --non-interactive
 	$(MAKE) --no-print-directory sim-down
+
+# --- benchmarks (issue 6): `make bench` measures on the simulated cluster what can run here and writes
+# bench/results.json and BENCHMARKS.md (bench/run.py; `$(PY) -m bench.run --render` redraws the latter).
+.PHONY: bench
+bench: toolchain sim-up
+	$(PY) -m pytest -p no:hypothesispytest -q bench
+	$(WITH_ENV) $(PY) -m bench.run
+# --- end benchmarks

@@ -1,0 +1,127 @@
+"""Unit tests of the benchmark logic (no sim, no engine): `venv/bin/python -m pytest bench`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pulumi.automation import events as ev
+
+from bench import report, run
+from bench.report import SPECS
+
+
+def test_summary_is_median_min_max_of_at_least_three_runs() -> None:
+    s = report.summarize([3.0, 1.0, 2.0, 10.0])
+    assert (s.value, s.min, s.max, s.runs) == (2.5, 1.0, 10.0, (3.0, 1.0, 2.0, 10.0))
+    with pytest.raises(ValueError, match="at least 3 runs"):
+        report.summarize([1.0, 2.0])
+
+
+def test_verdict_against_the_issue_targets() -> None:
+    assert report.verdict(SPECS["ready_detect_s"], 2.0) == report.MET
+    assert report.verdict(SPECS["ready_detect_s"], 2.01) == report.MISSED
+    assert report.verdict(SPECS["toolchain_warm_s"], 99.0) == report.REPORTED
+
+
+def test_a_missed_target_must_carry_cause_and_next_step() -> None:
+    with pytest.raises(ValueError, match="ready_detect_s missed"):
+        report.measured(SPECS["ready_detect_s"], [5.0, 6.0, 7.0], "note")
+    missed = report.measured(SPECS["ready_detect_s"], [5.0, 6.0, 7.0], "note", cause="c", next_step="n")
+    assert (missed["status"], missed["value"], missed["cause"], missed["next_step"]) == ("missed", 6.0, "c", "n")
+    met = report.measured(SPECS["ready_detect_s"], [1.0, 1.5, 1.2], "note", cause="c", next_step="n")
+    assert met["status"] == "met" and "cause" not in met
+
+
+def test_not_measured_needs_a_reason() -> None:
+    with pytest.raises(ValueError, match="say why"):
+        report.not_measured(SPECS["noop_up_s"], "")
+    assert report.not_measured(SPECS["noop_up_s"], "no provider")["status"] == report.NOT_MEASURED
+
+
+def test_docker_timestamps_keep_sub_second_precision() -> None:
+    assert report.parse_rfc3339("2026-01-02T03:04:05.123456789Z") == pytest.approx(1767323045.123456789, abs=1e-6)
+    assert report.parse_rfc3339("2026-01-02T04:04:05.5+01:00") == pytest.approx(1767323045.5)
+    assert report.parse_rfc3339("2026-01-02T03:04:05Z") == 1767323045.0
+    with pytest.raises(ValueError, match="not RFC 3339"):
+        report.parse_rfc3339("yesterday")
+
+
+def test_first_and_last_log_lines() -> None:
+    log = ("2026-01-02T03:04:05.100000000Z INFO loading\n"
+           "2026-01-02T03:04:06.250000000Z (APIServer pid=1) INFO:     Application startup complete.\n"
+           "2026-01-02T03:04:07.000000000Z tail\n"
+           "2026-01-02T03:04:08.000000000Z \n")
+    assert report.first_line_at(log, "Application startup complete.") == pytest.approx(1767323046.25)
+    assert report.first_line_at(log, "absent") is None
+    assert report.last_line_at(log) == pytest.approx(1767323047.0)  # the empty line does not count
+    assert report.last_line_at("") is None
+
+
+def test_machine_info_from_nproc_free_and_cpuinfo() -> None:
+    free = "               total        used\nMem:              23           0\nSwap:  0 0\n"
+    info = report.machine_info("2\n", free, "processor\t: 0\nmodel name\t: AMD EPYC\n", "Linux 6.1\n")
+    assert info == {"cpus": 2, "memory_gib": 23, "cpu_model": "AMD EPYC", "kernel": "Linux 6.1"}
+
+
+def _results(metrics: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    return {"generated_at": "2026-01-02T03:04:05Z", "commit": "abc1234", "bench_seconds": 600.0,
+            "machine": {"cpus": 2, "memory_gib": 23, "cpu_model": "AMD EPYC", "kernel": "Linux 6.1"},
+            "conditions": ["two loopback nodes"], "metrics": metrics}
+
+
+def test_markdown_has_the_table_the_machine_and_every_miss_explained() -> None:
+    md = report.render_markdown(_results({
+        "ready_detect_s": report.measured(SPECS["ready_detect_s"], [5.0, 6.0, 7.0], "n", cause="polls every 5 s",
+                                          next_step="follow the log"),
+        "noop_up_s": report.not_measured(SPECS["noop_up_s"], "no docker provider"),
+        "decode_probe_error_pct@20": report.measured(SPECS["decode_probe_error_pct@20"], [1.0, 2.0, 3.0], "n"),
+    }))
+    assert "| `ready_detect_s` | 6.00 s | 5.00 s .. 7.00 s | 3 | <= 2 s | up to 10 s | **missed** |" in md
+    assert "| `noop_up_s` | - | - | - | <= 15 s, zero changes | - | not measured |" in md
+    assert "| `decode_probe_error_pct` (20 tok/s) | 2.0 % |" in md
+    assert "2 CPUs (AMD EPYC), 23 GiB RAM" in md and "- two loopback nodes" in md
+    assert "Cause: polls every 5 s" in md and "Next step: follow the log" in md
+    assert "no docker provider" in md
+
+
+def test_markdown_without_misses_says_so_and_rejects_unknown_metrics() -> None:
+    ok = report.measured(SPECS["ready_detect_s"], [1.0, 1.0, 1.0], "n")
+    assert "None of the measured targets was missed." in report.render_markdown(_results({"ready_detect_s": ok}))
+    with pytest.raises(ValueError, match="unknown metric 'bogus'"):
+        report.render_markdown(_results({"bogus": ok}))
+
+
+def _meta(urn: str) -> ev.StepEventMetadata:
+    return ev.StepEventMetadata(op=ev.OpType.CREATE, urn=urn, type="t", provider="p")
+
+
+def test_events_keep_the_first_arrival_per_resource_and_kind() -> None:
+    events = run.Events()
+    urn = "urn:pulumi:s::p::pulumi-python:dynamic:Resource::ready"
+    events(ev.EngineEvent(sequence=1, timestamp=0, resource_pre_event=ev.ResourcePreEvent(metadata=_meta(urn))))
+    first = events.at("ready", "pre")
+    events(ev.EngineEvent(sequence=2, timestamp=0, resource_pre_event=ev.ResourcePreEvent(metadata=_meta(urn))))
+    assert first is not None and events.at("ready", "pre") == first
+    assert events.at("ready", "outputs") is None and events.at("verify", "pre") is None
+
+
+def _healthy(rate: int, ready: float) -> dict[str, Any]:
+    return {"rate": rate, "ready_gate_started_before_startup": True, "ready_gate_passed_s": ready - 1.0,
+            "verifier_passed_s": ready, "up_returned_s": ready + 0.5, "up_wall_s": 20.0, "head_boot_s": 14.0,
+            "gates_overhead_over_boot_s": 6.0, "verify_latency_s": 0.8, "decode_tokens_per_second": rate * 0.98,
+            "decode_error_pct": 2.0}
+
+
+def test_analysis_turns_samples_into_records_and_explains_a_slow_ready_detection() -> None:
+    healthy = [_healthy(r, x) for r in run.DECODE_RATES for x in (4.0, 5.0, 6.0)]
+    dead = [{"up_failed_s": x, "ready_gate_failed_event_s": x - 1, "killed_s_into_load": 5.0} for x in (6, 7, 8)]
+    stalls = [{"overrun_s": x} for x in (3.0, 4.0, 5.0)]
+    out = run.analyse(healthy, dead, stalls, [1.0, 1.1, 1.2])
+    assert out["ready_detect_s"]["status"] == "missed" and out["ready_detect_s"]["value"] == 5.0
+    assert "every 5 s" in out["ready_detect_s"]["cause"]
+    assert out["dead_rank_detect_s"]["status"] == "met" and out["dead_rank_detect_s"]["value"] == 7.0
+    assert out["stall_detect_overrun_s"]["value"] == 4.0
+    assert out["decode_probe_error_pct@40"]["status"] == "met"
+    assert out["toolchain_warm_s"]["status"] == "reported" and out["toolchain_cold_s"]["value"] == 292.0
+    assert set(run.unmeasurable()) | set(out) <= set(SPECS)
