@@ -46,6 +46,8 @@ STARTUP_LINE = "Application startup complete."
 # The program's gate poll interval: verify_after() leaves RendezvousGateArgs/ReadyGateArgs at their default.
 GATE_POLL_S = 5.0
 # Stand-in load times: long enough for what each scenario observes, short enough for 20 minutes on 2 cores.
+# The gates poll every 5 s from a start that sits at a near-constant offset after the containers start, so a
+# fixed load time would sample one poll phase only: each run shifts its event by a step of `phase_shift`.
 READY_LOAD_S = 12  # the ready gate must already be polling when the head logs startup complete
 DEAD_LOAD_S = 40  # the worker is killed mid-load, after the ready gate started polling
 KILL_AFTER_READY_GATE_S = 3.0
@@ -151,9 +153,10 @@ class Bench:
 
     # --- scenarios ------------------------------------------------------------------------------
 
-    def healthy(self, index: int, rate: int) -> dict[str, Any]:
+    def healthy(self, index: int, rate: int, shift: float) -> dict[str, Any]:
         """A healthy boot: ready detection and the gates' overhead; then the decode probe over the same ranks."""
-        env = {"SIM_LOAD_SECONDS": str(READY_LOAD_S), "SIM_DECODE_TOKENS_PER_SECOND": str(rate)}
+        load = READY_LOAD_S + shift
+        env = {"SIM_LOAD_SECONDS": f"{load:.2f}", "SIM_DECODE_TOKENS_PER_SECOND": str(rate)}
         s = self.settings(env)
         ids = self.start(s)
         stack = self.stack(f"healthy-{rate}-{index}", s, ids)
@@ -179,6 +182,7 @@ class Bench:
         measured = float(probe.outputs["decodeTokensPerSecond"].value)
         return {
             "rate": rate,
+            "load_s": load,
             "startup_line": report.iso_utc(startup),
             "ready_gate_started_before_startup": ready_pre < startup,
             "ready_gate_passed_s": ready_out - startup,
@@ -194,8 +198,9 @@ class Bench:
             "decode_error_pct": abs(measured - rate) / rate * 100,
         }
 
-    def dead_rank(self, index: int) -> dict[str, Any]:
+    def dead_rank(self, index: int, shift: float) -> dict[str, Any]:
         """Kill the worker mid-load once the ready gate is polling; time until `up` fails."""
+        kill_after = KILL_AFTER_READY_GATE_S + shift
         s = self.settings({"SIM_LOAD_SECONDS": str(DEAD_LOAD_S)})
         ids = self.start(s)
         stack = self.stack(f"dead-{index}", s, ids)
@@ -206,7 +211,7 @@ class Bench:
             deadline = time.monotonic() + DEAD_LOAD_S
             while events.at("ready", "pre") is None and time.monotonic() < deadline:
                 time.sleep(0.1)
-            time.sleep(KILL_AFTER_READY_GATE_S)
+            time.sleep(kill_after)
             log = self.logs(s, 1)
             killed["loading"] = "Loading safetensors checkpoint shards" in log and "Loading weights took" not in log
             killed["ready_gate_started"] = events.at("ready", "pre") is not None
@@ -226,6 +231,7 @@ class Bench:
         gate_failed = events.at("ready", "failed") or events.at("ready", "error")
         loading_since = report.first_line_at(self.logs(s, 1), "Loading safetensors checkpoint shards")
         return {
+            "kill_after_ready_gate_s": kill_after,
             "worker_exit": report.iso_utc(exited),
             "killed_s_into_load": exited - loading_since if loading_since else None,
             "ready_gate_polling_at_kill": killed["ready_gate_started"],
@@ -233,9 +239,10 @@ class Bench:
             "up_failed_s": failed - exited,
         }
 
-    def stall(self, index: int) -> dict[str, Any]:
+    def stall(self, index: int, shift: float) -> dict[str, Any]:
         """Every rank goes silent after load; the ready gate must call it at stallSeconds."""
-        s = self.settings({"SIM_FAULT": "stall-after-load", "SIM_LOAD_SECONDS": str(STALL_LOAD_S)},
+        load = STALL_LOAD_S + shift
+        s = self.settings({"SIM_FAULT": "stall-after-load", "SIM_LOAD_SECONDS": f"{load:.2f}"},
                           gates={"stallSeconds": STALL_S})
         ids = self.start(s)
         stack = self.stack(f"stall-{index}", s, ids)
@@ -246,6 +253,7 @@ class Bench:
         last = max(t for t in (report.last_line_at(self.logs(s, r)) for r in range(len(s.nodes))) if t)
         gate_failed = events.at("ready", "failed") or events.at("ready", "error")
         return {
+            "load_s": load,
             "last_log_line": report.iso_utc(last),
             "ready_gate_failed_event_s": gate_failed - last - STALL_S if gate_failed else None,
             "overrun_s": failed - last - STALL_S,
@@ -306,11 +314,18 @@ def machine() -> dict[str, Any]:
                                _sh("uname", "-sr"))
 
 
-def repeat(what: str, runs: int, scenario: Callable[[int], dict[str, Any]]) -> list[dict[str, Any]]:
+def phase_shift(index: int, runs: int) -> float:
+    """Run `index` of `runs`: an even step across one gate poll interval."""
+    return index * GATE_POLL_S / runs
+
+
+def repeat(what: str, runs: int, scenario: Callable[[int, float], dict[str, Any]], *, first: int = 0,
+           total: int | None = None) -> list[dict[str, Any]]:
+    """Runs `first`..`first + runs - 1` of `total`, each shifted by its phase."""
     samples = []
     for i in range(runs):
         began = time.monotonic()
-        sample = scenario(i)
+        sample = scenario(i, phase_shift(first + i, total or runs))
         print(f"bench: {what} run {i + 1}/{runs} ({time.monotonic() - began:.0f} s): "
               f"{json.dumps(sample, default=str)}", flush=True)
         samples.append(sample)
@@ -353,13 +368,14 @@ def analyse(healthy: list[dict[str, Any]], dead: list[dict[str, Any]], stalls: l
     verifier_part = med([h["verifier_passed_s"] - h["ready_gate_passed_s"] for h in healthy]).value
     latency = med([h["verify_latency_s"] for h in healthy]).value
     waiting = sum(h["ready_gate_started_before_startup"] for h in healthy)
+    loads = f"{min(h['load_s'] for h in healthy):.2f}..{max(h['load_s'] for h in healthy):.2f}"
     out["ready_detect_s"] = report.measured(
         SPECS["ready_detect_s"], ready,
         f"From the head's `{STARTUP_LINE}` (docker logs --timestamps, ns) to the verifier's pass, taken as the "
         "arrival of the engine's outputs event for `verify` (event log tailed every 0.1 s: an upper bound, more "
         "precise than `verifiedAt`, which is truncated to whole seconds, and than `stack.up()` returning, "
-        f"median {med([h['up_returned_s'] for h in healthy]).value:.2f} s). SIM_LOAD_SECONDS={READY_LOAD_S}; the "
-        f"ready gate was already polling at the startup line in {waiting} of {len(healthy)} runs. Breakdown "
+        f"median {med([h['up_returned_s'] for h in healthy]).value:.2f} s). SIM_LOAD_SECONDS {loads}; the ready "
+        f"gate was already polling at the startup line in {waiting} of {len(healthy)} runs. Breakdown "
         f"(medians): ready gate passes {gate_part:.2f} s after the line, the verifier {verifier_part:.2f} s after "
         f"the gate (its request took {latency:.2f} s).",
         cause=(f"the ready gate reads the logs by polling every {GATE_POLL_S:g} s (`poll_interval_s`, the default "
@@ -380,7 +396,7 @@ def analyse(healthy: list[dict[str, Any]], dead: list[dict[str, Any]], stalls: l
     out["gates_overhead_over_boot_s"] = report.measured(
         SPECS["gates_overhead_over_boot_s"], [h["gates_overhead_over_boot_s"] for h in healthy],
         "(`stack.up()` returned - first rank container started) - (head container started -> its startup "
-        f"line), healthy 2 nodes, SIM_LOAD_SECONDS={READY_LOAD_S}; median stand-in boot "
+        f"line), healthy 2 nodes, SIM_LOAD_SECONDS {loads}; median stand-in boot "
         f"{med([h['head_boot_s'] for h in healthy]).value:.2f} s, median gated up "
         f"{med([h['up_wall_s'] for h in healthy]).value:.2f} s. The containers are started by sim/ranks.py "
         "before the up, so this is what the gates and the verifier (and the engine) add after the boot, not "
@@ -400,11 +416,12 @@ def analyse(healthy: list[dict[str, Any]], dead: list[dict[str, Any]], stalls: l
 
     dead_s = [d["up_failed_s"] for d in dead]
     gate_dead = [d["ready_gate_failed_event_s"] for d in dead if d["ready_gate_failed_event_s"] is not None]
+    kill_after = ", ".join(f"{d['kill_after_ready_gate_s']:.1f}" for d in dead)
     into_load = ", ".join(f"{d['killed_s_into_load']:.1f}" for d in dead if d["killed_s_into_load"] is not None)
     out["dead_rank_detect_s"] = report.measured(
         SPECS["dead_rank_detect_s"], dead_s,
-        f"`docker kill` of the worker {KILL_AFTER_READY_GATE_S:g} s after the ready gate started polling, "
-        f"mid-load (SIM_LOAD_SECONDS={DEAD_LOAD_S}; killed {into_load} s into the worker's load), from its "
+        f"`docker kill` of the worker {kill_after} s after the ready gate started polling, mid-load "
+        f"(SIM_LOAD_SECONDS={DEAD_LOAD_S}; killed {into_load} s into the worker's load), from its "
         "`.State.FinishedAt` to `stack.up()` raising; the ready gate's failure event arrived after "
         f"{', '.join(f'{g:.2f}' for g in gate_dead)} s.",
         cause=(f"the ready gate checks the containers' state once per {GATE_POLL_S:g} s poll over ssh, then the "
@@ -447,7 +464,12 @@ def conditions(sim: dict[str, Any], staging_s: float) -> list[str]:
         f"Gates at the program's defaults: poll every {GATE_POLL_S:g} s; sim settings from `sim.ranks.sim_settings` "
         f"(readyTimeoutSeconds 180, verifyTimeoutSeconds 30); stallSeconds {STALL_S} in the stall runs.",
         f"Stand-in load times: SIM_LOAD_SECONDS={READY_LOAD_S} (healthy runs), {DEAD_LOAD_S} (dead rank), "
-        f"{STALL_LOAD_S} (stall); decode pace SIM_DECODE_TOKENS_PER_SECOND {' and '.join(map(str, DECODE_RATES))}.",
+        f"{STALL_LOAD_S} (stall), plus the phase shift below; decode pace SIM_DECODE_TOKENS_PER_SECOND "
+        f"{' and '.join(map(str, DECODE_RATES))}.",
+        f"Poll phase: the gates poll every {GATE_POLL_S:g} s from a near-constant offset after the containers "
+        "start, so one fixed timing would sample one phase only. Run k of n shifts the observed event by "
+        f"k x {GATE_POLL_S:g}/n s (the healthy load time, the dead-rank kill delay, the stall load time), so the "
+        "runs cover a whole poll interval evenly.",
         "All times are host-clock differences on one machine (the nodes' daemons share its clock).",
     ]
 
@@ -483,8 +505,13 @@ def main(argv: list[str] | None = None) -> int:
         staging_s = stage_weights(sim, weights)
         print(f"bench: staged the checkpoint in {staging_s:.1f} s", flush=True)
         b = Bench(sim=sim, weights=weights, label=label, pulumi_root=pulumi_root, work=work)
-        healthy = [*repeat("healthy 20 tok/s", args.runs, lambda i: b.healthy(i, DECODE_RATES[0])),
-                   *repeat("healthy 40 tok/s", args.runs, lambda i: b.healthy(i, DECODE_RATES[1]))]
+        healthy = [
+            sample
+            for n, rate in enumerate(DECODE_RATES)
+            for sample in repeat(f"healthy {rate} tok/s", args.runs,
+                                 lambda i, shift, rate=rate: b.healthy(i, rate, shift),  # type: ignore[misc]
+                                 first=n * args.runs, total=len(DECODE_RATES) * args.runs)
+        ]
         dead = repeat("dead rank", args.runs, b.dead_rank)
         stalls = repeat("stall", args.runs, b.stall)
         toolchain = time_toolchain(args.runs)

@@ -96,6 +96,11 @@ def _meta(urn: str) -> ev.StepEventMetadata:
     return ev.StepEventMetadata(op=ev.OpType.CREATE, urn=urn, type="t", provider="p")
 
 
+def test_phase_shifts_cover_one_poll_interval_evenly() -> None:
+    step = run.GATE_POLL_S / 3
+    assert [run.phase_shift(i, 3) for i in range(3)] == pytest.approx([0.0, step, 2 * step])
+
+
 def test_events_keep_the_first_arrival_per_resource_and_kind() -> None:
     events = run.Events()
     urn = "urn:pulumi:s::p::pulumi-python:dynamic:Resource::ready"
@@ -107,7 +112,7 @@ def test_events_keep_the_first_arrival_per_resource_and_kind() -> None:
 
 
 def _healthy(rate: int, ready: float) -> dict[str, Any]:
-    return {"rate": rate, "ready_gate_started_before_startup": True, "ready_gate_passed_s": ready - 1.0,
+    return {"rate": rate, "load_s": 12.0, "ready_gate_started_before_startup": True, "ready_gate_passed_s": ready - 1.0,
             "verifier_passed_s": ready, "up_returned_s": ready + 0.5, "up_wall_s": 20.0, "head_boot_s": 14.0,
             "gates_overhead_over_boot_s": 6.0, "verify_latency_s": 0.8, "decode_tokens_per_second": rate * 0.98,
             "decode_error_pct": 2.0}
@@ -115,7 +120,8 @@ def _healthy(rate: int, ready: float) -> dict[str, Any]:
 
 def test_analysis_turns_samples_into_records_and_explains_a_slow_ready_detection() -> None:
     healthy = [_healthy(r, x) for r in run.DECODE_RATES for x in (4.0, 5.0, 6.0)]
-    dead = [{"up_failed_s": x, "ready_gate_failed_event_s": x - 1, "killed_s_into_load": 5.0} for x in (6, 7, 8)]
+    dead = [{"up_failed_s": x, "ready_gate_failed_event_s": x - 1, "killed_s_into_load": 5.0,
+             "kill_after_ready_gate_s": 3.0} for x in (6, 7, 8)]
     stalls = [{"overrun_s": x} for x in (3.0, 4.0, 5.0)]
     out = run.analyse(healthy, dead, stalls, [1.0, 1.1, 1.2])
     assert out["ready_detect_s"]["status"] == "missed" and out["ready_detect_s"]["value"] == 5.0
