@@ -140,6 +140,8 @@ PHASES: tuple[str, ...] = (
     "ready",
 )
 
+NEAR_READY_PHASES = frozenset({"warm-up", "API starting"})
+
 # Checked latest phase first, so a line that mentions two phases counts for the later one.
 _PHASE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("ready", re.compile(r"Application startup complete")),
@@ -283,9 +285,14 @@ class ReadySettings(WatchSettings):
     # No rank logged a (non-noise) line for this long = hung. A1 uses 420 s on the head alone;
     # we watch every rank, and a worker streaming weights over NFS can be quiet for minutes.
     stall_s: float = 600.0
+    # Once the head is warming up or starting its API, readiness is seconds away: poll faster then,
+    # so the update returns within about this long of "Application startup complete." (not 5 s later).
+    near_ready_poll_s: float = 0.5
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.near_ready_poll_s <= 0:
+            raise ValueError(f"near_ready_poll_s={self.near_ready_poll_s} must be > 0")
         if self.ready_timeout_s <= 0:
             raise ValueError(f"ready_timeout_s={self.ready_timeout_s} must be > 0")
         if self.stall_s <= 0:
@@ -581,7 +588,10 @@ def wait_for_ready(ranks: Sequence[RankSpec], source: RankSource, settings: Read
             last_report = now
             report(f"ready gate: phase {phase!r} for {_fmt_duration(now - phase_since)}, elapsed "
                    f"{_fmt_duration(now - start)}, last log line {_fmt_duration(quiet)} ago")
-        clock.sleep(min(settings.poll_interval_s, max(deadline - now, 0.0)))
+        interval = settings.poll_interval_s
+        if phase in NEAR_READY_PHASES:
+            interval = min(interval, settings.near_ready_poll_s)
+        clock.sleep(min(interval, max(deadline - now, 0.0)))
 
 
 class ModelsEndpoint:

@@ -184,6 +184,15 @@ class ScriptedSource:
         return ContainerState("running", 0, started)
 
 
+def _cumulative(sleeps: list[float]) -> list[float]:
+    """The clock time at which each sleep started."""
+    out, t = [], 0.0
+    for seconds in sleeps:
+        out.append(t)
+        t += seconds
+    return out
+
+
 def _rdv(**kw: float) -> RendezvousSettings:
     return RendezvousSettings(**{"rendezvous_timeout_s": 120.0, "poll_interval_s": 5.0, **kw})  # type: ignore[arg-type]
 
@@ -327,6 +336,14 @@ class TestReady:
         assert res.phases == {"rendezvous": "ts+1", "loading weights": "ts+40", "KV cache": "ts+400",
                               "graph capture": "ts+410", "warm-up": "ts+500", "API starting": "ts+505",
                               "ready": "ts+510"}
+
+    def test_polls_fast_only_near_readiness_so_the_pass_is_prompt(self) -> None:
+        clock = FakeClock()
+        src = ScriptedSource(clock, {0: ScriptedRank(lines=BOOT_HEAD), 1: ScriptedRank(lines=BOOT_WORKER)})
+        res = rw.wait_for_ready(RANKS, src, _ready(), clock, _noop, Probe(LISTED), "m")
+        assert 510 <= res.elapsed_s <= 510.5, "'Application startup complete.' at 510 s must pass within 0.5 s"
+        before_warm_up = [s for t, s in zip(_cumulative(clock.sleeps), clock.sleeps, strict=True) if t < 495]
+        assert set(before_warm_up) == {5.0}, "a 20-minute load is polled at the normal pace, not 2 Hz"
 
     def test_worker_logging_startup_complete_does_not_count(self) -> None:
         clock = FakeClock()

@@ -121,3 +121,18 @@ def test_stall_after_load_fails_at_stall_seconds(
     message, elapsed = up_fails(stack)
     assert "stall" in message.lower() or "no new log line" in message.lower(), message
     assert elapsed < 180, f"a stall must be called near stallSeconds (20 s), not at the ready timeout; {elapsed:.0f} s"
+
+
+@pytest.mark.timeout(600)
+def test_ready_gate_reports_phase_and_elapsed_time_in_the_up_output(
+    sim: dict[str, Any], weights: Path, label: str, pulumi_root: Path, engine_env: dict[str, str], tmp_path: Path
+) -> None:
+    # A 40 s load outlasts the gate's 30 s progress interval: at least one progress line must reach the CLI.
+    s = ranks.sim_settings(sim, weights, extra_env={"SIM_LOAD_SECONDS": "40"})
+    stack = ranks.gated_stack(pulumi_root, engine_env, tmp_path, s, ranks.start_ranks(sim, s, weights, label))
+    lines: list[str] = []
+    up = stack.up(on_output=lines.append)
+    assert up.outputs["answer"].value.strip().startswith("Paris")
+    progress = [line for line in lines if "ready gate: phase" in line]
+    assert progress, "no progress line reached the `pulumi up` output:\n" + "\n".join(lines[-40:])
+    assert any("load" in line and "elapsed" in line for line in progress), progress
