@@ -140,7 +140,8 @@ PHASES: tuple[str, ...] = (
     "ready",
 )
 
-NEAR_READY_PHASES = frozenset({"warm-up", "API starting"})
+# From KV-cache profiling on, the boot is in its last minutes (graph capture, warm-up, API start).
+NEAR_READY_PHASES = frozenset({"KV cache", "graph capture", "warm-up", "API starting"})
 
 # Checked latest phase first, so a line that mentions two phases counts for the later one.
 _PHASE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
@@ -285,8 +286,8 @@ class ReadySettings(WatchSettings):
     # No rank logged a (non-noise) line for this long = hung. A1 uses 420 s on the head alone;
     # we watch every rank, and a worker streaming weights over NFS can be quiet for minutes.
     stall_s: float = 600.0
-    # Once the head is warming up or starting its API, readiness is seconds away: poll faster then,
-    # so the update returns within about this long of "Application startup complete." (not 5 s later).
+    # Once loading is done (KV cache, graphs, warm-up, API start), readiness is minutes away at most:
+    # poll faster then, so the update returns within about this long of "Application startup complete."
     near_ready_poll_s: float = 0.5
 
     def __post_init__(self) -> None:

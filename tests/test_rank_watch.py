@@ -342,8 +342,8 @@ class TestReady:
         src = ScriptedSource(clock, {0: ScriptedRank(lines=BOOT_HEAD), 1: ScriptedRank(lines=BOOT_WORKER)})
         res = rw.wait_for_ready(RANKS, src, _ready(), clock, _noop, Probe(LISTED), "m")
         assert 510 <= res.elapsed_s <= 510.5, "'Application startup complete.' at 510 s must pass within 0.5 s"
-        before_warm_up = [s for t, s in zip(_cumulative(clock.sleeps), clock.sleeps, strict=True) if t < 495]
-        assert set(before_warm_up) == {5.0}, "a 20-minute load is polled at the normal pace, not 2 Hz"
+        while_loading = [s for t, s in zip(_cumulative(clock.sleeps), clock.sleeps, strict=True) if t < 395]
+        assert set(while_loading) == {5.0}, "a long weight load is polled at the normal pace, not 2 Hz"
 
     def test_worker_logging_startup_complete_does_not_count(self) -> None:
         clock = FakeClock()

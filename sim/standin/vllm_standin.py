@@ -8,7 +8,7 @@ the verifier judges. The "model" is tiny and deterministic: its numbers come fro
 files' bytes, and for every token the head adds partial logits that each worker computes over
 the rendezvous connection, so a dead worker hangs completions exactly as a lost rank does.
 
-Environment knobs (see README.md): SIM_FAULT, SIM_LOAD_SECONDS, SIM_DECODE_TOKENS_PER_SECOND,
+Environment knobs (see README.md): SIM_FAULT, SIM_LOAD_SECONDS, SIM_GRAPH_SECONDS, SIM_DECODE_TOKENS_PER_SECOND,
 SIM_RENDEZVOUS_TIMEOUT_S, and vLLM's own VLLM_API_KEY, VLLM_HOST_IP,
 VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS.
 """
@@ -343,6 +343,8 @@ def args_line(args: ServeArgs) -> str:
 class SimEnv:
     fault: str | None = None
     load_seconds: float = 5.0
+    # vLLM captures CUDA graphs after loading (minutes on GB10); the stand-in spends what it logs.
+    graph_seconds: float = 3.0
     decode_tokens_per_second: float = 23.0
     rendezvous_timeout_s: float = 600.0
     execute_model_timeout_s: float = 300.0
@@ -373,6 +375,7 @@ class SimEnv:
         return cls(
             fault=fault,
             load_seconds=number("SIM_LOAD_SECONDS", 5.0, minimum=0, inclusive=True),
+            graph_seconds=number("SIM_GRAPH_SECONDS", 3.0, minimum=0, inclusive=True),
             decode_tokens_per_second=number("SIM_DECODE_TOKENS_PER_SECOND", 23.0, minimum=0, inclusive=False),
             rendezvous_timeout_s=number("SIM_RENDEZVOUS_TIMEOUT_S", 600.0, minimum=0, inclusive=False),
             execute_model_timeout_s=number(
@@ -1530,7 +1533,7 @@ def _kv_lines(args: ServeArgs, max_model_len: int) -> tuple[str, str]:
     )
 
 
-def _graph_lines(args: ServeArgs, who: str) -> None:
+def _graph_lines(args: ServeArgs, env: SimEnv, who: str) -> None:
     if args.enforce_eager:
         return
     sizes = len(args.get("--cudagraph-capture-sizes") or range(67))
@@ -1538,7 +1541,8 @@ def _graph_lines(args: ServeArgs, who: str) -> None:
         f"({who} pid={os.getpid()}) Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%|"
         f"██████████| {sizes}/{sizes} [00:02<00:00,  3.90it/s]"
     )
-    LOG(who, "gpu_model_runner.py:3900", "Graph capturing finished in 3 secs, took 0.12 GiB")
+    time.sleep(env.graph_seconds)
+    LOG(who, "gpu_model_runner.py:3900", f"Graph capturing finished in {env.graph_seconds:g} secs, took 0.12 GiB")
 
 
 def _validate(args: ServeArgs) -> str | None:
@@ -1657,7 +1661,7 @@ def serve(args: ServeArgs, env: SimEnv) -> NoReturn:
     available, kv_size = _kv_lines(args, max_model_len)
     LOG(who, "gpu_worker.py:390", available)
     if head_link is not None:
-        _graph_lines(args, who)
+        _graph_lines(args, env, who)
         _send(head_link[0], {"op": "ready"})
         if env.fault == "worker-exit-after-load":
             LOG(who, "multiproc_executor.py:702", "WorkerProc hit an exception.", "ERROR")
@@ -1674,7 +1678,7 @@ def serve(args: ServeArgs, env: SimEnv) -> NoReturn:
         while not link.ready.wait(1.0):
             pass
     LOG("EngineCore_DP0", "kv_cache_utils.py:1087", kv_size)
-    _graph_lines(args, who)
+    _graph_lines(args, env, who)
     LOG(
         "EngineCore_DP0",
         "core.py:250",
