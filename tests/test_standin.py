@@ -213,7 +213,7 @@ def cluster_settings(
             "port": free_port(),
             "masterPort": free_port(),
             "extraArgs": ["--host", LOOPBACK],  # the real default binds every interface
-            "extraEnv": {"SIM_LOAD_SECONDS": LOAD_SECONDS, **(extra_env or {})},
+            "extraEnv": {"SIM_LOAD_SECONDS": LOAD_SECONDS, "SIM_GRAPH_SECONDS": "0.2", **(extra_env or {})},
             **({"apiKey": api_key} if api_key else {}),
             **(serve or {}),
         },
@@ -810,6 +810,19 @@ def test_missing_engram_shard_fails_loading_with_file_not_found(tmp_path: Path) 
     missing = weights / "engram-src" / "model-00048-of-00048.safetensors"
     assert done.returncode == 1
     assert f"FileNotFoundError: [Errno 2] No such file or directory: '{missing}'" in done.stderr
+
+
+def test_graph_capture_takes_the_time_it_logs(tmp_path: Path) -> None:
+    rank = start_rank(single_node_argv(write_checkpoint(tmp_path / "w")),
+                      {"SIM_LOAD_SECONDS": "0.2", "SIM_GRAPH_SECONDS": "1.5"})
+    try:
+        rank.wait_for_line(r"Application startup complete", 20)
+        start = next(t for t, ln in zip(rank.times, rank.lines, strict=False) if "Capturing CUDA graphs" in ln)
+        done = next(t for t, ln in zip(rank.times, rank.lines, strict=False) if "Graph capturing finished" in ln)
+        assert done - start >= 1.4
+        assert any("Graph capturing finished in 1.5 secs" in ln for ln in rank.lines)
+    finally:
+        stop([rank])
 
 
 def test_load_progress_is_logged_at_least_every_two_seconds(tmp_path: Path) -> None:
