@@ -34,6 +34,7 @@ from bench.report import SPECS
 from components import serve_spec
 from components import weights_manifest as wm
 from components.config import Settings
+from components.rank_watch import ReadySettings
 from sim import checkpoint, cluster, ranks
 
 REPO = Path(__file__).resolve().parents[1]
@@ -461,7 +462,9 @@ def conditions(sim: dict[str, Any], staging_s: float) -> list[str]:
         "(the stand-in for the docker provider); everything after them is the program's rendezvous gate, ready "
         "gate and verifier (`components.deployment.verify_after`) run by the project's Pulumi CLI (v3.260.0, "
         "stand-in Python language host, file backend) through the Automation API, reading the ranks over ssh.",
-        f"Gates at the program's defaults: poll every {GATE_POLL_S:g} s; sim settings from `sim.ranks.sim_settings` "
+        f"Gates at the program's defaults: poll every {GATE_POLL_S:g} s, the ready gate every "
+        f"{ReadySettings().near_ready_poll_s:g} s from KV-cache profiling on; "
+        "sim settings from `sim.ranks.sim_settings` "
         f"(readyTimeoutSeconds 180, verifyTimeoutSeconds 30); stallSeconds {STALL_S} in the stall runs.",
         f"Stand-in load times: SIM_LOAD_SECONDS={READY_LOAD_S} (healthy runs), {DEAD_LOAD_S} (dead rank), "
         f"{STALL_LOAD_S} (stall), plus the phase shift below; decode pace SIM_DECODE_TOKENS_PER_SECOND "
