@@ -12,7 +12,6 @@ the container's start, so the join and startup lines are found on the first poll
 
 from __future__ import annotations
 
-import re
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -35,7 +34,6 @@ from components.rank_watch import (
 
 _SECRET_SIG_KEY = rpc._special_sig_key  # noqa: SLF001 - the wire marker of a secret value
 _SECRET_SIG = rpc._special_secret_sig  # noqa: SLF001
-_CONTAINER_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]*$")
 
 SHARED_INPUT_KEYS = ("ranks", "ssh_private_key", "ssh_agent_socket", "ssh_known_hosts_file", "poll_interval_s",
                      "progress_interval_s", "rerun_on")
@@ -49,29 +47,8 @@ SECRET_KEYS = ["ssh_private_key", "api_key"]
 # Program-side args
 
 
-@dataclass(frozen=True, kw_only=True)
-class GateRank:
-    """One serving container as the gates reach it: over SSH on `host:port` as `user`."""
-
-    rank: int
-    node: str
-    host: str
-    port: int = 22
-    user: str
-    container: str
-
-    def __post_init__(self) -> None:
-        if self.rank < 0:
-            raise ValueError(f"gate rank {self.rank} on node {self.node!r} is negative: ranks start at 0 (head)")
-        if not _CONTAINER_NAME.match(self.container):
-            raise ValueError(f"gate container name {self.container!r} on node {self.node!r} is not a valid docker "
-                             "container name ([a-zA-Z0-9][a-zA-Z0-9_.-]*)")
-        if not 0 < self.port < 65536:
-            raise ValueError(f"gate ssh port {self.port} for node {self.node!r} is out of range 1..65535")
-
-    def to_prop(self) -> dict[str, Any]:
-        return {"rank": self.rank, "node": self.node, "host": self.host, "port": self.port, "user": self.user,
-                "container": self.container}
+# The program names a rank the same way the watch does: one definition, validated on construction.
+GateRank = RankSpec
 
 
 def _check_ranks(ranks: Sequence[GateRank]) -> None:
@@ -140,8 +117,7 @@ def _ranks_from_prop(value: Any) -> list[RankSpec]:
     if not isinstance(value, list) or not value:
         raise ValueError(f"gate ranks must be a non-empty list of {{rank, node, host, port, user, container}}, "
                          f"got {value!r}")
-    return [RankSpec(rank=int(r["rank"]), node=str(r["node"]), host=str(r["host"]), port=int(r.get("port", 22)),
-                     user=str(r["user"]), container=str(r["container"])) for r in value]
+    return [RankSpec.from_prop(r) for r in value]
 
 
 def _float(props: Mapping[str, Any], key: str, default: float) -> float:

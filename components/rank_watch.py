@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import requests
 
@@ -25,6 +25,9 @@ from components.ssh import SshTarget, ssh_argv
 
 # ---------------------------------------------------------------------------------------------
 # What a rank is and what we can observe about it
+
+
+_CONTAINER_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]*$")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,8 +41,26 @@ class RankSpec:
     user: str
     container: str
 
+    def __post_init__(self) -> None:
+        if self.rank < 0:
+            raise ValueError(f"gate rank {self.rank} on node {self.node!r} is negative: ranks start at 0 (head)")
+        if not _CONTAINER_NAME.match(self.container):
+            raise ValueError(f"gate container name {self.container!r} on node {self.node!r} is not a valid docker "
+                             "container name ([a-zA-Z0-9][a-zA-Z0-9_.-]*)")
+        if not 0 < self.port < 65536:
+            raise ValueError(f"gate ssh port {self.port} for node {self.node!r} is out of range 1..65535")
+
     def label(self) -> str:
         return f"rank {self.rank} (node {self.node}, container {self.container})"
+
+    def to_prop(self) -> dict[str, Any]:
+        return {"rank": self.rank, "node": self.node, "host": self.host, "port": self.port, "user": self.user,
+                "container": self.container}
+
+    @classmethod
+    def from_prop(cls, r: Mapping[str, Any]) -> RankSpec:
+        return cls(rank=int(r["rank"]), node=str(r["node"]), host=str(r["host"]), port=int(r.get("port", 22)),
+                   user=str(r["user"]), container=str(r["container"]))
 
 
 @dataclass(frozen=True)
