@@ -252,6 +252,19 @@ def _secret_or_none(value: pulumi.Input[str] | None) -> pulumi.Output[str] | Non
     return pulumi.Output.secret(value) if value is not None else None
 
 
+def _shared_props(args: RendezvousGateArgs | ReadyGateArgs) -> dict[str, Any]:
+    """The inputs both gates take (SHARED_INPUT_KEYS): which ranks, how to reach them, how often to look."""
+    return {
+        "ranks": [r.to_prop() for r in args.ranks],
+        "ssh_private_key": _secret_or_none(args.ssh_private_key),
+        "ssh_agent_socket": args.ssh_agent_socket,
+        "ssh_known_hosts_file": args.ssh_known_hosts_file,
+        "poll_interval_s": args.poll_interval_s,
+        "progress_interval_s": args.progress_interval_s,
+        "rerun_on": args.rerun_on,
+    }
+
+
 class RendezvousGate(pulumi.dynamic.Resource, module="gates", name="RendezvousGate"):
     """Blocks until every rank joined vLLM's distributed group; fails naming the rank that did not."""
 
@@ -266,13 +279,7 @@ class RendezvousGate(pulumi.dynamic.Resource, module="gates", name="RendezvousGa
 
     def __init__(self, name: str, args: RendezvousGateArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         props: dict[str, Any] = {
-            "ranks": [r.to_prop() for r in args.ranks],
-            "ssh_private_key": _secret_or_none(args.ssh_private_key),
-            "ssh_agent_socket": args.ssh_agent_socket,
-            "ssh_known_hosts_file": args.ssh_known_hosts_file,
-            "poll_interval_s": args.poll_interval_s,
-            "progress_interval_s": args.progress_interval_s,
-            "rerun_on": args.rerun_on,
+            **_shared_props(args),
             "rendezvous_timeout_s": args.rendezvous_timeout_s,
             "passed_at": None,
             "elapsed_s": None,
@@ -295,13 +302,7 @@ class ReadyGate(pulumi.dynamic.Resource, module="gates", name="ReadyGate"):
 
     def __init__(self, name: str, args: ReadyGateArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         props: dict[str, Any] = {
-            "ranks": [r.to_prop() for r in args.ranks],
-            "ssh_private_key": _secret_or_none(args.ssh_private_key),
-            "ssh_agent_socket": args.ssh_agent_socket,
-            "ssh_known_hosts_file": args.ssh_known_hosts_file,
-            "poll_interval_s": args.poll_interval_s,
-            "progress_interval_s": args.progress_interval_s,
-            "rerun_on": args.rerun_on,
+            **_shared_props(args),
             "api_base": args.api_base,
             "model_name": args.model_name,
             "api_key": _secret_or_none(args.api_key),

@@ -17,6 +17,7 @@ The image's base root filesystem is cached in ${DSV41_CACHE:-~/.cache/dsv41-exl3
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
@@ -161,12 +162,38 @@ def wait_until(what: str, check: Callable[[], bool], timeout_s: float, logfile: 
     raise SimError(f"{what} not ready after {timeout_s:.0f}s{hint}")
 
 
-def stop_pid(pidfile: Path, name: str, timeout_s: float = 30.0) -> bool:
-    """SIGTERM the process named in pidfile (only if it is really `name`), SIGKILL after timeout_s."""
+def descendants(pid: int) -> list[int]:
+    """Every live process below `pid` (from /proc), children first."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out: list[int] = []
+    todo = list(children.get(pid, []))
+    while todo:
+        child = todo.pop()
+        out.append(child)
+        todo.extend(children.get(child, []))
+    return out
+
+
+def stop_pid(pidfile: Path, name: str, timeout_s: float = 30.0, *, with_sessions: bool = False) -> bool:
+    """SIGTERM the process named in pidfile (only if it is really `name`), SIGKILL after timeout_s.
+
+    `with_sessions`: also end the processes it forked (an sshd's open sessions, multiplexed masters'
+    included), as a node going down would; otherwise a client's ControlMaster keeps reaching the
+    old node's daemon through a session that outlived its listener.
+    """
     pid = running_pid(pidfile, name)
     if pid is None:
         pidfile.unlink(missing_ok=True)
         return False
+    for child in descendants(pid) if with_sessions else []:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGTERM)
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and pid_alive(pid, name):
@@ -523,7 +550,7 @@ def down(layout: Layout) -> None:
     if stop_pid(layout.registry_dir / "registry.pid", "docker-registry", 10):
         stopped.append("registry")
     for i in nodes:
-        if stop_pid(layout.node_dir(i) / "sshd.pid", "sshd", 10):
+        if stop_pid(layout.node_dir(i) / "sshd.pid", "sshd", 10, with_sessions=True):
             stopped.append(f"node {i} sshd")
         if stop_pid(layout.node_dir(i) / "dockerd.pid", "dockerd", 60):
             stopped.append(f"node {i} dockerd")

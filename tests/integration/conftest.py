@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,7 +13,7 @@ from typing import Any
 
 import pytest
 from engine_support import toolchain_dir
-from sim_support import remove_labelled, sim_ready_or_skip
+from sim_support import remove_labelled, sim_ready_or_skip, stage_on_head
 
 HERE = Path(__file__).resolve().parent
 
@@ -76,3 +78,21 @@ def test_label() -> Iterator[str]:
     yield label
     if os.environ.get("DSV41_REQUIRE_SIM") == "1":
         remove_labelled(label)
+
+
+@pytest.fixture(scope="module")
+def weights(sim: dict[str, Any]) -> Iterator[Path]:
+    """The checkpoint staged on the head by the program's staging command (bind share: every node sees it)."""
+    root = Path(tempfile.mkdtemp(prefix="dsv41-sim-weights-"))
+    proc = stage_on_head(sim, root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def label(sim: dict[str, Any]) -> Iterator[str]:
+    """A label for the containers one test starts; they are removed on every node afterwards."""
+    value = f"dsv41.sim.case={uuid.uuid4().hex[:12]}"
+    yield value
+    remove_labelled(value)

@@ -183,6 +183,28 @@ def test_liveness_needs_the_named_process_not_just_a_pid(tmp_path: Path) -> None
     assert cluster.stop_pid(pidfile, "sleep") is False and not pidfile.exists()
 
 
+def test_stopping_a_node_daemon_with_its_sessions_ends_what_it_forked(tmp_path: Path) -> None:
+    """An sshd's sessions (multiplexed masters' remote ends) must go down with the node: otherwise a
+    client's ControlMaster keeps reaching the old node's docker socket."""
+    parent = subprocess.Popen(["sh", "-c", "sleep 300 & sleep 300 & wait"])
+    try:
+        deadline = time.monotonic() + 5
+        while len(cluster.descendants(parent.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        children = cluster.descendants(parent.pid)
+        assert len(children) == 2
+        pidfile = tmp_path / "sh.pid"
+        pidfile.write_text(f"{parent.pid}\n")
+        assert cluster.stop_pid(pidfile, "sh", 5, with_sessions=True)
+        parent.wait(timeout=5)
+        deadline = time.monotonic() + 5
+        while any(cluster.pid_alive(c, "sleep") for c in children) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(cluster.pid_alive(c, "sleep") for c in children), "a session outlived its daemon"
+    finally:
+        parent.kill()
+
+
 # --- the running sim -------------------------------------------------------------------------------
 
 

@@ -8,17 +8,12 @@ the containers is the program's code, run by the project's Pulumi CLI, reading t
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pulumi import automation as auto
-from sim_support import stage_on_head
 
 from components import serve_spec
 from components.deployment import endpoint_of
@@ -27,25 +22,6 @@ from sim import ranks
 pytestmark = [pytest.mark.sim, pytest.mark.engine]
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def weights(sim: dict[str, Any]) -> Iterator[Path]:
-    """The checkpoint staged on the head by the program's staging command (bind share: every node sees it)."""
-    root = Path(tempfile.mkdtemp(prefix="dsv41-e2e-weights-"))
-    proc = stage_on_head(sim, root)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
-
-
-@pytest.fixture
-def label(sim: dict[str, Any]) -> Iterator[str]:
-    value = f"dsv41.sim.e2e={uuid.uuid4().hex[:12]}"
-    yield value
-    from sim_support import remove_labelled
-
-    remove_labelled(value)
 
 
 def up_fails(stack: auto.Stack) -> tuple[str, float]:

@@ -8,16 +8,13 @@ the sim's ssh config, against the node's real dockerd and real serving container
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sim_support import on_node, remove_labelled, stage_on_head
+from sim_support import on_node
 
 from components import serve_spec
 from components.preflight_script import PreflightSpec, parse_output, render_command
@@ -25,22 +22,6 @@ from components.watchdog import LOG_PATH, WatchdogSettings, render_install_comma
 from sim import ranks
 
 pytestmark = pytest.mark.sim
-
-
-@pytest.fixture(scope="module")
-def weights(sim: dict[str, Any]) -> Iterator[Path]:
-    root = Path(tempfile.mkdtemp(prefix="dsv41-node-scripts-"))
-    proc = stage_on_head(sim, root)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
-
-
-@pytest.fixture
-def label() -> Iterator[str]:
-    value = f"dsv41.sim.scripts={uuid.uuid4().hex[:12]}"
-    yield value
-    remove_labelled(value)
 
 
 def running(sim: dict[str, Any], rank: int, name: str) -> bool:
