@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import textwrap
 import uuid
 from pathlib import Path
@@ -126,3 +127,60 @@ def test_failing_program_fails_the_preview(pulumi_root: Path, engine_env: dict[s
     )
     assert proc.returncode != 0
     assert "boom from the test program" in proc.stdout + proc.stderr
+
+
+def _layered_venv(path: Path) -> Path:
+    """A venv of its own (no pip) that sees the test's packages through a .pth: quick to make."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True, timeout=120)
+    site = next((path / "lib").glob("python3*/site-packages"))
+    (site / "layered.pth").write_text("\n".join(p for p in sys.path if p.endswith("site-packages")) + "\n")
+    return path
+
+
+@pytest.mark.usefixtures("standin_language_host")
+def test_language_host_runs_the_program_in_the_configured_virtualenv(
+    pulumi_root: Path, engine_env: dict[str, str], tmp_path: Path
+) -> None:
+    project = tmp_path / "project"
+    _write_project(project, 'import sys\nimport pulumi\npulumi.export("prefix", sys.prefix)\n')
+    venv = _layered_venv(project / "program-venv")
+    (project / "Pulumi.yaml").write_text(
+        "name: standin-probe\nruntime:\n  name: python\n  options:\n    virtualenv: program-venv\n")
+    _pulumi(pulumi_root, engine_env, "stack", "init", f"venv-{uuid.uuid4().hex[:8]}", cwd=project)
+    _pulumi(pulumi_root, engine_env, "up", "--yes", "--skip-preview", cwd=project)
+    outputs = json.loads(_pulumi(pulumi_root, engine_env, "stack", "output", "--json", cwd=project))
+    assert Path(outputs["prefix"]).resolve() == venv.resolve(), "the program must run with the virtualenv's Python"
+
+    # A virtualenv option that names no venv fails with the fix, before anything runs.
+    (project / "Pulumi.yaml").write_text(
+        "name: standin-probe\nruntime:\n  name: python\n  options:\n    virtualenv: no-such-venv\n")
+    proc = subprocess.run([str(pulumi_root / "bin" / "pulumi"), "preview", "--non-interactive"], cwd=project,
+                          env=engine_env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode != 0
+    assert "no-such-venv" in proc.stdout + proc.stderr and "not a virtual environment" in proc.stdout + proc.stderr
+
+
+@pytest.mark.usefixtures("standin_language_host")
+def test_language_host_type_checks_before_running(
+    pulumi_root: Path, engine_env: dict[str, str], tmp_path: Path
+) -> None:
+    project = tmp_path / "project"
+    marker = tmp_path / "program-ran"
+    _write_project(project, f'import pathlib\npathlib.Path({str(marker)!r}).write_text("ran")\n'
+                            'count: int = "not a number"\n')
+    _layered_venv(project / "program-venv")
+    (project / "Pulumi.yaml").write_text(
+        "name: standin-probe\nruntime:\n  name: python\n  options:\n    virtualenv: program-venv\n"
+        "    typechecker: mypy\n")
+    (project / "mypy.ini").write_text("[mypy]\nfiles = __main__.py\n")
+    _pulumi(pulumi_root, engine_env, "stack", "init", f"tc-{uuid.uuid4().hex[:8]}", cwd=project)
+    proc = subprocess.run([str(pulumi_root / "bin" / "pulumi"), "preview", "--non-interactive"], cwd=project,
+                          env=engine_env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode != 0, "a type error must fail the preview"
+    assert "mypy type checking failed" in proc.stdout + proc.stderr
+    assert "Incompatible types in assignment" in proc.stdout + proc.stderr
+    assert not marker.exists(), "the program must not run when type checking fails"
+
+    # Fixed, the same project previews.
+    (project / "__main__.py").write_text("count: int = 3\n")
+    _pulumi(pulumi_root, engine_env, "preview", cwd=project)

@@ -29,6 +29,10 @@ def project_copy(tmp_path: Path) -> Path:
     for name in ("__main__.py", "Pulumi.yaml", "Pulumi.dev.yaml"):
         shutil.copy(ROOT / name, dest / name)
     shutil.copytree(ROOT / "components", dest / "components", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", dest / "pyproject.toml")  # the type checker's settings
+    if (ROOT / ".mypy_cache").is_dir():  # as warm as the user's own tree after `make typecheck`
+        shutil.copytree(ROOT / ".mypy_cache", dest / ".mypy_cache")
+    (dest / "venv").symlink_to(ROOT / "venv")  # Pulumi.yaml's `virtualenv: venv`
     return dest
 
 

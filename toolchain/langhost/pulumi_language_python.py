@@ -10,8 +10,12 @@ LanguageRuntime calls a file-based `pulumi preview`/`up`/`destroy` needs:
 - GetRequiredPlugins: the resource plugins named by installed packages' `pulumi-plugin.json`.
 - GetPluginInfo, About, GetProgramDependencies, InstallDependencies (no-op: `make venv` manages the venv).
 
-It runs the program with the Python that runs this host: the project venv's, first on PATH via `make env`.
-The `virtualenv`/`toolchain` runtime options of Pulumi.yaml are not honoured.
+Runtime options of Pulumi.yaml, as the Go host reads them:
+- `virtualenv: DIR` (relative to the project root): the program, the plugin list and the type checker use that
+  venv's Python; a DIR that is not a venv fails the run with the fix. Without it, the Python running this host.
+- `typechecker: mypy|pyright`: runs before the program, in the project root; a type error fails the preview
+  or update before any resource is registered.
+- `toolchain`: only `pip` (the venv is made by `make venv`, not by `pulumi install`).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from typing import Any
 
 try:
     import grpc
+    from google.protobuf import json_format
     from pulumi.runtime.proto import language_pb2, language_pb2_grpc, plugin_pb2
 except ImportError as exc:  # the engine shows stderr when the port line never comes
     print(
@@ -50,10 +55,71 @@ def sdk_version() -> str:
     return metadata.version("pulumi")
 
 
-def required_plugins() -> list[tuple[str, str, str]]:
+class ProgramError(Exception):
+    """A problem with the project's runtime options, reported to the user as the run's error."""
+
+
+def runtime_options(info: Any) -> dict[str, Any]:
+    """The `runtime.options` of Pulumi.yaml, as the engine passes them in ProgramInfo."""
+    if info is None or not info.HasField("options"):
+        return {}
+    return dict(json_format.MessageToDict(info.options))
+
+
+def program_python(info: Any) -> str:
+    """The interpreter the program runs with: the `virtualenv` option's, else this host's."""
+    venv = runtime_options(info).get("virtualenv")
+    if not venv:
+        return sys.executable
+    root = info.root_directory or info.program_directory or os.getcwd()
+    path = venv if os.path.isabs(venv) else os.path.join(root, venv)
+    python = os.path.join(path, "bin", "python")
+    if not os.access(python, os.X_OK):
+        raise ProgramError(
+            f"The 'virtualenv' option in Pulumi.yaml is set to {venv!r}, but {path} is not a virtual environment "
+            f"(no bin/python); create it with `make venv`"
+        )
+    return python
+
+
+def site_packages(python: str) -> list[str] | None:
+    """The venv's site-packages for `python`, or None for this host's own interpreter."""
+    if python == sys.executable:
+        return None
+    prefix = os.path.dirname(os.path.dirname(python))
+    lib = os.path.join(prefix, "lib")
+    found = [os.path.join(lib, d, "site-packages") for d in sorted(os.listdir(lib)) if d.startswith("python")] \
+        if os.path.isdir(lib) else []
+    paths = list(found)
+    for sp in found:  # .pth files may add more paths (e.g. an editable or layered venv)
+        for pth in sorted(f for f in os.listdir(sp) if f.endswith(".pth")):
+            with open(os.path.join(sp, pth)) as f:
+                paths += [line.strip() for line in f if line.strip() and not line.startswith(("#", "import"))]
+    return [p for p in paths if os.path.isdir(p)]
+
+
+def type_check(info: Any, python: str) -> str | None:
+    """Runs the `typechecker` option's checker in the project root; returns an error message on failure."""
+    checker = runtime_options(info).get("typechecker")
+    if not checker:
+        return None
+    if checker not in ("mypy", "pyright"):
+        return f"The 'typechecker' option in Pulumi.yaml must be mypy or pyright, not {checker!r}"
+    root = info.root_directory or info.program_directory or os.getcwd()
+    # mypy reads its targets from the project's config (pyproject.toml [tool.mypy] files).
+    proc = subprocess.run([python, "-m", checker], cwd=root, capture_output=True, text=True)
+    if proc.returncode == 0:
+        return None
+    sys.stderr.write(proc.stdout + proc.stderr)
+    sys.stderr.flush()
+    tail = (proc.stdout + proc.stderr).strip().splitlines()[-20:]
+    return f"{checker} type checking failed (exit {proc.returncode}); the program was not run:\n" + "\n".join(tail)
+
+
+def required_plugins(path: list[str] | None = None) -> list[tuple[str, str, str]]:
     """(name, version, server) of each resource plugin that an installed package declares it needs."""
     found: dict[str, tuple[str, str, str]] = {}
-    for dist in metadata.distributions():
+    for dist in metadata.distributions(path=path) if path is not None else metadata.distributions():
         for file in dist.files or ():
             if file.name != "pulumi-plugin.json":
                 continue
@@ -69,12 +135,12 @@ def required_plugins() -> list[tuple[str, str, str]]:
     return sorted(found.values())
 
 
-def exec_command(request: Any, engine_address: str) -> list[str]:
+def exec_command(request: Any, engine_address: str, python: str) -> list[str]:
     """argv for the SDK's exec script, mirroring what the Go host passes it."""
     info = request.info
     program_dir = info.program_directory or request.pwd
     program = os.path.join(program_dir, info.entry_point or ".")
-    argv = [sys.executable, "-u", EXEC_SCRIPT]
+    argv = [python, "-u", EXEC_SCRIPT]
     if info.root_directory:
         argv += ["--root_directory", info.root_directory]
     argv += [
@@ -115,15 +181,24 @@ class StandInLanguageHost(language_pb2_grpc.LanguageRuntimeServicer):
         return language_pb2.AboutResponse(executable=sys.executable, version=f"{v.major}.{v.minor}.{v.micro}")
 
     def GetRequiredPlugins(self, request: Any, context: Any) -> Any:
+        try:
+            path = site_packages(program_python(request.info))
+        except ProgramError as err:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
         return language_pb2.GetRequiredPluginsResponse(
             plugins=[
                 plugin_pb2.PluginDependency(name=name, kind="resource", version=version, server=server)
-                for name, version, server in required_plugins()
+                for name, version, server in required_plugins(path)
             ]
         )
 
     def GetProgramDependencies(self, request: Any, context: Any) -> Any:
-        deps = sorted({(d.metadata["Name"], d.version) for d in metadata.distributions() if d.metadata["Name"]})
+        try:
+            path = site_packages(program_python(request.info))
+        except ProgramError as err:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
+        dists = metadata.distributions(path=path) if path is not None else metadata.distributions()
+        deps = sorted({(d.metadata["Name"], d.version) for d in dists if d.metadata["Name"]})
         return language_pb2.GetProgramDependenciesResponse(
             dependencies=[language_pb2.DependencyInfo(name=n, version=v) for n, v in deps]
         )
@@ -134,11 +209,18 @@ class StandInLanguageHost(language_pb2_grpc.LanguageRuntimeServicer):
         )
 
     def Run(self, request: Any, context: Any) -> Any:
+        try:
+            python = program_python(request.info)
+        except ProgramError as err:
+            return language_pb2.RunResponse(error=str(err))
+        failed = type_check(request.info, python)
+        if failed:
+            return language_pb2.RunResponse(error=failed)
         env = dict(os.environ)
         env["PULUMI_CONFIG"] = json.dumps(dict(request.config))
         env["PULUMI_CONFIG_SECRET_KEYS"] = json.dumps(list(request.configSecretKeys))
         # The program's output goes to our stdout/stderr, which the engine already streams to the user.
-        code = subprocess.call(exec_command(request, self.engine_address), env=env, cwd=request.pwd or None)
+        code = subprocess.call(exec_command(request, self.engine_address, python), env=env, cwd=request.pwd or None)
         if code == 0:
             return language_pb2.RunResponse()
         if code == _EXIT_ALREADY_REPORTED:
