@@ -160,6 +160,14 @@ class Watchdog(_Model):
     consecutive_samples: int = Field(default=3, ge=1)
 
 
+class Container(_Model):
+    """Limits of every rank's container. The defaults are the recipe launcher's `docker run`."""
+
+    # RLIMIT_MEMLOCK in bytes; -1 is unlimited, which NCCL's RDMA memory registration needs on hardware.
+    # A host whose hard limit is lower (a sandbox, a locked-down daemon) sets it here; docker refuses more.
+    memlock_bytes: int = Field(default=-1, ge=-1)
+
+
 class Gates(_Model):
     # Longer than torch's ~600 s store timeout, so vLLM's own DistStoreError usually arrives first.
     rendezvous_timeout_seconds: int = Field(default=720, ge=1)
@@ -180,6 +188,7 @@ class Settings(_Model):
     serve: Serve = Serve()
     preflight: Preflight = Preflight()
     watchdog: Watchdog = Watchdog()
+    container: Container = Container()
     gates: Gates = Gates()
 
     @property

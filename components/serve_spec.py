@@ -164,7 +164,6 @@ class DockerRunShape:
     shm_size_mb: int = 32 * 1024
     stop_timeout_s: int = 60
     capabilities: tuple[str, ...] = ("IPC_LOCK", "SYS_PTRACE")
-    memlock: int = -1
     stack_bytes: int = 67_108_864
 
 

@@ -127,7 +127,8 @@ class ServingCluster(pulumi.ComponentResource):
             ipc_mode="host",
             shm_size=shape.shm_size_mb,
             ulimits=[
-                docker.ContainerUlimitArgs(name="memlock", soft=shape.memlock, hard=shape.memlock),
+                docker.ContainerUlimitArgs(name="memlock", soft=s.container.memlock_bytes,
+                                           hard=s.container.memlock_bytes),
                 docker.ContainerUlimitArgs(name="stack", soft=shape.stack_bytes, hard=shape.stack_bytes),
             ],
             capabilities=docker.ContainerCapabilitiesArgs(adds=list(shape.capabilities)),

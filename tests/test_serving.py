@@ -86,6 +86,13 @@ def test_roce_devices_gpu_and_docker_run_shape() -> None:
         assert i["restart"] == "no", "a rank restarted alone would block at rendezvous forever"
 
 
+def test_container_memlock_limit_comes_from_config() -> None:
+    raw = {**nodes(2), "container": {"memlockBytes": 8_388_608}}
+    for c in run(raw).of_type(CONTAINER):
+        assert {"name": "memlock", "soft": 8_388_608, "hard": 8_388_608} in c.inputs["ulimits"], (
+            "a host whose hard memlock limit is lower than unlimited must be able to say so in config")
+
+
 def test_simulated_nodes_without_gpu_or_rdma_get_neither() -> None:
     raw = nodes(2)
     for n in raw["nodes"]:
