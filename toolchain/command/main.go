@@ -10,6 +10,7 @@ import (
 	p "github.com/pulumi/pulumi-go-provider"
 	"github.com/pulumi/pulumi-go-provider/infer"
 
+	"dsv41-exl3/toolchain/command/internal/common"
 	"dsv41-exl3/toolchain/command/local"
 	"dsv41-exl3/toolchain/command/remote"
 )
@@ -23,7 +24,7 @@ var SourceHash = ""
 
 // Provider builds the provider; exported for tests.
 func Provider() (p.Provider, error) {
-	return infer.NewProviderBuilder().
+	prov, err := infer.NewProviderBuilder().
 		WithDisplayName("Command").
 		WithDescription("Runs commands locally or on remote hosts over ssh (compatible with pulumi-command 1.2.1).").
 		WithResources(
@@ -32,6 +33,10 @@ func Provider() (p.Provider, error) {
 			infer.Resource(&remote.CopyToRemote{}),
 		).
 		Build()
+	if err != nil {
+		return p.Provider{}, err
+	}
+	return common.WithForcedReplaces(prov, common.ReplaceProperties), nil
 }
 
 func main() {
