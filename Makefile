@@ -23,8 +23,8 @@ $(VENV_STAMP): requirements.txt requirements-dev.txt
 	rm -f $(VENV)/.installed-*
 	touch $@
 
-# Builds (or finds) the CLI and plugins in the cache outside the tree, then installs the providers that
-# could be built into PULUMI_HOME at the exact versions the Python SDKs request.
+# Builds (or finds) the CLI and plugins in the cache outside the tree, then installs both providers into
+# PULUMI_HOME at the exact versions the Python SDKs request.
 toolchain: venv
 	bash toolchain/build.sh
 	$(MAKE) --no-print-directory plugins
@@ -32,11 +32,11 @@ toolchain: venv
 plugins:
 	@$(WITH_ENV) for spec in docker:$(DOCKER_PROVIDER_VERSION) command:$(COMMAND_PROVIDER_VERSION); do \
 	    name=$${spec%%:*}; version=$${spec#*:}; bin="$$DSV41_TOOLCHAIN_BIN/pulumi-resource-$$name"; \
-	    if [ ! -x "$$bin" ]; then \
-	        echo "plugins: pulumi-resource-$$name not built (see $$DSV41_TOOLCHAIN_DIR/missing.txt); not installed"; \
-	    elif [ -d "$$PULUMI_HOME/plugins/resource-$$name-v$$version" ]; then \
+	    dir="$$PULUMI_HOME/plugins/resource-$$name-v$$version"; \
+	    if cmp -s "$$bin" "$$dir/pulumi-resource-$$name"; then \
 	        echo "plugins: resource $$name $$version already installed in $$PULUMI_HOME"; \
 	    else \
+	        rm -rf "$$dir" "$$dir.lock"; \
 	        pulumi plugin install resource "$$name" "$$version" --file "$$bin" --exact; \
 	    fi; \
 	done
@@ -50,6 +50,7 @@ lint: venv
 
 typecheck: venv
 	$(VENV)/bin/mypy
+	$(VENV)/bin/mypy bench sim
 
 test-unit: venv
 	$(PY) -m pytest -m "not engine and not sim"
@@ -93,23 +94,11 @@ sim-down:
 # --- end simulated cluster
 
 # --- demo on the simulated cluster: `make demo` brings everything up and deploys the `sim` stack to a verified
-# endpoint; `make demo-down` destroys the stack and stops the cluster. It needs the docker and command
-# providers, which this workplace's Go module proxy does not serve: then it stops at once and says so.
-DEMO_MISSING = $(shell . toolchain/env.sh >/dev/null 2>&1; for p in docker command; do \
-	[ -x "$$DSV41_TOOLCHAIN_BIN/pulumi-resource-$$p" ] || [ -d "$$PULUMI_HOME/plugins/resource-$$p-v$$( [ $$p = docker ] && echo $(DOCKER_PROVIDER_VERSION) || echo $(COMMAND_PROVIDER_VERSION))" ] || echo $$p; done)
-
+# endpoint; `make demo-down` destroys the stack and stops the cluster.
 demo: toolchain
-	@if [ -n "$(strip $(DEMO_MISSING))" ]; then \
-	    echo "make demo: the $(strip $(DEMO_MISSING)) resource provider(s) are not installed, so \`pulumi up\` cannot create containers." >&2; \
-	    echo "  Why: README.md, 'What is missing, and why'. Fix: install them (pulumi plugin install resource docker $(DOCKER_PROVIDER_VERSION); pulumi plugin install resource command $(COMMAND_PROVIDER_VERSION))" >&2; \
-	    echo "  where the network allows, then re-run. \`make test-sim\` shows the gates and the verifier on this cluster meanwhile." >&2; \
-	    exit 2; \
-	fi
 	$(MAKE) --no-print-directory sim-up
-	$(WITH_ENV) (pulumi stack select sim 2>/dev/null || pulumi stack init sim) && \
-	    pulumi config set --stack sim --secret --path ssh.privateKey < .state/sim/ssh/id_ed25519 && \
-	    pulumi config set --stack sim --path ssh.knownHostsFile "$(CURDIR)/.state/sim/ssh/known_hosts" && \
-	    pulumi up --stack sim --yes --non-interactive && \
+	$(WITH_ENV) $(PY) -m sim.stack init --stack sim && \
+	    pulumi up --stack sim --yes --non-interactive --skip-preview && \
 	    echo "endpoint: $$(pulumi stack output --stack sim endpoint)" && \
 	    pulumi stack output --stack sim verification --json
 

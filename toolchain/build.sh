@@ -1,11 +1,8 @@
 #!/usr/bin/env bash
 # Builds the project's Pulumi toolchain from Go modules (no release downloads) into a cache outside the
-# work tree, keyed by version (see toolchain/env.sh for the path). Each piece is one function; a piece whose
-# stamped binary is already there is skipped, so a second run takes seconds.
-#
-# Pieces the Go module proxy refuses (docker provider, command provider, Go language host) are asked for
-# once, the proxy's answer is printed and written to $DSV41_TOOLCHAIN_DIR/missing.txt, and the script goes on:
-# the unit tests and the engine tests (dynamic providers) do not need them.
+# work tree, keyed by version (see toolchain/env.sh for the path): the CLI, the docker provider bridged from
+# the upstream Terraform provider (build_docker.sh), our command provider (build_command.sh), and the SDK's
+# scripts beside them. A piece whose stamped binary is already there is skipped: a second run takes seconds.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -17,30 +14,10 @@ export CGO_ENABLED=0
 export GOTOOLCHAIN=local
 
 BIN="$DSV41_TOOLCHAIN_BIN"
-MISSING="$DSV41_TOOLCHAIN_DIR/missing.txt"
 SDK_DIR=""  # set by need_sdk_module
 mkdir -p "$BIN"
 
 log() { printf 'toolchain: %s\n' "$*"; }
-
-# Only the first proxy of GOPROXY: the `direct` fallback would try git hosts this machine cannot reach and
-# hide the proxy's own answer behind a DNS error.
-probe_proxy() {
-    local proxy
-    proxy="$(go env GOPROXY)"
-    proxy="${proxy%%[,|]*}"
-    local out
-    # `go mod download` exits non-zero on a refusal; its JSON still carries the answer.
-    out="$(cd "$DSV41_TOOLCHAIN_DIR" && GOPROXY="$proxy" GOFLAGS=-mod=mod timeout 120 \
-        go mod download -json "$1" 2>&1)" || true
-    printf '%s\n' "$out" | tr -d '\t' | sed -n 's/^"Error": "\(.*\)",\{0,1\}$/\1/p' | sed 's/\\n/ /g; s/\\t/ /g; s/  */ /g; s/\\"/"/g'
-}
-
-# Records a piece the proxy does not serve. $1 = plugin file name, $2 = module@version, $3 = proxy's answer.
-record_missing() {
-    log "MISSING $1: the Go module proxy refuses $2: $3"
-    printf '%s\t%s\t%s\n' "$1" "$2" "$3" >>"$MISSING.tmp"
-}
 
 stamped_version() { # prints the version a built binary reports, or nothing
     [ -x "$1" ] && "$1" version 2>/dev/null | head -n 1 || true
@@ -93,58 +70,11 @@ install_language_exec() {
     install_from_sdk python/cmd/pulumi-language-python-exec pulumi-language-python-exec
 }
 
-# The real host is a Go binary the proxy does not serve; we probe for it and install the stand-in.
-build_language_host() {
-    local mod="$LANGUAGE_HOST_MODULE"
-    local err
-    err="$(probe_proxy "$mod@latest")"
-    if [ -n "$err" ]; then
-        record_missing pulumi-language-python "$mod" "$err"
-    else
-        # Served now: it needs a require by pseudo-version in toolchain/engine/go.mod and a `tool` line,
-        # then one more `go build` like build_pulumi_cli. Not done yet, so it stays missing.
-        record_missing pulumi-language-python "$mod" "served by the proxy now, but build.sh does not build it yet"
-    fi
+# The Go host is refused by the proxy (README, "The stand-in Python language host"): ours stands in for it.
+install_language_host() {
     if ! cmp -s "$here/langhost/pulumi_language_python.py" "$BIN/pulumi-language-python"; then
         install -m 755 "$here/langhost/pulumi_language_python.py" "$BIN/pulumi-language-python"
         log "installed the stand-in Python language host (toolchain/langhost) as $BIN/pulumi-language-python"
-    fi
-}
-
-build_command_provider() {
-    local mod="$COMMAND_PROVIDER_MODULE@$COMMAND_PROVIDER_MODULE_VERSION"
-    local out="$BIN/pulumi-resource-command"
-    if [ -x "$out" ]; then
-        log "pulumi-resource-command already built: $out"
-        return
-    fi
-    local err
-    err="$(probe_proxy "$mod")"
-    if [ -n "$err" ]; then
-        record_missing pulumi-resource-command "$mod" "$err"
-        return
-    fi
-    # No replace directives in its go.mod, so `go install` works.
-    (GOBIN="$BIN" go install -ldflags "-s -w -X $COMMAND_PROVIDER_VERSION_SYMBOL=v$COMMAND_PROVIDER_VERSION" \
-        "$COMMAND_PROVIDER_PACKAGE@$COMMAND_PROVIDER_MODULE_VERSION")
-    log "built pulumi-resource-command $COMMAND_PROVIDER_VERSION"
-}
-
-build_docker_provider() {
-    local mod="$DOCKER_PROVIDER_MODULE@$DOCKER_PROVIDER_MODULE_VERSION"
-    local out="$BIN/pulumi-resource-docker"
-    if [ -x "$out" ]; then
-        log "pulumi-resource-docker already built: $out"
-        return
-    fi
-    local err
-    err="$(probe_proxy "$mod")"
-    if [ -n "$err" ]; then
-        record_missing pulumi-resource-docker "$mod" "$err"
-    else
-        # Served now: it needs its own wrapper module (upstream replace + shim, own main embedding schema.json;
-        # see the toolchain notes). Not written yet, so it stays missing.
-        record_missing pulumi-resource-docker "$mod" "served by the proxy now, but build.sh does not build it yet"
     fi
 }
 
@@ -154,15 +84,13 @@ main() {
     # Two clones building into the same cache at once would race on the same files.
     exec 9>"$DSV41_TOOLCHAIN_DIR/.lock"
     flock 9
-    : >"$MISSING.tmp"
     build_pulumi_cli
     install_dynamic_provider_shim
     install_language_exec
-    build_language_host
-    build_command_provider
-    build_docker_provider
-    mv -f "$MISSING.tmp" "$MISSING"
-    log "toolchain ready in $BIN$( [ -s "$MISSING" ] && printf ' (missing pieces listed in %s)' "$MISSING")"
+    install_language_host
+    bash "$here/build_command.sh" "$BIN/pulumi-resource-command"
+    bash "$here/build_docker.sh" "$BIN/pulumi-resource-docker"
+    log "toolchain ready in $BIN"
 }
 
 main "$@"
