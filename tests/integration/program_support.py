@@ -47,6 +47,8 @@ class Deployment:
     env: dict[str, str]
     pulumi_root: Path
     lines: list[str] = field(default_factory=list)
+    ops: dict[str, set[str]] = field(default_factory=dict)
+    """From the last preview or up's engine events: resource name -> the step ops planned for it."""
 
     @property
     def name(self) -> str:
@@ -84,9 +86,17 @@ class Deployment:
             return str(err) + "\n".join(self.lines), time.monotonic() - start
         raise AssertionError("the up succeeded; it had to fail:\n" + "\n".join(self.lines[-40:]))
 
+    def _record(self, event: Any) -> None:
+        pre = getattr(event, "resource_pre_event", None)
+        # The dynamic providers' default provider is re-registered whenever a dynamic resource changes; it
+        # holds nothing on any node.
+        if (pre is not None and pre.metadata.op not in ("same", "read")
+                and "::pulumi:providers:pulumi-python::" not in pre.metadata.urn):
+            self.ops.setdefault(pre.metadata.urn.split("::")[-1], set()).add(str(pre.metadata.op.value))
+
     def preview(self) -> auto.PreviewResult:
-        self.lines = []
-        return self.stack.preview(diff=True, on_output=self.lines.append, color="never")
+        self.lines, self.ops = [], {}
+        return self.stack.preview(diff=True, on_output=self.lines.append, on_event=self._record, color="never")
 
     def cli(self, *args: str, check: bool = True, timeout: int = 600) -> subprocess.CompletedProcess[str]:
         """The project's pulumi CLI on this stack, as an operator runs it."""

@@ -43,7 +43,7 @@ def deployed(sim: dict[str, Any], program_env: dict[str, str], pulumi_root: Path
 def assert_verified(d: Deployment, outputs: dict[str, Any]) -> None:
     verification = outputs["verification"].value
     assert "Paris" in verification["answer"], verification
-    assert verification["logprobs"] and all(-9999.0 < x <= 0 for x in verification["logprobs"]), verification
+    assert verification["logprobs"] and all(-9999.0 < x["logprob"] <= 0 for x in verification["logprobs"]), verification
     head = d.sim["nodes"][0]["ip"]
     assert outputs["endpoint"].value == f"http://{head}:{d.config['serve']['port']}/v1"
 
@@ -61,3 +61,117 @@ def test_healthy_up_verifies_and_a_second_up_changes_nothing(deployed: Deploymen
     assert set(changes) == {"same"}, f"a second up with nothing changed must change nothing: {changes}"
     assert json.dumps(again.outputs["verification"].value) == json.dumps(up.outputs["verification"].value), (
         "no gate or verifier re-ran")
+
+
+def preview_of(d: Deployment, config: dict[str, Any]) -> Any:
+    """Preview `config` against the deployed stack, then put the deployed config back."""
+    deployed_config = d.config
+    d.write_config(config)
+    try:
+        return d.preview()
+    finally:
+        d.write_config(deployed_config)
+
+
+@pytest.mark.timeout(600)
+def test_preview_of_a_serve_change_replaces_every_rank_and_reruns_the_gates_only(deployed: Deployment) -> None:
+    cfg = json.loads(json.dumps(deployed.config))
+    cfg["serve"]["maxNumSeqs"] = 1
+    preview = preview_of(deployed, cfg)
+    out = "\n".join(deployed.lines)
+    containers = [f"serving-node-{n['index']}" for n in deployed.sim["nodes"]]
+    ops = deployed.ops
+    for c in containers:
+        assert "replace" in ops.get(c, set()), f"{c} must be replaced by a serve change:\n{out}"
+    for gate in ("rendezvous", "ready", "verify"):
+        assert ops.get(gate) == {"update"}, f"the {gate} gate must re-run:\n{out}"
+    allowed = set(containers) | {"rendezvous", "ready", "verify"}
+    # The preflights re-run (their triggers carry the generation); so does each watchdog (new container id).
+    allowed |= {f"preflight-node-{n['index']}-check" for n in deployed.sim["nodes"]}
+    allowed |= {f"watchdog-node-{n['index']}-install" for n in deployed.sim["nodes"]}
+    assert set(ops) <= allowed, f"nothing else may change: {[(n, ops[n]) for n in set(ops) - allowed]}\n{out}"
+    assert '"2" => "1"' in out, "the diff shows the changed flag value (--max-num-seqs 2 -> 1)"
+    assert preview.change_summary.get("replace", 0) >= len(containers)
+
+
+@pytest.mark.timeout(600)
+def test_preview_of_a_watchdog_change_replaces_no_container(deployed: Deployment) -> None:
+    cfg = json.loads(json.dumps(deployed.config))
+    cfg["watchdog"]["memAvailableFloorGiB"] = 0.75
+    preview_of(deployed, cfg)
+    ops = deployed.ops
+    assert not [n for n in ops if n.startswith("serving-")], ops
+    assert any(n.startswith("watchdog-") for n in ops), f"the watchdogs must change: {ops}"
+
+
+@pytest.mark.timeout(600)
+def test_preview_of_an_image_change_replaces_every_rank(deployed: Deployment) -> None:
+    cfg = json.loads(json.dumps(deployed.config))
+    cfg["image"] = deployed.sim["image"].replace(":2.9bpw", ":2.9bpw-next")
+    preview_of(deployed, cfg)
+    ops = deployed.ops
+    for n in deployed.sim["nodes"]:
+        assert "replace" in ops.get(f"serving-node-{n['index']}", set()), ops
+
+
+def fail_then_recover(d: Deployment, fault_env: dict[str, str]) -> tuple[str, float]:
+    healthy = d.config
+    d.write_config(d.with_env(**fault_env))
+    try:
+        return d.up_fails()
+    finally:
+        d.write_config(healthy)
+        assert_verified(d, d.up().outputs)
+
+
+def assert_both_ranks_tails(message: str, d: Deployment) -> None:
+    for rank, n in enumerate(d.sim["nodes"]):
+        assert f"--- rank {rank} (node node-{n['index']}" in message, f"rank {rank}'s last lines missing:\n{message}"
+
+
+@pytest.mark.timeout(900)
+def test_nan_logprobs_fail_the_up_as_nan_then_the_next_up_verifies(deployed: Deployment) -> None:
+    message, _ = fail_then_recover(deployed, {"SIM_FAULT": "nan-logits"})
+    assert "NaN" in message, message
+
+
+@pytest.mark.timeout(900)
+def test_worker_exit_after_load_fails_naming_the_worker(deployed: Deployment) -> None:
+    message, _ = fail_then_recover(deployed, {"SIM_FAULT": "worker-exit-after-load"})
+    assert "rank 1" in message and "node-2" in message, message
+    assert_both_ranks_tails(message, deployed)
+
+
+@pytest.mark.timeout(900)
+def test_rank_that_never_joins_fails_naming_the_rank(deployed: Deployment) -> None:
+    message, elapsed = fail_then_recover(deployed, {"SIM_FAULT": "rank-never-joins", "SIM_RENDEZVOUS_TIMEOUT_S": "25"})
+    assert "rank 1" in message, message
+    assert_both_ranks_tails(message, deployed)
+    bound = deployed.config["gates"]["rendezvousTimeoutSeconds"]
+    assert elapsed < bound + 90, f"must fail by the rendezvous timeout ({bound} s) plus the up's own work: {elapsed}"
+
+
+@pytest.mark.timeout(900)
+def test_stall_after_load_fails_near_stall_seconds(deployed: Deployment) -> None:
+    message, elapsed = fail_then_recover(deployed, {"SIM_FAULT": "stall-after-load"})
+    assert "stall" in message.lower() or "no new log line" in message.lower(), message
+    assert_both_ranks_tails(message, deployed)
+    stall = deployed.config["gates"]["stallSeconds"]
+    assert elapsed < stall + 90, f"a stall must be called near stallSeconds ({stall} s), took {elapsed:.0f} s"
+
+
+@pytest.mark.timeout(900)
+def test_watchdog_floor_above_memavailable_stops_the_rank_and_records_why(deployed: Deployment) -> None:
+    healthy = deployed.config
+    cfg = json.loads(json.dumps(healthy))
+    cfg["watchdog"].update(memAvailableFloorGiB=4096, sampleSeconds=1, consecutiveSamples=2)
+    cfg["serve"]["extraEnv"]["SIM_LOAD_SECONDS"] = "20"  # the watchdog acts while the gates wait
+    deployed.write_config(cfg)
+    try:
+        message, _ = deployed.up_fails()
+        assert "exit 137" in message or "exit 143" in message or "watchdog" in message, message
+        log = Path.home() / ".local" / "state" / "dsv41-exl3" / "watchdog.log"
+        assert log.exists() and "MemAvailable" in log.read_text(), "the watchdog must log why it stopped the rank"
+    finally:
+        deployed.write_config(healthy)
+        assert_verified(deployed, deployed.up().outputs)
