@@ -147,6 +147,15 @@ class Serve(_Model):
     extra_env: dict[str, str] = Field(default_factory=dict)
     api_key: SecretStr | None = None
 
+    @field_validator("extra_env", mode="before")
+    @classmethod
+    def _env_values_as_text(cls, v: Any) -> Any:
+        # YAML reads `X: 1` as a number; an environment variable is text either way.
+        if isinstance(v, Mapping):
+            return {k: json.dumps(x) if isinstance(x, bool | int | float) and not isinstance(x, str) else x
+                    for k, x in v.items()}
+        return v
+
 
 class Preflight(_Model):
     min_mem_available_gi_b: float = Field(default=111.5, ge=0, alias="minMemAvailableGiB")

@@ -68,13 +68,28 @@ def sim_config(sim: dict[str, Any], *, weights_root: str, nodes: int | None = No
     }
 
 
+def _paths(prefix: str, value: Any) -> dict[str, str]:
+    """`--path` keys for a section: a map becomes one key per leaf (so a secret can sit beside plain leaves,
+    as `pulumi config set --secret --path` puts it), a list of strings one key per item; anything else (the
+    node list, with its empty lists) one JSON value."""
+    out: dict[str, str] = {}
+    if isinstance(value, dict) and value:
+        for k, v in value.items():
+            out.update(_paths(f"{prefix}.{k}", v))
+        return out
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        for i, v in enumerate(value):
+            out[f"{prefix}[{i}]"] = v
+        return out
+    return {prefix: value if isinstance(value, str) else json.dumps(value)}
+
+
 def config_values(config: dict[str, Any], private_key: str) -> dict[str, Any]:
-    """Automation API config values: every key JSON, the SSH key as a secret under `ssh.privateKey`."""
+    """Automation API config values (set with path=True), the SSH key as a secret under `ssh.privateKey`."""
     from pulumi import automation as auto
 
-    values = {f"{NAMESPACE}:{k}": auto.ConfigValue(json.dumps(v)) for k, v in config.items() if k != "ssh"}
-    for k, v in config.get("ssh", {}).items():
-        values[f"{NAMESPACE}:ssh.{k}"] = auto.ConfigValue(str(v))
+    values = {k: auto.ConfigValue(v) for k, v in _paths(NAMESPACE, config).items()}
+    values = {k.replace(f"{NAMESPACE}.", f"{NAMESPACE}:", 1): v for k, v in values.items()}
     values[f"{NAMESPACE}:ssh.privateKey"] = auto.ConfigValue(private_key, secret=True)
     return values
 

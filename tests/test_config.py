@@ -233,10 +233,20 @@ def test_parse_does_not_mutate_its_input() -> None:
     assert raw == before
 
 
-def test_sim_stack_file_is_valid_once_make_demo_sets_the_key() -> None:
-    stack = yaml.safe_load((ROOT / "Pulumi.sim.yaml").read_text())["config"]
-    raw = read_raw({k: json.dumps(v) if not isinstance(v, str) else v for k, v in stack.items()})
-    raw["ssh"] = {"privateKey": "key set by make demo", "knownHostsFile": "/x/known_hosts"}
+def test_sim_stack_config_is_valid_with_the_key_make_demo_sets() -> None:
+    from sim import stack as sim_stack
+
+    sim = {"nodes": [{"index": 1, "ip": "127.0.0.2"}, {"index": 2, "ip": "127.0.0.3"}],
+           "ssh": {"port": 2222, "user": "root", "known_hosts": "/x/known_hosts"},
+           "hub": "http://127.0.0.1:5080", "image": "127.0.0.1:5000/dsv41-exl3/standin:2.9bpw"}
+    raw = json.loads(json.dumps(sim_stack.sim_config(sim, weights_root="/var/tmp/w")))
+    raw["ssh"]["privateKey"] = "key set by make demo"
     s = parse(raw).settings
     assert [n.host for n in s.nodes] == ["127.0.0.2", "127.0.0.3"] and s.weights.share == "bind"
     assert all(not n.rdma_devices and not n.gpus for n in s.nodes)
+
+
+def test_extra_env_numbers_from_yaml_are_taken_as_text() -> None:
+    # `pulumi config set --path serve.extraEnv.X 5` and YAML `X: 5` both give a number.
+    env = parse(two_sparks(serve={"extraEnv": {"SIM_LOAD_SECONDS": 5, "FLAG": True, "NAME": "x"}})).settings.serve
+    assert env.extra_env == {"SIM_LOAD_SECONDS": "5", "FLAG": "true", "NAME": "x"}

@@ -108,6 +108,14 @@ class Deployment:
         return proc
 
 
+def assert_verified(d: Deployment, outputs: dict[str, Any]) -> None:
+    verification = outputs["verification"].value
+    assert "Paris" in verification["answer"], verification
+    assert verification["logprobs"] and all(-9999.0 < x["logprob"] <= 0 for x in verification["logprobs"]), verification
+    head = d.sim["nodes"][0]["ip"]
+    assert outputs["endpoint"].value == f"http://{head}:{d.config['serve']['port']}/v1"
+
+
 def new_deployment(sim: dict[str, Any], name: str, env: dict[str, str], pulumi_root: Path, *, weights_root: Path,
                    configure: Callable[[dict[str, Any]], None] | None = None, **config_kw: Any) -> Deployment:
     config = sim_stack.sim_config(sim, weights_root=str(weights_root), **config_kw)

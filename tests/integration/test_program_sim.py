@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from program_support import Deployment, docker_on, new_deployment, remove_deployment
+from program_support import Deployment, assert_verified, docker_on, new_deployment, remove_deployment
 
 pytestmark = [pytest.mark.sim, pytest.mark.engine]
 
@@ -38,14 +38,6 @@ def deployed(sim: dict[str, Any], program_env: dict[str, str], pulumi_root: Path
         yield d
     finally:
         remove_deployment(d)
-
-
-def assert_verified(d: Deployment, outputs: dict[str, Any]) -> None:
-    verification = outputs["verification"].value
-    assert "Paris" in verification["answer"], verification
-    assert verification["logprobs"] and all(-9999.0 < x["logprob"] <= 0 for x in verification["logprobs"]), verification
-    head = d.sim["nodes"][0]["ip"]
-    assert outputs["endpoint"].value == f"http://{head}:{d.config['serve']['port']}/v1"
 
 
 @pytest.mark.timeout(900)
