@@ -156,14 +156,16 @@ def test_stall_after_load_fails_near_stall_seconds(deployed: Deployment) -> None
 def test_watchdog_floor_above_memavailable_stops_the_rank_and_records_why(deployed: Deployment) -> None:
     healthy = deployed.config
     cfg = json.loads(json.dumps(healthy))
-    cfg["watchdog"].update(memAvailableFloorGiB=4096, sampleSeconds=1, consecutiveSamples=2)
+    cfg["watchdog"].update(memAvailableFloorGiB=1000, sampleSeconds=1, consecutiveSamples=2)
     cfg["serve"]["extraEnv"]["SIM_LOAD_SECONDS"] = "20"  # the watchdog acts while the gates wait
     deployed.write_config(cfg)
     try:
         message, _ = deployed.up_fails()
-        assert "exit 137" in message or "exit 143" in message or "watchdog" in message, message
-        log = Path.home() / ".local" / "state" / "dsv41-exl3" / "watchdog.log"
-        assert log.exists() and "MemAvailable" in log.read_text(), "the watchdog must log why it stopped the rank"
+        assert "exit 137" in message or "exit 143" in message, f"the gates must see the stopped rank:\n{message}"
+        # The sim's nodes share this machine's home directory, where each node's watchdog logs.
+        log = (Path.home() / ".local" / "state" / "dsv41-exl3" / "watchdog.log").read_text()
+        stops = [line for line in log.splitlines() if deployed.name in line and "STOP: MemAvailable below" in line]
+        assert stops, f"the watchdog must log why it stopped the rank:\n{log[-2000:]}"
     finally:
         deployed.write_config(healthy)
         assert_verified(deployed, deployed.up().outputs)
