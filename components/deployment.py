@@ -183,6 +183,8 @@ def verify_after(
         api_key=api_key,
         timeout_s=min(120.0, float(s.gates.verify_timeout_seconds)),
         retry_window_s=float(s.gates.verify_timeout_seconds),
+        # The first request after a boot can spend minutes in JIT: warm up within the window, then judge.
+        warmup_timeout_s=float(s.gates.verify_timeout_seconds),
         min_decode_tokens_per_second=s.gates.min_decode_tokens_per_second,
     ), opts=pulumi.ResourceOptions(depends_on=[ready]))
     return verifier
