@@ -17,6 +17,7 @@ import pulumi
 from components import serve_spec
 from components.config import Loaded, Settings
 from components.gates import GateRank, ReadyGate, ReadyGateArgs, RendezvousGate, RendezvousGateArgs
+from components.image_check import checked_image_ids
 from components.node_access import NodeAccess, NodeAccessArgs
 from components.node_image import NodeImage, NodeImageArgs
 from components.preflight import Preflight, PreflightArgs
@@ -82,6 +83,9 @@ def deploy(loaded: Loaded, stack: str) -> dict[str, Any]:
         stage_timeout_s=s.weights.stage_timeout_minutes * 60,
     ), opts=pulumi.ResourceOptions(depends_on=[preflights[s.head.name]]))
 
+    # Every rank must run the same build of the mutable tag: compared after the pulls, before any container.
+    image_ids = checked_image_ids(s.image, {n.name: images[n.name].image_id for n in s.nodes},
+                                  {n.name: images[n.name].repo_digest for n in s.nodes})
     serving = ServingCluster("serving", ServingClusterArgs(
         settings=s,
         stack=stack,
@@ -90,7 +94,7 @@ def deploy(loaded: Loaded, stack: str) -> dict[str, Any]:
             RankInputs(
                 node=n,
                 provider=access[n.name].docker_provider,
-                image_id=images[n.name].image_id,
+                image_id=image_ids[n.name],
                 gid_index=preflights[n.name].gid_index,
                 model_source=weights.model_source[n.name],
                 engram_source=weights.engram_source[n.name],

@@ -964,4 +964,5 @@ def test_the_rendered_chat_template_is_what_the_sim_image_carries() -> None:
     argv = serve_spec.rank_command(cluster_settings(), 0)
     assert argv[argv.index("--chat-template") + 1] == IMAGE_CHAT_TEMPLATE
     build = (REPO / "sim" / "image" / "build.sh").read_text()
-    assert '"$ctx/opt/dsv41/chat_template.jinja"' in build and (REPO / "sim" / "image" / "chat_template.jinja").is_file()
+    assert '"$ctx/opt/dsv41/chat_template.jinja"' in build
+    assert (REPO / "sim" / "image" / "chat_template.jinja").is_file()
