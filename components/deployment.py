@@ -56,6 +56,8 @@ def deploy(loaded: Loaded, stack: str) -> dict[str, Any]:
             min_mem_available_gib=s.preflight.min_mem_available_gi_b,
             weights_root=s.weights.root if n is s.head else None,
             min_free_disk_gib=s.preflight.min_free_disk_gi_b if n is s.head else None,
+            # The workers' root-squashed NFS mount must traverse every directory down to the export.
+            check_export_path=n is s.head and s.weights.share == "nfs",
             stack_label=stack,
             generation=generation,
             # Re-run exactly when this node's container will be created or replaced.
