@@ -23,7 +23,7 @@ from components.node_image import NodeImage, NodeImageArgs
 from components.preflight import Preflight, PreflightArgs
 from components.serving import RankInputs, ServingCluster, ServingClusterArgs
 from components.verify import Verifier, VerifierArgs
-from components.watchdog import MemoryWatchdog, MemoryWatchdogArgs
+from components.watchdog import MemoryWatchdog, MemoryWatchdogArgs, WatchdogKey, WatchdogKeyArgs, WatchdogPeer
 from components.weight_store import WeightNode, WeightStore, WeightStoreArgs
 
 
@@ -108,7 +108,12 @@ def deploy(loaded: Loaded, stack: str) -> dict[str, Any]:
     ))
 
     if s.watchdog.enabled:
+        # A trip on one node stops every rank: each node's key may stop the others' containers, nothing else.
+        keys = {n.name: WatchdogKey(f"watchdog-key-{n.name}", WatchdogKeyArgs(
+            node_name=n.name, connection=access[n.name].connection, container_name=serving.container_names[n.name]))
+            for n in s.nodes}
         for n in s.nodes:
+            peers = [m for m in s.nodes if m is not n]
             MemoryWatchdog(f"watchdog-{n.name}", MemoryWatchdogArgs(
                 node_name=n.name,
                 connection=access[n.name].connection,
@@ -117,6 +122,8 @@ def deploy(loaded: Loaded, stack: str) -> dict[str, Any]:
                 sample_interval_s=s.watchdog.sample_seconds,
                 consecutive_samples=s.watchdog.consecutive_samples,
                 restart_on=[serving.containers[n.name].id],
+                peers=[WatchdogPeer(node_name=m.name, host=m.host, port=m.port, user=m.user) for m in peers],
+                peer_public_keys={m.name: keys[m.name].public_key for m in peers},
             ), opts=pulumi.ResourceOptions(depends_on=[serving.containers[n.name]]))
 
     verifier = verify_after(s, container_names=serving.container_names, container_ids=serving.container_ids,
