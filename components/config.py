@@ -45,7 +45,32 @@ OWNED_FLAGS = {
     "--quantization": "set `serve.quantization`",
     "--speculative-config": "set `serve.numSpeculativeTokens`",
     "--api-key": "set `serve.apiKey` as a secret (it is passed by environment, never argv)",
+    "--long-prefill-token-threshold": "set `serve.longPrefillTokenThreshold` (derived from the batch size by default)",
+    "--enable-auto-tool-choice": "set `serve.enableAutoToolChoice`",
+    "--chat-template": "set `serve.chatTemplate`",
 }
+
+# Environment variables the program renders from structured keys (or derives); `serve.extraEnv`
+# may set any other variable of the rendered set (see the README's launcher table).
+OWNED_ENV = {
+    "NNODES": "it is the number of entries in `nodes` (the Engram row store splits its cache by it)",
+    "VLLM_ENGINE_READY_TIMEOUT_S": "it is derived from `gates.rendezvousTimeoutSeconds` + "
+    "`gates.readyTimeoutSeconds`, so the ready gate is the bound that acts",
+    "DSV41_CACHE_GIB": "set `serve.engramCacheGiB`",
+    "DSV41_RESIDENT_SCALES": "set `serve.engramResidentScales`",
+    "EXL3_TEMP_ROWS_FUSED": "set `serve.exl3TempRowsFused`",
+    "PYTORCH_CUDA_ALLOC_CONF": "set `serve.pytorchCudaAllocConf`",
+    "VLLM_HOST_IP": "it is each node's `fabricIp`",
+    "NCCL_SOCKET_IFNAME": "set `nodes[].fabricInterface`",
+    "GLOO_SOCKET_IFNAME": "set `nodes[].fabricInterface`",
+    "NCCL_IB_HCA": "set `nodes[].ibHcas`",
+    "NCCL_IB_GID_INDEX": "set `nodes[].gidIndex` (`auto` resolves it per node)",
+    "VLLM_API_KEY": "set `serve.apiKey` as a secret",
+}
+
+# The launcher's rule for --long-prefill-token-threshold: a chunk keeps this many tokens of the
+# batch for other requests, so a short chat is not stuck behind a long prefill.
+LONG_PREFILL_HEADROOM_TOKENS = 256
 
 _PLACEHOLDER = re.compile(r"^\s*$|^<.*>$|^CHANGE[-_ ]?ME$", re.IGNORECASE)
 
@@ -143,6 +168,18 @@ class Serve(_Model):
     enforce_eager: bool = False
     quantization: str = "exl3"
     num_speculative_tokens: int = Field(default=3, ge=0)
+    # None: maxNumBatchedTokens - 256 (the launcher's rule; 1280 with 1536).
+    long_prefill_token_threshold: int | None = Field(default=None, ge=1)
+    # Without it vLLM answers HTTP 400 to every request that carries `tools`.
+    enable_auto_tool_choice: bool = True
+    # Baked into the recipe image; empty: vLLM's template from the checkpoint.
+    chat_template: str = "/opt/dsv41/chat_template.jinja"
+    # The Engram row store's cache and pinned scales are anonymous host RAM = GPU memory on GB10.
+    engram_cache_gi_b: float = Field(default=0, ge=0, alias="engramCacheGiB")
+    engram_resident_scales: bool = False
+    # Rows per expert the fused EXL3 MoE kernel takes; above it the grouped prefill kernels run.
+    exl3_temp_rows_fused: int = Field(default=16, ge=1)
+    pytorch_cuda_alloc_conf: str = "expandable_segments:True"
     extra_args: list[str] = Field(default_factory=list)
     extra_env: dict[str, str] = Field(default_factory=dict)
     api_key: SecretStr | None = None
@@ -164,7 +201,9 @@ class Preflight(_Model):
 
 class Watchdog(_Model):
     enabled: bool = True
-    mem_available_floor_gi_b: float = Field(default=5, ge=0, alias="memAvailableFloorGiB")
+    # Below the observed low-water of a healthy head (~2.1 GiB at the end of a 601k prefill,
+    # ~4 GiB in normal serving); the launcher arms its own guard at 1.5 GiB.
+    mem_available_floor_gi_b: float = Field(default=1.5, gt=0, alias="memAvailableFloorGiB")
     sample_seconds: int = Field(default=5, ge=1)
     consecutive_samples: int = Field(default=3, ge=1)
 
@@ -275,6 +314,38 @@ def _rules(s: Settings) -> tuple[list[str], list[str]]:
             )
         elif name in OWNED_FLAGS:
             problems.append(f"`serve.extraArgs` contains {flag!r}: the program renders it; {OWNED_FLAGS[name]}.")
+    for var in s.serve.extra_env:
+        if var in OWNED_ENV:
+            problems.append(f"`serve.extraEnv` sets {var}: the program renders it; {OWNED_ENV[var]}.")
+
+    mnbt = s.serve.max_num_batched_tokens
+    threshold = s.serve.long_prefill_token_threshold
+    if threshold is not None and mnbt - threshold < LONG_PREFILL_HEADROOM_TOKENS:
+        fix = (f"set it to at most {mnbt - LONG_PREFILL_HEADROOM_TOKENS}, or remove it to derive it"
+               if mnbt > LONG_PREFILL_HEADROOM_TOKENS
+               else f"raise `serve.maxNumBatchedTokens` above {LONG_PREFILL_HEADROOM_TOKENS} first")
+        problems.append(
+            f"`serve.longPrefillTokenThreshold` = {threshold} with `serve.maxNumBatchedTokens` = {mnbt}: the "
+            f"launcher's rule is maxNumBatchedTokens - threshold >= {LONG_PREFILL_HEADROOM_TOKENS}, so a short "
+            f"request is not stuck behind a long prefill; {fix}"
+        )
+    elif threshold is None and mnbt <= LONG_PREFILL_HEADROOM_TOKENS:
+        problems.append(
+            f"`serve.maxNumBatchedTokens` = {mnbt}: the long-prefill threshold is derived as "
+            f"maxNumBatchedTokens - {LONG_PREFILL_HEADROOM_TOKENS}, which needs more than "
+            f"{LONG_PREFILL_HEADROOM_TOKENS}; fix: raise it (the recipe uses 1536)"
+        )
+    template = s.serve.chat_template
+    if template and not template.startswith("/"):
+        problems.append(
+            f"`serve.chatTemplate` = {json.dumps(template)}: must be an absolute path inside the container "
+            "(the recipe image has /opt/dsv41/chat_template.jinja), or empty for the checkpoint's template"
+        )
+    if not s.serve.pytorch_cuda_alloc_conf.strip():
+        problems.append(
+            "`serve.pytorchCudaAllocConf` is empty: use the launcher's expandable_segments:True (without it "
+            "long prefill fragments: 244 tok/s at 455k)"
+        )
 
     for key in ("name", "host", "fabric_ip"):
         seen: dict[str, int] = {}
@@ -299,6 +370,19 @@ def _rules(s: Settings) -> tuple[list[str], list[str]]:
         kv_cache_memory_bytes=s.serve.kv_cache_memory_bytes,
     )
 
+    if s.serve.engram_cache_gi_b > 0 or s.serve.engram_resident_scales:
+        warnings.append(
+            f"`serve.engramCacheGiB` = {s.serve.engram_cache_gi_b:g} / `serve.engramResidentScales` = "
+            f"{str(s.serve.engram_resident_scales).lower()}: the Engram row cache and pinned scales (~1.5 GiB per "
+            "Engram layer) are unified memory each rank loses; the head runs at ~4 GiB MemAvailable after "
+            "warm-up (the launcher keeps both off)"
+        )
+    per_step = s.serve.max_num_seqs * (s.serve.num_speculative_tokens + 1)
+    if s.serve.exl3_temp_rows_fused < per_step:
+        warnings.append(
+            f"`serve.exl3TempRowsFused` = {s.serve.exl3_temp_rows_fused} is below maxNumSeqs x "
+            f"(numSpeculativeTokens + 1) = {per_step}: a decode step no longer fits one fused MoE launch"
+        )
     if s.serve.enforce_eager:
         warnings.append(
             "`serve.enforceEager` is true: no CUDA graphs and no speculative decoding; expect 11-13 tok/s "

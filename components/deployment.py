@@ -17,12 +17,13 @@ import pulumi
 from components import serve_spec
 from components.config import Loaded, Settings
 from components.gates import GateRank, ReadyGate, ReadyGateArgs, RendezvousGate, RendezvousGateArgs
+from components.image_check import checked_image_ids
 from components.node_access import NodeAccess, NodeAccessArgs
 from components.node_image import NodeImage, NodeImageArgs
 from components.preflight import Preflight, PreflightArgs
 from components.serving import RankInputs, ServingCluster, ServingClusterArgs
 from components.verify import Verifier, VerifierArgs
-from components.watchdog import MemoryWatchdog, MemoryWatchdogArgs
+from components.watchdog import MemoryWatchdog, MemoryWatchdogArgs, WatchdogKey, WatchdogKeyArgs, WatchdogPeer
 from components.weight_store import WeightNode, WeightStore, WeightStoreArgs
 
 
@@ -55,6 +56,8 @@ def deploy(loaded: Loaded, stack: str) -> dict[str, Any]:
             min_mem_available_gib=s.preflight.min_mem_available_gi_b,
             weights_root=s.weights.root if n is s.head else None,
             min_free_disk_gib=s.preflight.min_free_disk_gi_b if n is s.head else None,
+            # The workers' root-squashed NFS mount must traverse every directory down to the export.
+            check_export_path=n is s.head and s.weights.share == "nfs",
             stack_label=stack,
             generation=generation,
             # Re-run exactly when this node's container will be created or replaced.
@@ -82,6 +85,9 @@ def deploy(loaded: Loaded, stack: str) -> dict[str, Any]:
         stage_timeout_s=s.weights.stage_timeout_minutes * 60,
     ), opts=pulumi.ResourceOptions(depends_on=[preflights[s.head.name]]))
 
+    # Every rank must run the same build of the mutable tag: compared after the pulls, before any container.
+    image_ids = checked_image_ids(s.image, {n.name: images[n.name].image_id for n in s.nodes},
+                                  {n.name: images[n.name].repo_digest for n in s.nodes})
     serving = ServingCluster("serving", ServingClusterArgs(
         settings=s,
         stack=stack,
@@ -90,7 +96,7 @@ def deploy(loaded: Loaded, stack: str) -> dict[str, Any]:
             RankInputs(
                 node=n,
                 provider=access[n.name].docker_provider,
-                image_id=images[n.name].image_id,
+                image_id=image_ids[n.name],
                 gid_index=preflights[n.name].gid_index,
                 model_source=weights.model_source[n.name],
                 engram_source=weights.engram_source[n.name],
@@ -102,7 +108,12 @@ def deploy(loaded: Loaded, stack: str) -> dict[str, Any]:
     ))
 
     if s.watchdog.enabled:
+        # A trip on one node stops every rank: each node's key may stop the others' containers, nothing else.
+        keys = {n.name: WatchdogKey(f"watchdog-key-{n.name}", WatchdogKeyArgs(
+            node_name=n.name, connection=access[n.name].connection, container_name=serving.container_names[n.name]))
+            for n in s.nodes}
         for n in s.nodes:
+            peers = [m for m in s.nodes if m is not n]
             MemoryWatchdog(f"watchdog-{n.name}", MemoryWatchdogArgs(
                 node_name=n.name,
                 connection=access[n.name].connection,
@@ -111,6 +122,8 @@ def deploy(loaded: Loaded, stack: str) -> dict[str, Any]:
                 sample_interval_s=s.watchdog.sample_seconds,
                 consecutive_samples=s.watchdog.consecutive_samples,
                 restart_on=[serving.containers[n.name].id],
+                peers=[WatchdogPeer(node_name=m.name, host=m.host, port=m.port, user=m.user) for m in peers],
+                peer_public_keys={m.name: keys[m.name].public_key for m in peers},
             ), opts=pulumi.ResourceOptions(depends_on=[serving.containers[n.name]]))
 
     verifier = verify_after(s, container_names=serving.container_names, container_ids=serving.container_ids,
@@ -183,6 +196,8 @@ def verify_after(
         api_key=api_key,
         timeout_s=min(120.0, float(s.gates.verify_timeout_seconds)),
         retry_window_s=float(s.gates.verify_timeout_seconds),
+        # The first request after a boot can spend minutes in JIT: warm up within the window, then judge.
+        warmup_timeout_s=float(s.gates.verify_timeout_seconds),
         min_decode_tokens_per_second=s.gates.min_decode_tokens_per_second,
     ), opts=pulumi.ResourceOptions(depends_on=[ready]))
     return verifier

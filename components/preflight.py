@@ -46,6 +46,8 @@ class PreflightArgs:
     """Value of label dsv41-exl3.stack on this stack's own containers: those are stopped, others never."""
     generation: str = ""
     """Config generation this update deploys: this stack's containers already on it are not stopped."""
+    check_export_path: bool = False
+    """Head with `weights.share: nfs`: every directory on the weights root's path must be o+x."""
     triggers: list[pulumi.Input[str]]
     """The only inputs that re-run the check (remote.Command replaces on triggers alone)."""
     command_timeout_s: int = 120
@@ -67,6 +69,7 @@ class PreflightArgs:
             min_free_disk_gib=self.min_free_disk_gib,
             stack_label=self.stack_label,
             generation=self.generation,
+            check_export_path=self.check_export_path,
             command_timeout_s=self.command_timeout_s,
             stop_timeout_s=self.stop_timeout_s,
             mem_settle_s=self.mem_settle_s,

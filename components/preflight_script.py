@@ -14,6 +14,9 @@ What the script does, in order (all problems are reported together, not the firs
 4. no enabled user systemd unit that starts vllm, sglang or ray (recipe gotcha 4);
 5. no container of anyone else holding the GPU or /dev/infiniband;
 6. head only: free disk at the weights root plus what is already staged there;
+   with the NFS share, every existing directory from / down to the weights root (and its model/
+   and engram-src/) traversable by others (o+x): the workers mount the export with root squashed,
+   and Ubuntu 24.04 creates home directories 0750, so the mount would fail after hours of staging;
 7. RDMA: /dev/infiniband exists, each HCA's port is ACTIVE, and the RoCE v2 GID index.
 
 Paths are overridable through env variables (tests point them at fixture trees); the
@@ -66,6 +69,8 @@ class PreflightSpec:
     min_free_disk_gib: float | None
     stack_label: str
     generation: str = ""
+    check_export_path: bool = False
+    """Head with the NFS share: every directory on the weights root's path must be o+x."""
     """Config generation the update asks for: own containers already on it are left running."""
     command_timeout_s: int = 120
     stop_timeout_s: int = 30
@@ -109,6 +114,8 @@ class PreflightSpec:
             root = self.weights_root
             check(os.path.isabs(root) or root == "~" or root.startswith("~/"),
                   f"weights_root {root!r} must be an absolute path or start with ~/ (the SSH user's home)")
+        check(not (self.check_export_path and self.weights_root is None),
+              "check_export_path needs weights_root: the NFS export lives under it (head only)")
         if self.min_free_disk_gib is not None:
             check(math.isfinite(self.min_free_disk_gib) and self.min_free_disk_gib >= 0,
                   f"min_free_disk_gib {self.min_free_disk_gib!r} must be a non-negative number of GiB")
@@ -282,6 +289,35 @@ if [ -n "$WEIGHTS_ROOT" ]; then
   fi
 fi
 
+if [ -n "$WEIGHTS_ROOT" ] && [ "$CHECK_EXPORT" = 1 ]; then
+  step "NFS export path under $WEIGHTS_ROOT traversable by others"
+  # The workers' root is squashed to nobody on the export: it needs o+x on every directory of the
+  # path. Checked from the leaves up; directories the staging has not created yet are skipped.
+  paths=''
+  for d in "$WEIGHTS_ROOT/model" "$WEIGHTS_ROOT/engram-src" "$WEIGHTS_ROOT"; do
+    [ -d "$d" ] && paths="$paths$d$NL"
+  done
+  d=$(dirname "$WEIGHTS_ROOT")
+  while :; do
+    [ -d "$d" ] && paths="$paths$d$NL"
+    [ "$d" = / ] && break
+    d=$(dirname "$d")
+  done
+  while IFS= read -r d; do
+    [ -n "$d" ] || continue
+    perm=$(ls -ld "$d" 2>/dev/null | awk '{ print $1; exit }')
+    case "$perm" in
+      ?????????[xt]*) ;;
+      '') fail "cannot read the mode of $d on the NFS export path; fix: check that $d exists and is readable" ;;
+      *) fail "directory $d on the NFS export path of weights.root ($WEIGHTS_ROOT) is not traversable by"\
+" others (mode $perm): the workers' root-squashed NFS mount cannot reach the export; fix: chmod o+x $d"\
+" (or set weights.root outside a 0750 home directory)" ;;
+    esac
+  done <<EOF
+$paths
+EOF
+fi
+
 if [ "$CHECK_RDMA" = 1 ]; then
   step "RDMA: HCA ports and RoCE v2 GID index"
   [ -e "$DEVROOT/infiniband" ] || fail "$DEVROOT/infiniband does not exist; fix: load the RDMA driver"\
@@ -329,6 +365,7 @@ def render_script(spec: PreflightSpec) -> str:
         "WEIGHTS_ROOT": spec.weights_root or "",
         "MIN_DISK": f"{spec.min_free_disk_gib:g}" if spec.min_free_disk_gib is not None else "",
         "CHECK_RDMA": "1" if spec.check_rdma else "0",
+        "CHECK_EXPORT": "1" if spec.check_export_path else "0",
         "HCAS": " ".join(spec.ib_hcas),
         "STOP_T": str(spec.stop_timeout_s),
         "SETTLE_S": str(spec.mem_settle_s),

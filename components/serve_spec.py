@@ -11,7 +11,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 
-from components.config import Node, Settings
+from components.config import LONG_PREFILL_HEADROOM_TOKENS, Node, Settings
 
 STACK_LABEL = "dsv41-exl3.stack"
 GENERATION_LABEL = "dsv41-exl3.generation"
@@ -46,13 +46,88 @@ NCCL_COMMON_ENV = {
     "NCCL_LL128_BUFFSIZE": "262144",
     "NCCL_PROTO": "^LL128",
     "NCCL_MAX_NCHANNELS": "8",
-    "VLLM_ENGINE_READY_TIMEOUT_S": "1500",
     "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "1800",
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
     # Two EXL3 kernels on different streams deadlock.
     "VLLM_DISABLE_SHARED_EXPERTS_STREAM": "1",
 }
+
+
+# The rest of the A1 launcher's container environment (start.sh `nccl_common` and `serve_env`, with
+# .env.example's values where they differ from start.sh's fallbacks), identical on every rank.
+# The README's launcher table says why each is here and why the others are not.
+LAUNCHER_ENV = {
+    # Prefill kernels and workspace: MoE prefill 17 vs 34 ms per layer at a 1536 chunk.
+    "EXL3_FUSED_MOE": "1",
+    "EXL3_FAT_GROUPED": "1",
+    "EXL3_FAT_KERNEL": "0",
+    "EXL3_FAT_SORTED": "0",
+    "EXL3_FAT_BATCHED": "0",
+    "EXL3_MOE_ROW_TILE": "0",
+    "DSV41_INDEXER_PREFILL_FACTOR": "1",
+    "VLLM_SPARSE_INDEXER_MAX_LOGITS_MB": "256",
+    "DSV41_PREFILL_EMPTY_CACHE_TOKENS": "8192",
+    "DSV41_PREFILL_EMPTY_CACHE_MEMAVAIL_GIB": "2.5",
+    "DSV41_PREFILL_END_EMPTY_CACHE": "0",
+    "DSV41_DROP_PAGE_CACHE": "1",
+    "DSV41_SKIP_MIXED_WARMUP": "0",
+    # exllamav3 keeps one lock buffer per device: EXL3 GEMMs on two streams deadlock.
+    "DSV41_EXL3_SERIAL_STREAMS": "1",
+    "DSV41_EXL3_K_MAP": "/opt/dsv41/exl3_k_map.json",
+    # Engram row store (file-backed, read from the engram mount).
+    "DSV41_SOURCE": ENGRAM_MOUNT,
+    "DSV41_ENGRAM_DISABLE": "0",
+    "DSV41_IO_THREADS": "32",
+    "DSV41_CACHE_WAYS": "4",
+    "DSV41_STATS_SECONDS": "60",
+    # The image's build-time patches read these at run time.
+    "GLM53_SUPPRESS_STOPS_IN_REASONING": "1",
+    "GLM53_MIXED_PREFILL_CHUNK": "0",
+    "GLM53_INDEXER_WORKSPACE": "stock",
+    "GLM53_SPINWAIT_MS": "stock",
+    "GLM53_DENSE_FP8": "off",
+    # JIT targets and caches (the caches live in the cache volumes below).
+    "TORCH_CUDA_ARCH_LIST": "12.1a",
+    "FLASHINFER_CUDA_ARCH_LIST": "12.1a",
+    "FLASHINFER_DISABLE_VERSION_CHECK": "1",
+    "VLLM_CACHE_ROOT": "/root/.cache/vllm",
+    "TRITON_CACHE_DIR": "/root/.triton/cache",
+    "TILELANG_CACHE_DIR": "/root/.tilelang/cache",
+    "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
+
+# vLLM's own engine-ready timeout must outlast the gates, or it ends a boot they would still wait for.
+ENGINE_READY_MARGIN_S = 300
+# The kernel OOM killer scores by RSS, and the weights are in no RSS: without this it kills sshd or
+# dockerd instead of vLLM. docker's --oom-score-adj is not a pulumi-docker input; raising one's own
+# score needs no privilege, so the container's command sets it before exec'ing vLLM.
+OOM_SCORE_ADJ = 1000
+CONTAINER_SCRIPT = (
+    f"echo {OOM_SCORE_ADJ} > /proc/self/oom_score_adj || "
+    "{ echo 'dsv41-exl3: cannot write /proc/self/oom_score_adj; refusing to start vLLM without it' >&2; exit 1; }; "
+    'exec vllm "$@"'
+)
+
+
+def long_prefill_token_threshold(s: Settings) -> int:
+    """The configured threshold, or the launcher's rule applied to the batch size (1280 with 1536)."""
+    if s.serve.long_prefill_token_threshold is not None:
+        return s.serve.long_prefill_token_threshold
+    return s.serve.max_num_batched_tokens - LONG_PREFILL_HEADROOM_TOKENS
+
+
+def engine_ready_timeout_s(s: Settings) -> int:
+    """VLLM_ENGINE_READY_TIMEOUT_S: longer than the rendezvous and ready gates together (the ready
+    gate's clock starts after the rendezvous gate passed, vLLM's after the container started)."""
+    return s.gates.rendezvous_timeout_seconds + s.gates.ready_timeout_seconds + ENGINE_READY_MARGIN_S
+
+
+def container_entrypoint() -> list[str]:
+    """The container's entrypoint: sets oom_score_adj, then execs `vllm` with the command as argv."""
+    return ["/bin/sh", "-c", CONTAINER_SCRIPT, "vllm"]
 
 
 def model_flags(s: Settings) -> list[str]:
@@ -65,11 +140,13 @@ def model_flags(s: Settings) -> list[str]:
         "--max-model-len", str(v.max_model_len),
         "--max-num-seqs", str(v.max_num_seqs),
         "--max-num-batched-tokens", str(v.max_num_batched_tokens),
-        "--long-prefill-token-threshold", "1792",
+        "--long-prefill-token-threshold", str(long_prefill_token_threshold(s)),
         "--gpu-memory-utilization", str(v.gpu_memory_utilization),
         "--tokenizer-mode", "deepseek_v41",
         "--tool-call-parser", "deepseek_v41",
         "--reasoning-parser", "deepseek_v41",
+        *(["--enable-auto-tool-choice"] if v.enable_auto_tool_choice else []),
+        *(["--chat-template", v.chat_template] if v.chat_template else []),
         "--enable-prefix-caching",
         "--no-enable-flashinfer-autotune",
         "--hf-overrides", json.dumps({"engram_table_dir": ENGRAM_MOUNT}),
@@ -108,7 +185,7 @@ def rank_command(s: Settings, rank: int) -> list[str]:
 def node_env(s: Settings, node: Node, gid_index: int | None) -> dict[str, str]:
     """The container environment of one node. A variable with no value is left out, never set empty:
     `NCCL_IB_GID_INDEX=` parses as 0 (the link-local GID) and hangs NCCL."""
-    env = dict(NCCL_COMMON_ENV)
+    env = common_env(s)
     per_node = {
         "VLLM_HOST_IP": node.fabric_ip,
         "NCCL_SOCKET_IFNAME": node.fabric_interface,
@@ -119,6 +196,21 @@ def node_env(s: Settings, node: Node, gid_index: int | None) -> dict[str, str]:
     env.update({k: v for k, v in per_node.items() if v})
     env.update(s.serve.extra_env)
     return {k: v for k, v in env.items() if v != ""}
+
+
+def common_env(s: Settings) -> dict[str, str]:
+    """The environment every rank shares, before `serve.extraEnv`."""
+    v = s.serve
+    env = {**NCCL_COMMON_ENV, **LAUNCHER_ENV}
+    env.update({
+        "NNODES": str(len(s.nodes)),
+        "DSV41_CACHE_GIB": f"{v.engram_cache_gi_b:g}",
+        "DSV41_RESIDENT_SCALES": "1" if v.engram_resident_scales else "0",
+        "EXL3_TEMP_ROWS_FUSED": str(v.exl3_temp_rows_fused),
+        "PYTORCH_CUDA_ALLOC_CONF": v.pytorch_cuda_alloc_conf,
+        "VLLM_ENGINE_READY_TIMEOUT_S": str(engine_ready_timeout_s(s)),
+    })
+    return env
 
 
 def env_list(env: dict[str, str]) -> list[str]:
@@ -134,6 +226,7 @@ def cluster_generation(s: Settings) -> str:
         "nodes": [n.model_dump(mode="json") for n in s.nodes],
         "masterPort": s.serve.master_port,
         "env": sorted(s.serve.extra_env.items()),
+        "commonEnv": sorted(common_env(s).items()),
         "weights": [s.weights.root, s.weights.model_repo, s.weights.engram_repo, s.weights.revision],
         # The head alone would be replaced by a new key; a worker left behind would hang at rendezvous.
         "apiKey": hashlib.sha256(s.serve.api_key.get_secret_value().encode()).hexdigest() if s.serve.api_key else None,

@@ -118,7 +118,7 @@ class ServingCluster(pulumi.ComponentResource):
             f"{name}-{node.name}",
             name=cname,
             image=r.image_id,
-            entrypoints=["vllm"],
+            entrypoints=serve_spec.container_entrypoint(),
             command=serve_spec.rank_command(s, rank),
             envs=envs,
             gpus=node.gpus or None,

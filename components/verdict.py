@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -22,6 +23,11 @@ from typing import Any
 
 VERIFY_PROMPT = "What is the capital of France? Answer in one word."
 VERIFY_MAX_TOKENS = 40
+# The recipe's question has one right answer.
+VERIFY_EXPECTED = "Paris"
+_EXPECTED = re.compile(rf"\b{VERIFY_EXPECTED}\b", re.IGNORECASE)
+# Reasoning a server left inline (no reasoning parser): <think>...</think>, or cut off unterminated.
+_THINK = re.compile(r"<think>.*?(?:</think>|$)", re.IGNORECASE | re.DOTALL)
 
 # vLLM's stand-in for -inf and for a position without a logprob entry: never a real value.
 CLAMPED_LOGPROB = -9999.0
@@ -57,6 +63,7 @@ class Reason(StrEnum):
     HUNG_RANK = "hung_rank"
     SLOW_DECODE = "slow_decode"
     UNMEASURABLE = "unmeasurable"
+    WRONG_ANSWER = "wrong_answer"
 
 
 @dataclass(frozen=True)
@@ -71,6 +78,8 @@ class Verified:
 
     answer: str
     logprobs: tuple[TokenLogprob, ...]
+    # What a reasoning parser split off (`reasoning_content` / `reasoning`), if any.
+    reasoning: str = ""
 
 
 @dataclass(frozen=True)
@@ -292,7 +301,11 @@ def judge_completion(status: int, headers: Mapping[str, str], body: bytes | str)
     message = choice.get("message")
     content = message.get("content") if isinstance(message, Mapping) else None
     answer = content if isinstance(content, str) and content else "".join(t.token for t in tokens)
-    return Verified(answer=answer.strip(), logprobs=tokens)
+    reasoning = "".join(
+        value for key in ("reasoning_content", "reasoning")
+        if isinstance(message, Mapping) and isinstance(value := message.get(key), str)
+    )
+    return Verified(answer=answer.strip(), logprobs=tokens, reasoning=reasoning.strip())
 
 
 class SseDecoder:
@@ -385,6 +398,7 @@ def judge_stream(status: int, headers: Mapping[str, str], payloads: Sequence[str
         return chunks
     items: list[Any] = []
     answer: list[str] = []
+    reasoning: list[str] = []
     for chunk in chunks:
         choice = _first_choice(chunk)
         if choice is None:
@@ -392,6 +406,8 @@ def judge_stream(status: int, headers: Mapping[str, str], payloads: Sequence[str
         delta = choice.get("delta")
         if isinstance(delta, Mapping) and isinstance(delta.get("content"), str):
             answer.append(delta["content"])
+        if isinstance(delta, Mapping):
+            reasoning += [v for key in ("reasoning_content", "reasoning") if isinstance(v := delta.get(key), str)]
         logprobs = choice.get("logprobs")
         if isinstance(logprobs, Mapping) and isinstance(logprobs.get("content"), list):
             items.extend(logprobs["content"])
@@ -404,7 +420,30 @@ def judge_stream(status: int, headers: Mapping[str, str], payloads: Sequence[str
     if isinstance(tokens, Failed):
         return tokens
     text = "".join(answer) or "".join(t.token for t in tokens)
-    return Verified(answer=text.strip(), logprobs=tokens)
+    return Verified(answer=text.strip(), logprobs=tokens, reasoning="".join(reasoning).strip())
+
+
+def judge_answer(verified: Verified) -> Failed | None:
+    """None when the answer to the recipe's question says Paris (any case), reasoning text aside.
+
+    Finite logprobs prove numbers, not sense: fluent garbage has them too. The reasoning is not
+    judged (it may weigh other cities); only when the answer itself is empty (the reasoning took
+    the whole token budget) is the reasoning read instead.
+    """
+    answer = _THINK.sub("", verified.answer).strip()
+    judged, where = answer, "answer"
+    if not answer:
+        inline = " ".join(m.group(0) for m in _THINK.finditer(verified.answer))
+        judged, where = (verified.reasoning or inline).strip(), "reasoning (the answer itself was empty)"
+    if _EXPECTED.search(judged):
+        return None
+    return Failed(
+        Reason.WRONG_ANSWER,
+        f"the {where} to {VERIFY_PROMPT!r} is {_snippet(judged, 80)!r}, which does not say "
+        f"{VERIFY_EXPECTED}: the logprobs are finite but the model computes the wrong text; suspect the "
+        "weights (a shard of another revision), one node running a different image build, or a "
+        "serve.extraArgs / serve.extraEnv change",
+    )
 
 
 @dataclass(frozen=True)

@@ -350,7 +350,8 @@ def sshd_config(layout: Layout, i: int) -> str:
 ListenAddress {layout.node_ip(i)}:{SSH_PORT}
 HostKey {d / 'ssh_host_ed25519_key'}
 PidFile {d / 'sshd.pid'}
-AuthorizedKeysFile {layout.authorized_keys}
+# The sim's client key, and the user's own file as on any node (the watchdogs authorize their peers there).
+AuthorizedKeysFile {layout.authorized_keys} .ssh/authorized_keys
 # The key lives in the work tree, whose parent directories' modes are not ours to vouch for.
 StrictModes no
 PubkeyAuthentication yes

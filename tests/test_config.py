@@ -52,7 +52,7 @@ def test_recipe_defaults_apply_when_only_nodes_and_ssh_are_given() -> None:
     assert s.serve.served_model_name == "DeepSeek-v4.1-Flash-EXL3"
     assert s.preflight.min_mem_available_gi_b == 111.5
     assert s.preflight.min_free_disk_gi_b == 387
-    assert s.watchdog.enabled and s.watchdog.mem_available_floor_gi_b == 5
+    assert s.watchdog.enabled and s.watchdog.mem_available_floor_gi_b == 1.5
     assert s.head.fabric_interface == "enp1s0f1np1" and s.head.ib_hcas == ["rocep1s0f1"]
     assert s.head.gid_index == "auto" and s.workers[0].gid_index == 3
     assert s.head.rdma_devices == ["/dev/infiniband"] and s.head.gpus == "all"
@@ -250,3 +250,37 @@ def test_extra_env_numbers_from_yaml_are_taken_as_text() -> None:
     # `pulumi config set --path serve.extraEnv.X 5` and YAML `X: 5` both give a number.
     env = parse(two_sparks(serve={"extraEnv": {"SIM_LOAD_SECONDS": 5, "FLAG": True, "NAME": "x"}})).settings.serve
     assert env.extra_env == {"SIM_LOAD_SECONDS": "5", "FLAG": "true", "NAME": "x"}
+
+
+# --- issue 10: the launcher's rules -----------------------------------------------------------------
+
+def test_long_prefill_threshold_that_breaks_the_launchers_rule_is_refused_with_the_fix() -> None:
+    problems = problems_of(two_sparks(serve={"longPrefillTokenThreshold": 1792, "extraEnv": {"NNODES": "3"}}))
+    threshold = next(p for p in problems if "longPrefillTokenThreshold" in p)
+    assert "`serve.longPrefillTokenThreshold` = 1792" in threshold and "`serve.maxNumBatchedTokens` = 1536" in threshold
+    assert ">= 256" in threshold and "at most 1280" in threshold
+    assert any("`serve.extraEnv` sets NNODES" in p for p in problems), "every problem is reported together"
+    assert parse(two_sparks(serve={"longPrefillTokenThreshold": 1280})).settings.serve.long_prefill_token_threshold
+
+
+def test_a_batch_too_small_to_derive_a_threshold_is_refused() -> None:
+    (problem,) = problems_of(two_sparks(serve={"maxNumBatchedTokens": 256}))
+    assert "`serve.maxNumBatchedTokens` = 256" in problem and "raise it" in problem
+
+
+@pytest.mark.parametrize("var", ["NNODES", "VLLM_ENGINE_READY_TIMEOUT_S", "DSV41_CACHE_GIB", "NCCL_IB_GID_INDEX"])
+def test_env_the_program_renders_is_refused_in_extra_env(var: str) -> None:
+    (problem,) = problems_of(two_sparks(serve={"extraEnv": {var: "1"}}))
+    assert f"`serve.extraEnv` sets {var}: the program renders it" in problem
+
+
+def test_relative_chat_template_is_refused() -> None:
+    (problem,) = problems_of(two_sparks(serve={"chatTemplate": "chat_template.jinja"}))
+    assert "`serve.chatTemplate` = \"chat_template.jinja\"" in problem and "absolute path" in problem
+
+
+def test_engram_memory_and_small_fused_rows_warn() -> None:
+    loaded = parse(two_sparks(serve={"engramCacheGiB": 8, "exl3TempRowsFused": 4}))
+    assert any("engramCacheGiB" in w and "~4 GiB MemAvailable" in w for w in loaded.warnings)
+    assert any("`serve.exl3TempRowsFused` = 4" in w and "= 8" in w for w in loaded.warnings)
+    assert not parse(two_sparks()).warnings

@@ -30,6 +30,9 @@ def fake_stdout(args: pulumi.runtime.MockResourceArgs) -> dict[str, Any]:
         # These nodes have no RDMA devices (as on the simulated cluster): no GID is resolved.
         return {"stdout": json.dumps({"node": node, "mem_available_gib": 115.0, "gid_index": None,
                                       "stopped": [], "findings": []})}
+    if args.name.endswith("-keygen"):
+        key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFake" + args.name.replace("-", "")
+        return {"stdout": f"DSV41_WATCHDOG_PUBKEY {key}"}
     if "stage" in args.name:
         return {"stdout": "DSV41_WEIGHTS_MANIFEST " + json.dumps(
             {"root": "/home/me/dsv41-exl3", "files": {"model/a.safetensors": 1}})}

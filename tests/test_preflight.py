@@ -11,6 +11,7 @@ import json
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from dataclasses import dataclass, field
@@ -37,7 +38,7 @@ FIXTURES = Path(__file__).parent / "fixtures" / "sysfs"
 GIB_KIB = 1024 * 1024
 
 # The utilities the script may use on a node besides docker and systemctl.
-NODE_TOOLS = ["sh", "awk", "sed", "tr", "cat", "timeout", "du", "date", "sleep", "dirname", "id"]
+NODE_TOOLS = ["sh", "awk", "sed", "tr", "cat", "timeout", "du", "date", "sleep", "dirname", "id", "ls"]
 
 FAKE_DOCKER = """#!{python}
 import json, os, subprocess, sys, time
@@ -697,3 +698,61 @@ def test_spec_carries_every_arg() -> None:
         node_name="spark-1", fabric_ip="192.168.100.1", ib_hcas=("rocep1s0f1",), gid_index=4, check_rdma=True,
         min_mem_available_gib=111.5, weights_root="/srv/dsv41-exl3", min_free_disk_gib=387.0, stack_label="dev",
         command_timeout_s=200, stop_timeout_s=40, mem_settle_s=50)
+
+
+# --- issue 10: the NFS export path must be traversable by the workers' squashed root -------------
+
+
+def test_nfs_export_under_a_0750_home_is_refused_naming_the_directory_and_the_fix(
+    node: FakeNode, tmp_path: Path
+) -> None:
+    home = tmp_path / "home"
+    (home / "dsv41-exl3" / "model").mkdir(parents=True)
+    home.chmod(0o750)  # what Ubuntu 24.04 gives a new home directory
+    try:
+        run = node.run(make_spec(weights_root=str(home / "dsv41-exl3"), min_free_disk_gib=1, check_export_path=True))
+    finally:
+        home.chmod(0o755)
+    assert run.rc == 1
+    refusal = next(r for r in run.refusals if f"directory {home} " in r)
+    assert "not traversable by others (mode drwxr-x---)" in refusal
+    assert refusal.rstrip().endswith(f"fix: chmod o+x {home} (or set weights.root outside a 0750 home directory)")
+    assert not any(f"directory {home / 'dsv41-exl3'} " in r for r in run.refusals), "0755 below is fine"
+
+
+def test_nfs_export_path_traversable_by_others_passes(node: FakeNode) -> None:
+    base = Path(tempfile.mkdtemp(dir="/tmp"))  # pytest's own tmp root is 0700: use an o+x tree
+    try:
+        base.chmod(0o755)
+        (base / "home").mkdir(mode=0o751)
+        run = node.run(make_spec(weights_root=str(base / "home" / "not-yet-staged"), min_free_disk_gib=1,
+                                 check_export_path=True))
+        assert run.rc == 0, run.stderr
+    finally:
+        shutil.rmtree(base)
+
+
+def test_bind_share_and_workers_do_not_check_the_export_path(node: FakeNode, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir(mode=0o750)
+    run = node.run(make_spec(weights_root=str(home / "w"), min_free_disk_gib=1))
+    assert run.rc == 0, run.stderr
+    assert "CHECK_EXPORT=0\n" in render_script(make_spec(weights_root="/w", min_free_disk_gib=1))
+    with pytest.raises(ValueError, match="check_export_path needs weights_root"):
+        make_spec(check_export_path=True)
+
+
+def test_the_head_checks_the_export_path_only_with_the_nfs_share() -> None:
+    from components.config import parse
+    from components.deployment import deploy
+    from tests.test_deployment import COMMAND, FIXTURES, config
+
+    for share, expected in (("nfs", "CHECK_EXPORT=1\n"), ("bind", "CHECK_EXPORT=0\n")):
+        raw = config()
+        raw["weights"]["share"] = share
+        loaded = parse(raw)
+        rec = recording.run(lambda loaded=loaded: deploy(loaded, "dev"), FIXTURES)
+        head = next(c for c in rec.of_type(COMMAND) if c.name == "preflight-spark-0-check")
+        worker = next(c for c in rec.of_type(COMMAND) if c.name == "preflight-spark-1-check")
+        assert expected in head.inputs["create"]
+        assert "CHECK_EXPORT=0\n" in worker.inputs["create"]

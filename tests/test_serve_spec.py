@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+from pathlib import Path
 from typing import Any
 
 from components import serve_spec
@@ -115,3 +118,100 @@ def test_runtime_generation_changes_when_any_node_resolves_differently() -> None
     assert serve_spec.runtime_generation("g", [("sha256:a", 3), ("sha256:b", 3)]) == base
     assert serve_spec.runtime_generation("g", [("sha256:a", 3), ("sha256:b", 4)]) != base
     assert serve_spec.runtime_generation("h", [("sha256:a", 3), ("sha256:b", 3)]) != base
+
+
+# --- issue 10: the launcher's settings ------------------------------------------------------------
+
+LAUNCHER_VALUES = {
+    "DSV41_CACHE_GIB": "0",
+    "DSV41_RESIDENT_SCALES": "0",
+    "NNODES": "2",
+    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+    "EXL3_FAT_GROUPED": "1",
+    "EXL3_TEMP_ROWS_FUSED": "16",
+    "DSV41_INDEXER_PREFILL_FACTOR": "1",
+    "VLLM_SPARSE_INDEXER_MAX_LOGITS_MB": "256",
+    "FLASHINFER_DISABLE_VERSION_CHECK": "1",
+}
+
+
+def test_launcher_env_is_on_every_rank_with_the_launchers_values() -> None:
+    s = settings()
+    for node, gid in ((s.head, 3), (s.workers[0], None)):
+        env = serve_spec.node_env(s, node, gid)
+        for key, value in LAUNCHER_VALUES.items():
+            assert env.get(key) == value, f"{key} on {node.name}"
+        assert env["DSV41_SOURCE"] == serve_spec.ENGRAM_MOUNT
+        assert env["TRITON_CACHE_DIR"].startswith(serve_spec.CACHE_VOLUMES["triton"] + "/")
+        assert env["TILELANG_CACHE_DIR"].startswith(serve_spec.CACHE_VOLUMES["tilelang"] + "/")
+
+
+def test_engram_and_allocator_settings_come_from_config() -> None:
+    s = settings(serve={"engramCacheGiB": 2.5, "engramResidentScales": True, "exl3TempRowsFused": 32,
+                        "pytorchCudaAllocConf": "expandable_segments:False"})
+    env = serve_spec.node_env(s, s.head, 3)
+    assert env["DSV41_CACHE_GIB"] == "2.5" and env["DSV41_RESIDENT_SCALES"] == "1"
+    assert env["EXL3_TEMP_ROWS_FUSED"] == "32" and env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:False"
+
+
+def test_nnodes_is_the_node_count() -> None:
+    raw = two_sparks()
+    raw["nodes"] += [{"name": f"spark-{i}", "host": f"10.0.0.{i}", "user": "me", "fabricIp": f"192.168.100.{i}"}
+                     for i in (3, 4)]
+    s = parse(raw).settings
+    assert {serve_spec.node_env(s, n, None)["NNODES"] for n in s.nodes} == {"4"}
+
+
+def test_long_prefill_threshold_is_derived_from_the_batch_size() -> None:
+    assert flag(serve_spec.rank_command(settings(), 0), "--long-prefill-token-threshold") == "1280"
+    argv = serve_spec.rank_command(settings(serve={"maxNumBatchedTokens": 2048}), 1)
+    assert flag(argv, "--long-prefill-token-threshold") == "1792"
+    argv = serve_spec.rank_command(settings(serve={"longPrefillTokenThreshold": 1024}), 0)
+    assert flag(argv, "--long-prefill-token-threshold") == "1024"
+
+
+def test_tool_choice_and_chat_template_are_passed_like_the_launcher() -> None:
+    for rank in (0, 1):
+        argv = serve_spec.rank_command(settings(), rank)
+        assert "--enable-auto-tool-choice" in argv and flag(argv, "--tool-call-parser") == "deepseek_v41"
+        assert flag(argv, "--chat-template") == "/opt/dsv41/chat_template.jinja"
+    argv = serve_spec.rank_command(settings(serve={"enableAutoToolChoice": False, "chatTemplate": ""}), 0)
+    assert "--enable-auto-tool-choice" not in argv and "--chat-template" not in argv
+
+
+def test_engine_ready_timeout_outlasts_the_gates_that_wait_for_it() -> None:
+    s = settings()
+    value = int(serve_spec.node_env(s, s.head, 3)["VLLM_ENGINE_READY_TIMEOUT_S"])
+    assert value > s.gates.rendezvous_timeout_seconds + s.gates.ready_timeout_seconds
+    s = settings(gates={"readyTimeoutSeconds": 3600, "rendezvousTimeoutSeconds": 900})
+    assert int(serve_spec.node_env(s, s.workers[0], None)["VLLM_ENGINE_READY_TIMEOUT_S"]) > 3600 + 900
+
+
+def test_generation_changes_with_the_rendered_launcher_env() -> None:
+    base = serve_spec.cluster_generation(settings())
+    assert serve_spec.cluster_generation(settings(serve={"engramCacheGiB": 1})) != base
+    assert serve_spec.cluster_generation(settings(serve={"longPrefillTokenThreshold": 1024})) != base
+
+
+def test_container_entrypoint_sets_oom_score_adj_then_execs_vllm_with_the_command(tmp_path: Path) -> None:
+    entry = serve_spec.container_entrypoint()
+    assert entry[:2] == ["/bin/sh", "-c"] and entry[-1] == "vllm"
+    assert "echo 1000 > /proc/self/oom_score_adj" in entry[2] and 'exec vllm "$@"' in entry[2]
+    fake = tmp_path / "vllm"
+    fake.write_text('#!/bin/sh\necho "oom=$(cat /proc/self/oom_score_adj) pid=$$ args=$*"\n')
+    fake.chmod(0o755)
+    command = serve_spec.rank_command(settings(), 1)
+    done = subprocess.run([*entry, *command], capture_output=True, text=True, timeout=10, check=False,
+                          env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("oom=1000 ")
+    assert done.stdout.strip().endswith("args=" + " ".join(command))
+
+
+def test_container_entrypoint_refuses_to_start_vllm_when_the_score_cannot_be_set(tmp_path: Path) -> None:
+    entry = serve_spec.container_entrypoint()
+    # Same script against a path that cannot be written: it must stop, not run vLLM unprotected.
+    script = entry[2].replace("/proc/self/oom_score_adj", str(tmp_path / "missing" / "oom_score_adj"))
+    done = subprocess.run(["/bin/sh", "-c", script, "vllm", "serve"], capture_output=True, text=True,
+                          timeout=10, check=False, env={"PATH": str(tmp_path)})
+    assert done.returncode == 1 and "refusing to start vLLM" in done.stderr

@@ -149,3 +149,26 @@ def test_providers_are_the_nodes_own() -> None:
         assert f"p-{node}" in c.provider, f"{c.name} must be created through its own node's docker provider"
 
 
+
+
+def test_head_and_worker_containers_render_the_launchers_command_env_and_labels() -> None:
+    rec = run(nodes(2))
+    s = parse(nodes(2)).settings
+    for rank, name in ((0, "serving-spark-0"), (1, "serving-spark-1")):
+        c = rec.named(name)
+        # oom_score_adj 1000 first (the kernel must take vLLM, not sshd), then `vllm serve` as the command
+        assert c.inputs["entrypoints"] == serve_spec.container_entrypoint()
+        assert "echo 1000 > /proc/self/oom_score_adj" in c.inputs["entrypoints"][2]
+        command = c.inputs["command"]
+        assert command == serve_spec.rank_command(s, rank)
+        assert command[command.index("--long-prefill-token-threshold") + 1] == "1280"
+        assert "--enable-auto-tool-choice" in command
+        assert command[command.index("--chat-template") + 1] == "/opt/dsv41/chat_template.jinja"
+        assert ("--headless" in command) == (rank == 1)
+        env = dict(e.split("=", 1) for e in c.inputs["envs"])
+        assert env["DSV41_CACHE_GIB"] == "0" and env["DSV41_RESIDENT_SCALES"] == "0" and env["NNODES"] == "2"
+        assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+        assert env["VLLM_ENGINE_READY_TIMEOUT_S"] == str(serve_spec.engine_ready_timeout_s(s))
+        labels = {x["label"]: x["value"] for x in c.inputs["labels"]}
+        assert labels[serve_spec.RANK_LABEL] == str(rank) and labels[serve_spec.STACK_LABEL] == "dev"
+        assert labels[serve_spec.CONFIG_LABEL] == "g1"

@@ -1,7 +1,8 @@
 """The simulated cluster's vLLM stand-in, run as real local processes on 127.0.0.1.
 
 Each cluster is started with exactly what the program renders (`serve_spec.rank_command` and
-`serve_spec.node_env`, only the /model and /engram-src mount points swapped for a temp dir), and
+`serve_spec.node_env`, only the /model and /engram-src mount points and the image's chat template
+path swapped for a temp dir), and
 judged with the program's own gates (`rank_watch`) and verifier (`verify`), so the stand-in is
 held to what the deployment actually checks.
 """
@@ -51,6 +52,7 @@ API_KEY = "sk-sim-standin-0123456789"
 LOOPBACK = "127.0.0.1"
 WORKER_IP = "127.0.0.2"  # the worker's "fabric IP": also loopback, so VLLM_HOST_IP binds for real
 LOAD_SECONDS = "0.4"
+IMAGE_CHAT_TEMPLATE = "/opt/dsv41/chat_template.jinja"
 VLLM_LINE = re.compile(
     r"^(?:\((?:APIServer|EngineCore_DP0|Worker_TP\d+) pid=\d+\) )?"
     r"(?:(?:INFO|WARNING|ERROR) \d\d-\d\d \d\d:\d\d:\d\d \[[\w.]+:\d+\] "
@@ -98,6 +100,8 @@ def write_checkpoint(root: Path, salt: str = "") -> Path:
     (engram / "config.json").write_text("{}")
     for i in (47, 48):
         (engram / f"model-{i:05d}-of-00048.safetensors").write_bytes(f"engram table {i}{salt}".encode())
+    # what the image carries at /opt/dsv41/chat_template.jinja
+    (root / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
     return root
 
 
@@ -222,8 +226,10 @@ def cluster_settings(
 
 
 def mounted(argv: list[str], checkpoint: Path) -> list[str]:
-    """The rendered command with the container's mount points replaced by the temp checkpoint."""
+    """The rendered command with the container's mount points (and the image's chat template) replaced
+    by the temp checkpoint."""
     out = [str(checkpoint / "model") if a == serve_spec.MODEL_MOUNT else a for a in argv]
+    out = [str(checkpoint / "chat_template.jinja") if a == IMAGE_CHAT_TEMPLATE else a for a in out]
     return [a.replace(serve_spec.ENGRAM_MOUNT, str(checkpoint / "engram-src")) for a in out]
 
 
@@ -856,3 +862,107 @@ def test_sigterm_stops_a_serving_head_promptly(launch: Callable[..., Cluster]) -
     cluster.head.proc.send_signal(signal.SIGTERM)
     assert cluster.head.wait_exit(5) == 143
     assert time.monotonic() - started < 2
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 10: tools, the chat template and the wrong-answer fault, as vLLM behaves
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+class TestTools:
+    def test_tools_without_auto_tool_choice_get_vllms_400(self, launch: Callable[..., Cluster]) -> None:
+        cluster = launch(cluster_settings(serve={"enableAutoToolChoice": False}), single_node=True)
+        run_gates(cluster)
+        status, body = post(cluster, chat("What is the weather in Paris?", tools=[WEATHER_TOOL], max_tokens=5))
+        assert status == 400
+        assert json.loads(body)["error"] == {
+            "message": '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set',
+            "type": "BadRequestError",
+            "param": None,
+            "code": 400,
+        }
+        # tool_choice none ignores the tools, as vLLM does
+        status, _ = post(cluster, chat("Hi", tools=[WEATHER_TOOL], tool_choice="none", max_tokens=3))
+        assert status == 200
+
+    def test_tools_with_the_rendered_flags_get_a_tool_call_in_vllms_shape(self, healthy: Healthy) -> None:
+        status, body = post(healthy.cluster, chat("What is the weather in Paris?", tools=[WEATHER_TOOL]),
+                            key=API_KEY)
+        assert status == 200
+        choice = json.loads(body)["choices"][0]
+        assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+        (call,) = choice["message"]["tool_calls"]
+        assert call["id"].startswith("chatcmpl-tool-") and call["type"] == "function"
+        assert call["function"]["name"] == "get_weather"
+        assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+
+    def test_streamed_tool_call_arrives_as_a_delta(self, healthy: Healthy) -> None:
+        conn = http.client.HTTPConnection(LOOPBACK, healthy.cluster.settings.serve.port, timeout=10)
+        try:
+            conn.request("POST", "/v1/chat/completions", headers={
+                "Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"},
+                body=json.dumps(chat("Weather in Rome?", tools=[WEATHER_TOOL], stream=True)).encode())
+            text = conn.getresponse().read().decode()
+        finally:
+            conn.close()
+        chunks = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+        deltas = [c["choices"][0] for c in chunks if c.get("choices")]
+        calls = [d["delta"]["tool_calls"][0] for d in deltas if d["delta"].get("tool_calls")]
+        assert calls and calls[0]["index"] == 0 and calls[0]["function"]["name"] == "get_weather"
+        assert deltas[-1]["finish_reason"] == "tool_calls" and text.rstrip().endswith("data: [DONE]")
+
+    def test_official_openai_client_gets_a_tool_call_and_then_an_answer(self, healthy: Healthy) -> None:
+        openai = pytest.importorskip("openai")
+        client = openai.OpenAI(base_url=healthy.cluster.endpoint, api_key=API_KEY, timeout=20, max_retries=0)
+        messages: list[Any] = [{"role": "user", "content": "What is the weather in Paris?"}]
+        first = client.chat.completions.create(model=healthy.cluster.model, messages=messages,
+                                               tools=[WEATHER_TOOL], max_tokens=64)
+        choice = first.choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+        call = choice.message.tool_calls[0]
+        assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
+        messages += [choice.message.model_dump(exclude_none=True),
+                     {"role": "tool", "tool_call_id": call.id, "content": '{"temperature_c": 21}'}]
+        second = client.chat.completions.create(model=healthy.cluster.model, messages=messages,
+                                                tools=[WEATHER_TOOL], max_tokens=8)
+        assert second.choices[0].message.content and not second.choices[0].message.tool_calls
+        with pytest.raises(openai.NotFoundError, match="does not exist"):
+            client.chat.completions.create(model="nope", messages=messages, max_tokens=2)
+
+
+def test_wrong_answer_fault_is_fluent_and_finite_and_the_verifier_fails_it(launch: Callable[..., Cluster]) -> None:
+    cluster = launch(cluster_settings(extra_env={"SIM_FAULT": "wrong-answer", "SIM_DECODE_TOKENS_PER_SECOND": "100"}))
+    run_gates(cluster)
+    status, body = post(cluster, chat(VERIFY_PROMPT, max_tokens=40, temperature=0, logprobs=True, top_logprobs=1))
+    assert status == 200
+    choice = json.loads(body)["choices"][0]
+    assert choice["message"]["content"] == "Lyon"
+    assert all(math.isfinite(item["logprob"]) and -9999.0 < item["logprob"] <= 0
+               for item in choice["logprobs"]["content"])
+    outcome = verify_endpoint(cluster.endpoint, cluster.model, timeout_s=10)
+    assert isinstance(outcome, Failed) and outcome.reason is Reason.WRONG_ANSWER and "'Lyon'" in outcome.message
+
+
+def test_a_chat_template_that_does_not_exist_stops_the_head_like_vllm(checkpoint: Path) -> None:
+    argv = single_node_argv(checkpoint)
+    argv[argv.index("--chat-template") + 1] = "/opt/dsv41/missing.jinja"
+    done = run_cli(argv)
+    assert done.returncode == 1
+    assert ("ValueError: The supplied chat template (/opt/dsv41/missing.jinja) looks like a file path, but it "
+            "failed to be opened") in done.stdout + done.stderr
+
+
+def test_the_rendered_chat_template_is_what_the_sim_image_carries() -> None:
+    argv = serve_spec.rank_command(cluster_settings(), 0)
+    assert argv[argv.index("--chat-template") + 1] == IMAGE_CHAT_TEMPLATE
+    build = (REPO / "sim" / "image" / "build.sh").read_text()
+    assert '"$ctx/opt/dsv41/chat_template.jinja"' in build
+    assert (REPO / "sim" / "image" / "chat_template.jinja").is_file()

@@ -667,3 +667,91 @@ def test_cli_unreachable_endpoint_exits_1() -> None:
     assert done.returncode == 1
     (line,) = _lines(done)
     assert line.startswith("NOT verified (unreachable): ") and "connection refused" in line
+
+
+# --- issue 10: the answer must say Paris; a slow first request is a warm-up ------------------------
+
+
+def _answer(content: str | None, reasoning: str | None = None) -> Reply:
+    body = json.loads(chat_body(good_items(), content=content))
+    body["choices"][0]["message"]["reasoning_content"] = reasoning
+    return Reply(body=json.dumps(body).encode())
+
+
+def test_fluent_wrong_answer_with_finite_logprobs_fails_naming_the_answer() -> None:
+    with FakeVllm(_answer("Lyon.")) as server:
+        outcome = verify_endpoint(server.url, MODEL, timeout_s=2)
+    assert isinstance(outcome, Failed) and outcome.reason is Reason.WRONG_ANSWER
+    assert "'Lyon.'" in outcome.message and "does not say Paris" in outcome.message
+
+
+@pytest.mark.parametrize(("content", "reasoning"), [
+    ("PARIS", None),
+    ("The capital of France is paris.", None),
+    ("<think>Lyon? No, the capital is...</think>Paris", None),
+    ("Paris", "Is it Lyon or Marseille? The capital is Paris."),
+    (None, "The user asks for the capital of France, which is Paris, so"),  # reasoning took the budget
+])
+def test_the_answer_says_paris_in_any_case_reasoning_aside(content: str | None, reasoning: str | None) -> None:
+    with FakeVllm(_answer(content, reasoning)) as server:
+        outcome = verify_endpoint(server.url, MODEL, timeout_s=2)
+    assert isinstance(outcome, Passed), outcome
+
+
+def test_paris_in_the_reasoning_does_not_save_a_wrong_answer() -> None:
+    with FakeVllm(_answer("<think>Paris is the capital... but</think>Lyon", "Paris, surely")) as server:
+        outcome = verify_endpoint(server.url, MODEL, timeout_s=2)
+    assert isinstance(outcome, Failed) and outcome.reason is Reason.WRONG_ANSWER and "'Lyon'" in outcome.message
+
+
+def test_streamed_wrong_answer_fails_too() -> None:
+    events = [(0.0, p.replace('"Paris"', '"Lyon"')) for _, p in stream_events(good_items())]
+    with FakeVllm(Reply(events=events)) as server:
+        outcome = verify_endpoint(server.url, MODEL, timeout_s=2, stream=True)
+    assert isinstance(outcome, Failed) and outcome.reason is Reason.WRONG_ANSWER
+
+
+@pytest.mark.timeout(20)
+def test_slow_first_request_is_a_warm_up_and_the_next_answer_is_judged() -> None:
+    replies = iter([Reply(body=chat_body(good_items()).encode(), hang_s=2.5), _answer("Paris.")])
+    progress: list[str] = []
+    with FakeVllm(lambda _body: next(replies)) as server:
+        started = time.monotonic()
+        outcome = verify_endpoint(server.url, MODEL, timeout_s=1, retry_window_s=5, warmup_timeout_s=5,
+                                  on_progress=progress.append)
+        elapsed = time.monotonic() - started
+        assert len(server.completion_requests()) == 2
+    assert isinstance(outcome, Passed), outcome
+    assert outcome.latency_s < 1, "the judged request is the second, after the warm-up"
+    assert 2.5 <= elapsed < 5 and any("warm-up request answered" in line for line in progress)
+
+
+@pytest.mark.timeout(20)
+def test_without_warm_up_the_same_slow_first_request_fails_at_the_request_timeout() -> None:
+    with FakeVllm(Reply(body=chat_body(good_items()).encode(), hang_s=2.5)) as server:
+        outcome = verify_endpoint(server.url, MODEL, timeout_s=1, retry_window_s=5)
+    assert isinstance(outcome, Failed) and outcome.reason is Reason.HUNG_RANK
+
+
+@pytest.mark.timeout(20)
+def test_warm_up_that_never_answers_fails_at_the_warm_up_bound() -> None:
+    with FakeVllm(Reply(body=chat_body(good_items()).encode(), hang_s=30)) as server:
+        started = time.monotonic()
+        outcome = verify_endpoint(server.url, MODEL, timeout_s=1, retry_window_s=2, warmup_timeout_s=2)
+        elapsed = time.monotonic() - started
+    assert isinstance(outcome, Failed) and outcome.reason is Reason.HUNG_RANK and "within 2 s" in outcome.message
+    assert elapsed < 4
+
+
+def test_a_nan_warm_up_fails_at_once_without_a_second_request() -> None:
+    with FakeVllm(Reply(body=chat_body(_items_with(None)).encode())) as server:
+        outcome = verify_endpoint(server.url, MODEL, timeout_s=1, warmup_timeout_s=5)
+        assert len(server.completion_requests()) == 1
+    assert isinstance(outcome, Failed) and outcome.reason is Reason.NAN
+
+
+def test_verifier_resource_carries_the_warm_up_bound() -> None:
+    props = _props("http://127.0.0.1:9/v1", warmup_timeout_s=300)
+    inputs = verify.VerifierInputs.from_props(props)
+    assert inputs.warmup_timeout_s == 300.0 and inputs.to_props()["warmup_timeout_s"] == 300.0
+    assert verify.worst_case_seconds(120, 300, 0, 300) == 300 + 300 + 120 + verify.HEALTH_TIMEOUT_S

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -19,8 +20,13 @@ from components.watchdog import (
     LOG_PATH,
     MemoryWatchdog,
     MemoryWatchdogArgs,
+    WatchdogPeer,
     WatchdogSettings,
+    authorized_key_line,
+    parse_public_key,
     render_install_command,
+    render_key_command,
+    render_key_remove_command,
     render_remove_command,
     render_watchdog_script,
 )
@@ -45,7 +51,7 @@ FAKE_LOGGER = '#!/bin/sh\necho "$*" >> "$WD_TEST_DIR/logger.calls"\n'
 
 
 def _settings(**kw: object) -> WatchdogSettings:
-    return WatchdogSettings(**{"node_name": "spark-b", "container_name": "dsv41-rank1", **kw})  # type: ignore[arg-type]
+    return WatchdogSettings(**{"node_name": "spark-b", "container_name": "dsv41-rank1", "floor_gib": 5.0, **kw})  # type: ignore[arg-type]
 
 
 # --- pure rendering -------------------------------------------------------------------------------------
@@ -227,6 +233,7 @@ def test_component_installs_with_one_remote_command() -> None:
             node_name="spark-b",
             connection=remote.ConnectionArgs(host="127.0.0.3", port=2222, user="root"),
             container_name="dsv41-rank1",
+            floor_gib=5.0,
             restart_on=["cid-worker-1"],
         ))
         return {"log": wd.log_path, "status": wd.status}
@@ -251,3 +258,141 @@ def test_args_validate_at_program_time() -> None:
         MemoryWatchdogArgs(node_name="spark-b", connection=remote.ConnectionArgs(host="127.0.0.3"),
                            container_name="c", floor_gib=-1)
     assert pulumi  # the SDK is importable without an engine
+
+
+# --- issue 10: a trip stops every rank and records the memory holders --------------------------------------
+
+PEERS = (WatchdogPeer(node_name="spark-a", host="10.0.0.1", port=2201, user="me"),
+         WatchdogPeer(node_name="spark-c", host="10.0.0.3", user="ops"))
+FAKE_SSH = ('#!/bin/sh\necho "$*" >> "$WD_TEST_DIR/ssh.calls"\n'
+            '[ -z "${WD_SSH_FAIL:-}" ] || exit 255\necho "stopped rank"\n')
+PEER_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPeerKeyOfSparkA"
+
+
+def _trip(node: dict[str, str], *, key: bool = True, ssh_fails: bool = False) -> tuple[list[str], list[str], str]:
+    d = Path(node["WD_TEST_DIR"])
+    (d / "bin" / "ssh").write_text(FAKE_SSH)
+    (d / "bin" / "ssh").chmod(0o755)
+    state = Path(node["HOME"]) / ".local/state/dsv41-exl3"
+    state.mkdir(parents=True, exist_ok=True)
+    if key:
+        (state / "watchdog-peer-key").write_text("private key stand-in\n")
+    (d / "meminfo").write_text(f"MemTotal: 127535264 kB\nMemAvailable: {LOW} kB\n")
+    (d / "queue").write_text(f"{LOW}\n{LOW}\n")
+    script = d / "watchdog.sh"
+    script.write_text(render_watchdog_script(_settings(consecutive_samples=3, peers=PEERS)))
+    env = {**node, **({"WD_SSH_FAIL": "1"} if ssh_fails else {})}
+    done = subprocess.run(["sh", str(script)], env=env, capture_output=True, text=True, timeout=20, check=False)
+    assert done.returncode == 0, done.stderr
+    read = lambda name: (d / name).read_text().splitlines() if (d / name).exists() else []  # noqa: E731
+    return read("docker.calls"), read("ssh.calls"), (state / "watchdog.log").read_text()
+
+
+class TestStopsEveryRank:
+    def test_a_trip_stops_this_rank_then_every_peer_through_its_key(self, node: dict[str, str]) -> None:
+        docker_calls, ssh_calls, log = _trip(node)
+        assert docker_calls == ["stop dsv41-rank1"]
+        key = f"{node['HOME']}/.local/state/dsv41-exl3/watchdog-peer-key"
+        assert len(ssh_calls) == 2
+        for call, (port, target) in zip(ssh_calls, (("2201", "me@10.0.0.1"), ("22", "ops@10.0.0.3")), strict=True):
+            assert call.startswith(f"-i {key} -p {port} -o BatchMode=yes -o IdentitiesOnly=yes")
+            assert "StrictHostKeyChecking=accept-new" in call and "watchdog-known_hosts" in call
+            assert call.endswith(f"{target} stop-from spark-b")
+        lines = log.splitlines()
+        stopped = next(i for i, ln in enumerate(lines) if "stopped dsv41-rank1" in ln)
+        peer_a = next(i for i, ln in enumerate(lines) if "peer spark-a (me@10.0.0.1:2201): stopped rank" in ln)
+        assert stopped < peer_a and any("peer spark-c (ops@10.0.0.3:22): stopped rank" in ln for ln in lines)
+
+    def test_a_trip_records_memavailable_and_the_top_memory_holders(self, node: dict[str, str]) -> None:
+        _, _, log = _trip(node)
+        assert f"memory at stop: MemTotal: 127535264 kB; MemAvailable: {LOW} kB;" in log
+        holders = [ln for ln in log.splitlines() if "holder (pid rss_kib command):" in ln]
+        assert 2 <= len(holders) <= 11, "the header and the top processes by RSS"
+        assert "PID" in holders[0] and "RSS" in holders[0]
+        rss = [int(ln.split(": ", 1)[1].split()[1]) for ln in holders[1:]]
+        assert rss == sorted(rss, reverse=True)
+
+    def test_a_peer_that_cannot_be_reached_is_logged_and_the_others_are_still_stopped(
+        self, node: dict[str, str]
+    ) -> None:
+        docker_calls, ssh_calls, log = _trip(node, ssh_fails=True)
+        assert docker_calls == ["stop dsv41-rank1"] and len(ssh_calls) == 2
+        assert log.count("stop FAILED (exit 255)") == 2 and "stop it by hand" in log
+
+    def test_without_a_key_the_peers_are_named_not_skipped_silently(self, node: dict[str, str]) -> None:
+        docker_calls, ssh_calls, log = _trip(node, key=False)
+        assert docker_calls == ["stop dsv41-rank1"] and ssh_calls == []
+        assert "cannot stop rank on spark-a: no watchdog key" in log and "cannot stop rank on spark-c" in log
+
+    def test_default_floor_is_below_a_healthy_heads_low_water(self) -> None:
+        assert WatchdogSettings(node_name="n", container_name="c").floor_gib == 1.5
+        assert MemoryWatchdogArgs(node_name="n", connection=remote.ConnectionArgs(host="h"),
+                                  container_name="c").floor_gib == 1.5
+
+
+class TestPeerAuthorization:
+    def test_install_authorizes_peer_keys_for_the_stop_only_and_remove_revokes(
+        self, installed: tuple[dict[str, str], WatchdogSettings]
+    ) -> None:
+        env, base = installed
+        settings = WatchdogSettings(**{**base.__dict__, "peers": PEERS})
+        home = Path(env["HOME"])
+        ak = home / ".ssh" / "authorized_keys"
+        ak.parent.mkdir(mode=0o700)
+        ak.write_text("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOperator me@laptop\n")
+        for _ in range(2):  # idempotent: the lines are replaced, not appended again
+            done = _sh(render_install_command(settings, peer_keys=[("spark-a", PEER_KEY + " old-comment")]), env)
+            assert done.returncode == 0, done.stderr
+        lines = ak.read_text().splitlines()
+        assert lines[0].endswith("me@laptop"), "other keys are kept"
+        (line,) = [ln for ln in lines if "dsv41-exl3-watchdog:dsv41-rank1:" in ln]
+        assert line == ('restrict,command="sh .local/share/dsv41-exl3/memory-watchdog-spark-b-peer-stop.sh spark-a" '
+                        f"{PEER_KEY} dsv41-exl3-watchdog:dsv41-rank1:from-spark-a")
+        assert oct(ak.stat().st_mode & 0o777) == "0o600"
+        # what sshd runs for that key: from the home directory, the forced command, whatever was asked
+        command = line.split('command="', 1)[1].split('"', 1)[0]
+        forced = subprocess.run(["sh", "-c", command], cwd=home, env={**env, "SSH_ORIGINAL_COMMAND": "rm -rf /"},
+                                capture_output=True, text=True, timeout=20, check=False)
+        assert forced.returncode == 0, forced.stderr
+        assert forced.stdout.strip() == "stopped dsv41-rank1 on spark-b"
+        assert (Path(env["WD_TEST_DIR"]) / "docker.calls").read_text().splitlines()[-1] == "stop dsv41-rank1"
+        log = (home / ".local/state/dsv41-exl3/watchdog.log").read_text()
+        assert "STOP requested by the watchdog of spark-a" in log and "stopped (asked by spark-a)" in log
+        removed = _sh(render_remove_command(settings), env)
+        assert removed.returncode == 0, removed.stderr
+        assert ak.read_text().splitlines() == lines[:1]
+        assert not (home / ".local/share/dsv41-exl3/memory-watchdog-spark-b-peer-stop.sh").exists()
+
+    def test_a_key_that_is_not_an_ed25519_line_is_refused(self) -> None:
+        with pytest.raises(ValueError, match="is not an ssh-ed25519 key line"):
+            authorized_key_line(_settings(), "spark-a", 'ssh-ed25519 AAAA" ,command="evil')
+
+    def test_key_command_makes_one_key_and_prints_the_public_half(self, tmp_path: Path) -> None:
+        if shutil.which("ssh-keygen") is None:
+            pytest.skip("ssh-keygen not installed")
+        env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path)}
+        first = _sh(render_key_command(_settings()), env)
+        again = _sh(render_key_command(_settings()), env)
+        assert first.returncode == 0, first.stderr
+        key = parse_public_key(first.stdout, "spark-b")
+        assert key.startswith("ssh-ed25519 ") and parse_public_key(again.stdout, "spark-b") == key
+        assert (tmp_path / ".local/state/dsv41-exl3/watchdog-peer-key").stat().st_mode & 0o077 == 0
+        assert _sh(render_key_remove_command(), env).returncode == 0
+        assert not (tmp_path / ".local/state/dsv41-exl3/watchdog-peer-key").exists()
+
+
+def test_deployment_gives_every_watchdog_the_other_ranks_and_their_keys() -> None:
+    from components.config import parse
+    from components.deployment import deploy
+    from tests.test_deployment import FIXTURES, config
+
+    rec = recording.run(lambda: deploy(parse(config(4)), "dev"), FIXTURES)
+    assert len(rec.of_type("dsv41-exl3:watchdog:WatchdogKey")) == 4
+    commands = rec.of_type("command:remote:Command")
+    installs = {c.name: c.inputs["create"] for c in commands if c.name.endswith("-install")}
+    for i in range(4):
+        create = installs[f"watchdog-spark-{i}-install"]
+        for j in {0, 1, 2, 3} - {i}:
+            assert f"stop_peer spark-{j} me 10.0.0.{j + 1} 22" in create
+            assert f"dsv41-exl3-watchdog:dsv41-exl3-dev-spark-{i}:from-spark-{j}" in create
+        assert f"stop_peer spark-{i} " not in create, "a node does not ssh to itself"

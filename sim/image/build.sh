@@ -2,8 +2,9 @@
 # Builds the stand-in serving image and pushes it to the sim's registry:
 #   1. base root filesystem tarball (base.sh), cached OUTSIDE the work tree, keyed by the hash of its inputs;
 #   2. `docker import` of that tarball into the builder daemon (once per key);
-#   3. a thin layer on top with sim/standin/ at /opt/standin and `vllm` on PATH (cheap: redone when
-#      sim/standin or this file changes), ENTRYPOINT ["vllm"];
+#   3. a thin layer on top with sim/standin/ at /opt/standin, `vllm` on PATH and the recipe image's chat
+#      template path /opt/dsv41/chat_template.jinja (sim/image/chat_template.jinja; cheap: redone when
+#      sim/standin, the template or this file changes), ENTRYPOINT ["vllm"];
 #   4. `docker push` to the registry, then untag on the builder so every node gets it by pulling.
 # Skips everything when the registry already holds the image built from the same inputs.
 #
@@ -33,7 +34,9 @@ base_key=$( { uname -m; cat "$here/base.sh" "$here/requirements.txt"; } | sha)
 # The standin tree by content and mode (no mtimes), so a touch alone does not rebuild.
 standin_sum=$(cd "$standin" && find . -type f ! -path '*/__pycache__/*' ! -name '*.pyc' -print0 | sort -z |
   xargs -0 stat -c '%a %n' | while read -r mode name; do echo "$mode $name $(sha256sum < "$name")"; done | sha)
-final_key=$( { echo "$base_key $standin_sum"; cat "$here/build.sh"; } | sha)
+template=$here/chat_template.jinja
+[ -f "$template" ] || { log "$template missing: the program passes --chat-template /opt/dsv41/chat_template.jinja"; exit 1; }
+final_key=$( { echo "$base_key $standin_sum"; cat "$here/build.sh" "$template"; } | sha)
 stamp=$state/registry/standin.key
 
 registry_has() {  # the tag exists in the registry (manifest HEAD)
@@ -76,9 +79,10 @@ ctx=$(mktemp -d)
 ctr=""
 cleanup() { rm -rf "$ctx"; [ -z "$ctr" ] || docker rm -f "$ctr" >/dev/null 2>&1 || true; }
 trap cleanup EXIT
-mkdir -p "$ctx/opt/standin" "$ctx/usr/local/bin"
+mkdir -p "$ctx/opt/standin" "$ctx/opt/dsv41" "$ctx/usr/local/bin"
 (cd "$standin" && tar --exclude=__pycache__ --exclude='*.pyc' -cf - .) | tar -C "$ctx/opt/standin" -xf -
 chmod 0755 "$ctx/opt/standin/vllm"
+install -m 0644 "$template" "$ctx/opt/dsv41/chat_template.jinja"
 ln -s /opt/standin/vllm "$ctx/usr/local/bin/vllm"
 log "adding sim/standin ($standin_sum) on top of $base_image"
 ctr=$(docker create --network none "$base_image" /bin/true)

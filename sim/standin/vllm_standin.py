@@ -31,7 +31,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -47,7 +47,9 @@ EXIT_USAGE = 2
 EXIT_FAILURE = 1
 EXIT_SIGTERM = 143  # what docker reports for a process ended by SIGTERM
 CLAMPED_LOGPROB = -9999.0  # vLLM's max(x, -9999.0) at every output site
-FAULTS = ("nan-logits", "worker-exit-after-load", "rank-never-joins", "stall-after-load")
+FAULTS = ("nan-logits", "worker-exit-after-load", "rank-never-joins", "stall-after-load", "wrong-answer")
+# vLLM's serving_chat.py refusal of a request with `tools` (tool_choice "auto" is the default then).
+AUTO_TOOL_CHOICE_MESSAGE = '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
 NAN_MESSAGE = "Out of range float values are not JSON compliant"
 ENGINE_DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 
@@ -627,6 +629,10 @@ KNOWN_ANSWERS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"capital of germany", re.IGNORECASE), "Berlin"),
     (re.compile(r"capital of spain", re.IGNORECASE), "Madrid"),
 )
+# SIM_FAULT=wrong-answer: the same fluent one-word answer shape, the wrong city, finite logprobs.
+# Tokens the engine computes for a tool call (every rank takes part, as for any answer).
+TOOL_CALL_TOKENS = 8
+WRONG_ANSWERS = {"Paris": "Lyon", "Rome": "Madrid", "Tokyo": "Berlin", "Berlin": "Rome", "Madrid": "Tokyo"}
 
 
 def partial_logits(weights: bytes, rank: int, key: str, nan: bool) -> list[float]:
@@ -646,14 +652,17 @@ def log_softmax(logits: Sequence[float]) -> list[float]:
     return [x - lse if x != -math.inf else -math.inf for x in logits]
 
 
-def structure(weights: bytes, prompt: str, generated: Sequence[int]) -> list[float]:
-    """The mask and biases of one step: which tokens may follow, and the known answers."""
+def structure(weights: bytes, prompt: str, generated: Sequence[int], wrong: bool = False) -> list[float]:
+    """The mask and biases of one step: which tokens may follow, and the known answers (`wrong`: the
+    wrong one, as fluently)."""
     step = len(generated)
     previous = generated[-1] if generated else -1
     rng = random.Random(hashlib.sha256(weights + b"mask" + previous.to_bytes(4, "big", signed=True)).digest())
     allowed = set(rng.sample(_WORD_IDS, ALLOWED_PER_STEP))
     bias = [0.0] * len(VOCAB)
     answer = next((word for pattern, word in KNOWN_ANSWERS if pattern.search(prompt)), None)
+    if answer is not None and wrong:
+        answer = WRONG_ANSWERS[answer]
     if answer is not None and step == 0:
         allowed.add(VOCAB.index(answer))
         bias[VOCAB.index(answer)] = ANSWER_BIAS
@@ -941,6 +950,8 @@ class ChatRequest:
     top_logprobs: int
     stream: bool
     include_usage: bool
+    # The function a tool call names, when the request's tools and tool_choice ask for one.
+    tool: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -981,7 +992,7 @@ class Engine:
     def logits(self, prompt: str, generated: Sequence[int]) -> list[float]:
         key = hashlib.sha256(json.dumps([prompt, list(generated)]).encode()).hexdigest()
         nan = self.env.fault == "nan-logits"
-        total = structure(self.weights, prompt, generated)
+        total = structure(self.weights, prompt, generated, wrong=self.env.fault == "wrong-answer")
         with self._lock:  # one model step at a time, like the engine loop
             if self.dead:
                 raise EngineDead()
@@ -1112,7 +1123,13 @@ def _number(body: Mapping[str, Any], name: str, default: Any, kind: type) -> Any
 
 
 def parse_chat(
-    body: Any, served: Sequence[str], max_model_len: int, max_logprobs: int, defaults: Mapping[str, Any]
+    body: Any,
+    served: Sequence[str],
+    max_model_len: int,
+    max_logprobs: int,
+    defaults: Mapping[str, Any],
+    tool_parser: str | None = None,
+    auto_tools: bool = False,
 ) -> ChatRequest:
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object", "BadRequestError")
@@ -1162,6 +1179,7 @@ def parse_chat(
     if _number(body, "n", 1, int) != 1:
         raise ApiError(400, "the vLLM stand-in serves n=1 only", "BadRequestError", "n")
     options = body.get("stream_options")
+    tool = _tool_to_call(body, messages, tool_parser, auto_tools)
     return ChatRequest(
         model=str(model),
         prompt=prompt,
@@ -1175,7 +1193,80 @@ def parse_chat(
         top_logprobs=top_logprobs,
         stream=body.get("stream") is True,
         include_usage=isinstance(options, dict) and options.get("include_usage") is True,
+        tool=tool,
     )
+
+
+def _tool_to_call(
+    body: Mapping[str, Any], messages: Sequence[Mapping[str, Any]], tool_parser: str | None, auto_tools: bool
+) -> Mapping[str, Any] | None:
+    """vLLM's tool rules: with `tools`, tool_choice defaults to "auto", which needs both
+    --enable-auto-tool-choice and --tool-call-parser (HTTP 400 otherwise). The stand-in calls the
+    named (or first) function unless the conversation already carries that tool's result."""
+    tools = body.get("tools")
+    if tools is None:
+        return None
+    if not isinstance(tools, list) or not all(
+        isinstance(x, dict) and x.get("type") == "function" and isinstance(x.get("function"), dict)
+        and isinstance(x["function"].get("name"), str) for x in tools
+    ):
+        raise ApiError(400, "tools must be a list of {type: function, function: {name, ...}}", "BadRequestError",
+                       "tools")
+    choice = body.get("tool_choice", "auto" if tools else "none")
+    if choice == "none" or not tools:
+        return None
+    if choice == "auto" and not (auto_tools and tool_parser):
+        raise ApiError(400, AUTO_TOOL_CHOICE_MESSAGE, "BadRequestError")
+    functions = [x["function"] for x in tools]
+    if isinstance(choice, dict):
+        name = choice.get("function", {}).get("name") if isinstance(choice.get("function"), dict) else None
+        named = [f for f in functions if f["name"] == name]
+        if not named:
+            raise ApiError(400, f"Tool '{name}' has not been passed in `tools`.", "BadRequestError", "tool_choice")
+        functions = named
+    elif choice not in ("auto", "required"):
+        raise ApiError(400, f"Invalid value for `tool_choice`: {choice!r}", "BadRequestError", "tool_choice")
+    if messages and messages[-1].get("role") == "tool":
+        return None  # the result is back: answer in words
+    chosen: Mapping[str, Any] = functions[0]
+    return chosen
+
+
+def tool_arguments(function: Mapping[str, Any], prompt: str) -> str:
+    """Arguments that fit the function's JSON schema: strings from the prompt's last capitalised word."""
+    words = re.findall(r"\b[A-Z][a-z]+\b", prompt.split(":", 1)[-1])
+    raw_params = function.get("parameters")
+    params: dict[str, Any] = raw_params if isinstance(raw_params, dict) else {}
+    raw_props = params.get("properties")
+    props: dict[str, Any] = raw_props if isinstance(raw_props, dict) else {}
+    out: dict[str, Any] = {}
+    for name, schema in props.items():
+        kind = schema.get("type") if isinstance(schema, dict) else None
+        if isinstance(schema, dict) and isinstance(schema.get("enum"), list) and schema["enum"]:
+            out[name] = schema["enum"][0]
+        elif kind == "integer":
+            out[name] = 1
+        elif kind == "number":
+            out[name] = 1.0
+        elif kind == "boolean":
+            out[name] = True
+        else:
+            out[name] = words[-1] if words else "Paris"
+    return json.dumps(out, ensure_ascii=False)
+
+
+def _for_engine(req: ChatRequest) -> ChatRequest:
+    """A tool call's arguments are short: the engine computes a few tokens for it, not max_tokens."""
+    return req if req.tool is None else replace(req, max_tokens=min(req.max_tokens, TOOL_CALL_TOKENS))
+
+
+def tool_call(function: Mapping[str, Any], prompt: str) -> dict[str, Any]:
+    """One entry of `message.tool_calls` in vLLM's shape."""
+    return {
+        "id": f"chatcmpl-tool-{uuid.uuid4().hex}",
+        "type": "function",
+        "function": {"name": function["name"], "arguments": tool_arguments(function, prompt)},
+    }
 
 
 def _entry(token_id: int, logprob: float) -> dict[str, Any]:
@@ -1352,6 +1443,8 @@ def make_handler(api: Api) -> type[BaseHTTPRequestHandler]:
                     api.max_model_len,
                     int(api.args.get("--max-logprobs", 20)),
                     api.args.get("--override-generation-config") or {},
+                    api.args.get("--tool-call-parser"),
+                    bool(api.args.get("--enable-auto-tool-choice")),
                 )
             except ApiError as err:
                 self._json(err.status, err.body)
@@ -1363,25 +1456,26 @@ def make_handler(api: Api) -> type[BaseHTTPRequestHandler]:
 
         def _complete(self, req: ChatRequest) -> None:
             try:
-                tokens = list(api.engine.generate(req))
+                tokens = list(api.engine.generate(_for_engine(req)))
             except EngineDead:
                 self._json(500, ApiError(500, ENGINE_DEAD_MESSAGE, "InternalServerError").body)
                 return
             completion = sum(1 for _ in tokens)
+            calls = [tool_call(req.tool, req.prompt)] if req.tool is not None else []
             choice = {
                 "index": 0,
                 "message": {
                     "role": "assistant",
-                    "content": "".join(t.text for t in tokens),
+                    "content": None if calls else "".join(t.text for t in tokens),
                     "refusal": None,
                     "annotations": None,
                     "audio": None,
                     "function_call": None,
-                    "tool_calls": [],
+                    "tool_calls": calls,
                     "reasoning_content": None,
                 },
                 "logprobs": {"content": logprobs_content(tokens)} if req.logprobs else None,
-                "finish_reason": tokens[-1].finish_reason if tokens else "length",
+                "finish_reason": "tool_calls" if calls else (tokens[-1].finish_reason if tokens else "length"),
                 "stop_reason": None,
             }
             payload = {
@@ -1452,7 +1546,20 @@ def make_handler(api: Api) -> type[BaseHTTPRequestHandler]:
                     }
                 )
                 try:
-                    for token in api.engine.generate(req):
+                    if req.tool is not None:
+                        completion = sum(1 for _ in api.engine.generate(_for_engine(req)))
+                        call = tool_call(req.tool, req.prompt)
+                        self._event({**head, "choices": [{
+                            "index": 0,
+                            "delta": {"tool_calls": [{"index": 0, **call}]},
+                            "logprobs": None,
+                            "finish_reason": None,
+                        }], **usage})
+                        self._event({**head, "choices": [{
+                            "index": 0, "delta": {}, "logprobs": None, "finish_reason": "tool_calls",
+                            "stop_reason": None,
+                        }], **usage})
+                    for token in [] if req.tool is not None else api.engine.generate(req):
                         completion += 1
                         self._event(
                             {
@@ -1557,6 +1664,16 @@ def _validate(args: ServeArgs) -> str | None:
         return "ValueError: the vLLM stand-in runs multi-node only with --distributed-executor-backend mp"
     if args.node_rank == 0 and args.get("--headless"):
         return "ValueError: --headless is for the worker nodes (--node-rank > 0); node rank 0 serves the API"
+    template = args.get("--chat-template")
+    if template and not args.is_worker:
+        # vLLM's load_chat_template: a path-like value must open, or the API server does not start.
+        try:
+            with open(template, encoding="utf-8") as f:
+                f.read()
+        except OSError as err:
+            if not any(c in template for c in "{}\n"):
+                return (f"ValueError: The supplied chat template ({template}) looks like a file path, but it "
+                        f"failed to be opened. Reason: {err}")
     return None
 
 
