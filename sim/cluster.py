@@ -372,11 +372,17 @@ PrintMotd no
 def start_sshd(layout: Layout, i: int) -> None:
     d = layout.node_dir(i)
     pidfile, ip = d / "sshd.pid", layout.node_ip(i)
-    if running_pid(pidfile, "sshd") and tcp_open(ip, SSH_PORT):
+    config = d / "sshd_config"
+    pid = running_pid(pidfile, "sshd")
+    if pid and tcp_open(ip, SSH_PORT):
+        if config.exists() and config.read_text() != sshd_config(layout, i):
+            # A newer sim's config: sshd re-reads it on SIGHUP and keeps the sessions it has.
+            config.write_text(sshd_config(layout, i))
+            log(f"node {i}: sshd config changed; reloading")
+            os.kill(pid, signal.SIGHUP)
         return
     if tcp_open(ip, SSH_PORT):
         raise SimError(f"{ip}:{SSH_PORT} is taken by a process the sim did not start (no live {pidfile}); stop it")
-    config = d / "sshd_config"
     config.write_text(sshd_config(layout, i))
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation directory
     sshd = tool("sshd")
