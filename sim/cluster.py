@@ -27,6 +27,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -464,7 +465,28 @@ def image_ref() -> str:
 def build_image(layout: Layout) -> None:
     env = {**daemon_env(), "SIM_DOCKER_HOST": layout.docker_host(1), "SIM_STATE_DIR": str(layout.state),
            "SIM_REGISTRY": f"{REGISTRY_ADDR[0]}:{REGISTRY_ADDR[1]}", "SIM_IMAGE": image_ref()}
+    before = registry_digest()
     subprocess.run(["bash", str(REPO / "sim" / "image" / "build.sh")], env=env, check=True, timeout=1800)
+    if before is not None and registry_digest() != before:
+        # A new build under the same tag: untag the old one on every node, so each pulls the new build
+        # (containers keep the image they run). Nodes left on the old build would run two builds at once.
+        for i in layout.existing_nodes():
+            if docker_ping(layout.socket(i)):
+                subprocess.run(["docker", "-H", layout.docker_host(i), "image", "rm", "--force", image_ref()],
+                               capture_output=True, timeout=60)
+
+
+def registry_digest() -> str | None:
+    """The digest the registry serves for the stand-in's tag, or None when it has none yet."""
+    host, port = REGISTRY_ADDR
+    name, tag = IMAGE_NAME.rsplit(":", 1)
+    request = urllib.request.Request(f"http://{host}:{port}/v2/{name}/manifests/{tag}", method="HEAD", headers={
+        "Accept": "application/vnd.docker.distribution.manifest.v2+json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            return resp.headers.get("Docker-Content-Digest")
+    except (urllib.error.URLError, OSError):
+        return None
 
 
 def describe(layout: Layout, nodes: Sequence[int]) -> dict[str, object]:
