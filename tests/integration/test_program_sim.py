@@ -109,11 +109,16 @@ def test_preview_of_an_image_change_replaces_every_rank(deployed: Deployment) ->
 def fail_then_recover(d: Deployment, fault_env: dict[str, str]) -> tuple[str, float]:
     healthy = d.config
     d.write_config(d.with_env(**fault_env))
+    fault_output = ""
     try:
-        return d.up_fails()
+        fault_output, elapsed = d.up_fails()
+        return fault_output, elapsed
     finally:
         d.write_config(healthy)
-        assert_verified(d, d.up().outputs)
+        try:
+            assert_verified(d, d.up().outputs)
+        except Exception as err:
+            raise AssertionError(f"the up after the fault failed: {err}\n=== the fault's up ===\n{fault_output}") from err
 
 
 def assert_both_ranks_tails(message: str, d: Deployment) -> None:
