@@ -97,7 +97,8 @@ def program(sim: dict[str, Any], name: str, env_value: str) -> Callable[[], None
             mounts=[docker.ContainerMountArgs(target="/cache", source=volume.name, type="volume")],
             labels=[docker.ContainerLabelArgs(label="dsv41.probe", value=name)],
             log_opts={"max-size": "10m"},
-            opts=pulumi.ResourceOptions(provider=provider, delete_before_replace=True),
+            # No delete_before_replace here: the bridge itself must delete a fixed-name container first.
+            opts=pulumi.ResourceOptions(provider=provider),
         )
         pulumi.export("containerId", container.id)
         pulumi.export("imageId", image.image_id)
