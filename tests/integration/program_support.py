@@ -1,135 +1,20 @@
-"""The real program (this project directory) deployed on the simulated cluster by the Automation API."""
+"""The real program (this project directory) deployed on the simulated cluster by the Automation API.
+
+The helpers live in `sim/deploy.py` (shared with `make bench`); the tests import them from here.
+"""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from sim.deploy import (
+    REPO,
+    STEP_TIMEOUT,
+    Deployment,
+    assert_verified,
+    docker_on,
+    install_plugins,
+    new_deployment,
+    remove_deployment,
+)
 
-from pulumi import automation as auto
-
-from sim import cluster
-from sim import stack as sim_stack
-
-REPO = Path(__file__).resolve().parents[2]
-STEP_TIMEOUT = 120
-
-
-def install_plugins(pulumi_root: Path, env: dict[str, str], versions: dict[str, str]) -> None:
-    """The project's providers into this PULUMI_HOME at the exact versions the SDKs request."""
-    for name, key in (("docker", "DOCKER_PROVIDER_VERSION"), ("command", "COMMAND_PROVIDER_VERSION")):
-        binary = pulumi_root / "bin" / f"pulumi-resource-{name}"
-        proc = subprocess.run([str(pulumi_root / "bin" / "pulumi"), "plugin", "install", "resource", name,
-                               versions[key], "--file", str(binary), "--exact"], env=env, capture_output=True,
-                              text=True, timeout=STEP_TIMEOUT)
-        assert proc.returncode == 0, f"plugin install {name}: {proc.stdout}{proc.stderr}"
-
-
-def docker_on(index: int, *args: str) -> subprocess.CompletedProcess[str]:
-    """The docker CLI against sim node `index`'s own daemon (the tests' view, not the program's)."""
-    return subprocess.run(["docker", "-H", cluster.default_layout().docker_host(index), *args],
-                          capture_output=True, text=True, timeout=STEP_TIMEOUT)
-
-
-@dataclass
-class Deployment:
-    """One stack of the real program on the sim, its config as plain JSON, and the outputs of each run."""
-
-    stack: auto.Stack
-    sim: dict[str, Any]
-    config: dict[str, Any]
-    private_key: str
-    env: dict[str, str]
-    pulumi_root: Path
-    lines: list[str] = field(default_factory=list)
-    ops: dict[str, set[str]] = field(default_factory=dict)
-    """From the last preview or up's engine events: resource name -> the step ops planned for it."""
-
-    @property
-    def name(self) -> str:
-        return self.stack.name
-
-    def container(self, node: dict[str, Any]) -> str:
-        return f"dsv41-exl3-{self.name}-node-{node['index']}"
-
-    def write_config(self, config: dict[str, Any]) -> None:
-        self.config = config
-        sim_stack.init_stack(self.name, config, self.private_key, env=self.env, pulumi_root=self.pulumi_root)
-
-    def with_env(self, **extra: str) -> dict[str, Any]:
-        """This deployment's config with serve.extraEnv entries added (a value of "" removes the entry)."""
-        cfg = json.loads(json.dumps(self.config))
-        env = cfg["serve"]["extraEnv"]
-        for k, v in extra.items():
-            if v:
-                env[k] = v
-            else:
-                env.pop(k, None)
-        return cfg
-
-    def up(self, **kwargs: Any) -> auto.UpResult:
-        self.lines = []
-        return self.stack.up(on_output=self.lines.append, color="never", **kwargs)
-
-    def up_fails(self) -> tuple[str, float]:
-        """Runs an up that must fail; returns the whole output and its wall time."""
-        start = time.monotonic()
-        self.lines = []
-        try:
-            self.stack.up(on_output=self.lines.append, color="never")
-        except auto.CommandError as err:
-            return str(err) + "\n".join(self.lines), time.monotonic() - start
-        raise AssertionError("the up succeeded; it had to fail:\n" + "\n".join(self.lines[-40:]))
-
-    def _record(self, event: Any) -> None:
-        pre = getattr(event, "resource_pre_event", None)
-        # The dynamic providers' default provider is re-registered whenever a dynamic resource changes; it
-        # holds nothing on any node.
-        if (pre is not None and pre.metadata.op not in ("same", "read")
-                and "::pulumi:providers:pulumi-python::" not in pre.metadata.urn):
-            self.ops.setdefault(pre.metadata.urn.split("::")[-1], set()).add(str(pre.metadata.op.value))
-
-    def preview(self) -> auto.PreviewResult:
-        self.lines, self.ops = [], {}
-        return self.stack.preview(diff=True, on_output=self.lines.append, on_event=self._record, color="never")
-
-    def cli(self, *args: str, check: bool = True, timeout: int = 600) -> subprocess.CompletedProcess[str]:
-        """The project's pulumi CLI on this stack, as an operator runs it."""
-        proc = subprocess.run([str(self.pulumi_root / "bin" / "pulumi"), *args, "--stack", self.name,
-                               "--non-interactive"], cwd=REPO, env={**os.environ, **self.env},
-                              capture_output=True, text=True, timeout=timeout)
-        if check and proc.returncode != 0:
-            raise AssertionError(f"pulumi {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
-        return proc
-
-
-def assert_verified(d: Deployment, outputs: dict[str, Any]) -> None:
-    verification = outputs["verification"].value
-    assert "Paris" in verification["answer"], verification
-    assert verification["logprobs"] and all(-9999.0 < x["logprob"] <= 0 for x in verification["logprobs"]), verification
-    head = d.sim["nodes"][0]["ip"]
-    assert outputs["endpoint"].value == f"http://{head}:{d.config['serve']['port']}/v1"
-
-
-def new_deployment(sim: dict[str, Any], name: str, env: dict[str, str], pulumi_root: Path, *, weights_root: Path,
-                   configure: Callable[[dict[str, Any]], None] | None = None, **config_kw: Any) -> Deployment:
-    config = sim_stack.sim_config(sim, weights_root=str(weights_root), **config_kw)
-    if configure:
-        configure(config)
-    key = Path(sim["ssh"]["key"]).read_text()
-    stack = sim_stack.init_stack(name, config, key, env=env, pulumi_root=pulumi_root)
-    return Deployment(stack=stack, sim=sim, config=config, private_key=key, env=env, pulumi_root=pulumi_root)
-
-
-def remove_deployment(d: Deployment) -> None:
-    """Destroy the stack and remove it (and its Pulumi.<stack>.yaml); the weights stay, as in real use."""
-    try:
-        d.stack.destroy(on_output=lambda _l: None, color="never")
-    finally:
-        d.stack.workspace.remove_stack(d.name, force=True)
-
+__all__ = ["REPO", "STEP_TIMEOUT", "Deployment", "assert_verified", "docker_on", "install_plugins",
+           "new_deployment", "remove_deployment"]
