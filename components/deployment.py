@@ -18,6 +18,7 @@ from components import serve_spec
 from components.config import Loaded, Settings
 from components.gates import GateRank, ReadyGate, ReadyGateArgs, RendezvousGate, RendezvousGateArgs
 from components.image_check import checked_image_ids
+from components.live_ranks import LiveRanks, LiveRanksArgs
 from components.node_access import NodeAccess, NodeAccessArgs
 from components.node_image import NodeImage, NodeImageArgs
 from components.preflight import Preflight, PreflightArgs
@@ -88,9 +89,15 @@ def deploy(loaded: Loaded, stack: str) -> dict[str, Any]:
     # Every rank must run the same build of the mutable tag: compared after the pulls, before any container.
     image_ids = checked_image_ids(s.image, {n.name: images[n.name].image_id for n in s.nodes},
                                   {n.name: images[n.name].repo_digest for n in s.nodes})
+    # What runs now: a rank found not running on a later preview or up replaces every rank (issue: drift).
+    live = LiveRanks("live-ranks", LiveRanksArgs(
+        ranks=gate_ranks(s, {n.name: serve_spec.container_name(stack, n) for n in s.nodes}),
+        ssh_private_key=_private_key(s), ssh_agent_socket=s.ssh.agent_socket,
+        ssh_known_hosts_file=s.ssh.known_hosts_file))
     serving = ServingCluster("serving", ServingClusterArgs(
         settings=s,
         stack=stack,
+        replace_when=live.id,
         generation=generation,
         ranks=[
             RankInputs(
@@ -145,6 +152,16 @@ def deploy(loaded: Loaded, stack: str) -> dict[str, Any]:
     return outputs
 
 
+def gate_ranks(s: Settings, container_names: Mapping[str, str]) -> list[GateRank]:
+    """Every rank as the gates and LiveRanks read it: the head first."""
+    return [GateRank(rank=i, node=n.name, host=n.host, port=n.port, user=n.user, container=container_names[n.name])
+            for i, n in enumerate(s.nodes)]
+
+
+def _private_key(s: Settings) -> pulumi.Output[str] | None:
+    return pulumi.Output.secret(s.ssh.private_key.get_secret_value()) if s.ssh.private_key else None
+
+
 def endpoint_of(s: Settings) -> str:
     """The OpenAI base URL the operator reaches: the head's SSH address and the API port."""
     return f"http://{s.head.host}:{s.serve.port}/v1"
@@ -164,11 +181,8 @@ def verify_after(
     api_key = pulumi.Output.secret(s.serve.api_key.get_secret_value()) if s.serve.api_key else None
     endpoint = endpoint_of(s)
     api_base = endpoint.removesuffix("/v1")
-    ranks = [
-        GateRank(rank=i, node=n.name, host=n.host, port=n.port, user=n.user, container=container_names[n.name])
-        for i, n in enumerate(s.nodes)
-    ]
-    private_key = pulumi.Output.secret(s.ssh.private_key.get_secret_value()) if s.ssh.private_key else None
+    ranks = gate_ranks(s, container_names)
+    private_key = _private_key(s)
     rendezvous = RendezvousGate("rendezvous", RendezvousGateArgs(
         ranks=ranks,
         ssh_private_key=private_key,

@@ -37,6 +37,8 @@ class ServingClusterArgs:
     stack: str
     generation: str
     ranks: list[RankInputs]  # rank order: the head first
+    replace_when: pulumi.Input[str] | None
+    """Every rank is replaced when this changes (LiveRanks' id: a rank found not running)."""
 
 
 def _env(settings: Settings, node: Node, is_head: bool, gid: int | None) -> list[str]:
@@ -149,6 +151,7 @@ class ServingCluster(pulumi.ComponentResource):
                 depends_on=[*r.depends_on, *caches, *after],
                 # Fixed names, and 128 GB of unified memory: the old rank must be gone first.
                 delete_before_replace=True,
+                replacement_trigger=args.replace_when,
             ),
         )
         self.containers[node.name] = container

@@ -286,13 +286,15 @@ def authorized_key_line(s: WatchdogSettings, peer_node: str, public_key: str) ->
 
 def _authorized_keys(s: WatchdogSettings, lines: Sequence[str]) -> str:
     """sh that replaces this container's lines in ~/.ssh/authorized_keys with `lines` (none: removes)."""
-    body = "".join(f"printf '%s\\n' {shlex.quote(line)} >> \"$ak.tmp\"\n" for line in lines)
+    body = "".join(f"printf '%s\\n' {shlex.quote(line)} >> \"$tmp\"\n" for line in lines)
+    # A temp file of its own: two stacks' watchdogs may rewrite the same file at once.
     return f"""mkdir -p "$HOME/.ssh" && chmod 700 "$HOME/.ssh"
 ak="$HOME/.ssh/authorized_keys"
 touch "$ak"
-grep -v -F {shlex.quote(s.key_tag + ":")} "$ak" > "$ak.tmp" || true
-{body}chmod 600 "$ak.tmp"
-mv -f "$ak.tmp" "$ak"
+tmp=$(mktemp "$ak.XXXXXX")
+grep -v -F {shlex.quote(s.key_tag + ":")} "$ak" > "$tmp" || true
+{body}chmod 600 "$tmp"
+mv -f "$tmp" "$ak"
 """
 
 

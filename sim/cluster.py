@@ -484,7 +484,8 @@ def registry_digest() -> str | None:
         "Accept": "application/vnd.docker.distribution.manifest.v2+json"})
     try:
         with urllib.request.urlopen(request, timeout=10) as resp:
-            return resp.headers.get("Docker-Content-Digest")
+            digest: str | None = resp.headers.get("Docker-Content-Digest")
+            return digest
     except (urllib.error.URLError, OSError):
         return None
 

@@ -35,6 +35,7 @@ class Registration:
     delete_before_replace: bool
     retain_on_delete: bool
     custom_timeouts: dict[str, str]
+    replacement_trigger: Any
     inputs: dict[str, Any]
     raw_inputs: dict[str, Any] = field(repr=False)
 
@@ -92,6 +93,8 @@ class RecordingMonitor(pmocks.MockMonitor):
                 delete_before_replace=request.deleteBeforeReplace,
                 retain_on_delete=request.retainOnDelete,
                 custom_timeouts={"create": ct.create, "update": ct.update, "delete": ct.delete},
+                replacement_trigger=(json_format.MessageToDict(request.replacement_trigger)
+                                     if request.HasField("replacement_trigger") else None),
                 inputs=rpc.deserialize_properties(request.object),
                 raw_inputs=raw,
             ))

@@ -208,3 +208,14 @@ def test_a_serve_change_is_a_new_generation_for_every_rank() -> None:
         labels_b = {x["label"]: x["value"] for x in container(b, node).inputs["labels"]}
         assert labels_a["dsv41-exl3.generation"] != labels_b["dsv41-exl3.generation"], (
             f"{node}: a changed serve flag must replace every rank together")
+
+
+def test_every_rank_is_replaced_together_when_live_ranks_finds_one_down(two: recording.Recorded) -> None:
+    live = two.named("live-ranks")
+    assert live.typ == "pulumi-python:dynamic/drift:LiveRanks"
+    for c in two.of_type(CONTAINER):
+        assert c.replacement_trigger == "live-ranks-id", (
+            f"{c.name} must be replaced whenever LiveRanks is (a rank found not running)")
+    assert [r["container"] for r in live.inputs["ranks"]] == [
+        serve_spec.container_name("dev", n) for n in parse(config()).settings.nodes]
+    assert "ssh_private_key" in live.secret_paths()

@@ -33,7 +33,8 @@ def build(s: Settings, *, gid: Any = 3) -> dict[str, Any]:
             model_source="/w/model" if n is s.head else "vol-model", engram_source="/w/engram-src",
             mount_type="bind",
         ))
-    cluster = ServingCluster("serving", ServingClusterArgs(settings=s, stack="dev", generation="g1", ranks=ranks))
+    cluster = ServingCluster("serving", ServingClusterArgs(settings=s, stack="dev", generation="g1", ranks=ranks,
+                                                            replace_when="live-1"))
     return {"ids": cluster.container_ids, "generation": cluster.generation}
 
 

@@ -118,7 +118,8 @@ def fail_then_recover(d: Deployment, fault_env: dict[str, str]) -> tuple[str, fl
         try:
             assert_verified(d, d.up().outputs)
         except Exception as err:
-            raise AssertionError(f"the up after the fault failed: {err}\n=== the fault's up ===\n{fault_output}") from err
+            raise AssertionError(
+                f"the up after the fault failed: {err}\n=== the fault's up ===\n{fault_output}") from err
 
 
 def assert_both_ranks_tails(message: str, d: Deployment) -> None:
@@ -174,3 +175,27 @@ def test_watchdog_floor_above_memavailable_stops_the_rank_and_records_why(deploy
     finally:
         deployed.write_config(healthy)
         assert_verified(deployed, deployed.up().outputs)
+
+
+@pytest.mark.timeout(900)
+def test_a_rank_stopped_after_a_verified_up_is_seen_and_the_next_up_restores_every_rank(
+        deployed: Deployment) -> None:
+    assert_verified(deployed, deployed.up().outputs)
+    worker = deployed.sim["nodes"][1]
+    before = {n["index"]: docker_on(n["index"], "inspect", "-f", "{{.Id}}", deployed.container(n)).stdout.strip()
+              for n in deployed.sim["nodes"]}
+    assert docker_on(worker["index"], "stop", "-t", "5", deployed.container(worker)).returncode == 0
+
+    deployed.preview()
+    for n in deployed.sim["nodes"]:
+        assert "replace" in deployed.ops.get(f"serving-node-{n['index']}", set()), (
+            f"the preview must show every rank replaced after one stopped: {deployed.ops}")
+    assert "verify" in deployed.ops, deployed.ops
+
+    assert_verified(deployed, deployed.up().outputs)
+    for n in deployed.sim["nodes"]:
+        state = docker_on(n["index"], "inspect", "-f", "{{.Id}} {{.State.Status}}", deployed.container(n)).stdout
+        new_id, status = state.split()
+        assert status == "running" and new_id != before[n["index"]], (n, state)
+    again = deployed.up()
+    assert set(again.summary.resource_changes or {}) == {"same"}, "once restored, an up is a no-op again"

@@ -167,6 +167,8 @@ def exec_command(request: Any, engine_address: str, python: str) -> list[str]:
 class StandInLanguageHost(language_pb2_grpc.LanguageRuntimeServicer):
     def __init__(self, engine_address: str) -> None:
         self.engine_address = engine_address
+        self.programs: set[subprocess.Popen[bytes]] = set()
+        """Programs running now: ended with the host, so the engine is not left waiting for them."""
 
     def GetPluginInfo(self, request: Any, context: Any) -> Any:
         return plugin_pb2.PluginInfo(version=sdk_version())
@@ -220,7 +222,13 @@ class StandInLanguageHost(language_pb2_grpc.LanguageRuntimeServicer):
         env["PULUMI_CONFIG"] = json.dumps(dict(request.config))
         env["PULUMI_CONFIG_SECRET_KEYS"] = json.dumps(list(request.configSecretKeys))
         # The program's output goes to our stdout/stderr, which the engine already streams to the user.
-        code = subprocess.call(exec_command(request, self.engine_address, python), env=env, cwd=request.pwd or None)
+        program = subprocess.Popen(exec_command(request, self.engine_address, python), env=env,
+                                   cwd=request.pwd or None)
+        self.programs.add(program)
+        try:
+            code = program.wait()
+        finally:
+            self.programs.discard(program)
         if code == 0:
             return language_pb2.RunResponse()
         if code == _EXIT_ALREADY_REPORTED:
@@ -241,13 +249,23 @@ def main(argv: list[str]) -> int:
             ("grpc.max_send_message_length", _MAX_RPC_MESSAGE_SIZE),
         ],
     )
-    language_pb2_grpc.add_LanguageRuntimeServicer_to_server(StandInLanguageHost(args.engine_address), server)
+    host = StandInLanguageHost(args.engine_address)
+    language_pb2_grpc.add_LanguageRuntimeServicer_to_server(host, server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     print(port, flush=True)
-    # The engine ends its plugins with SIGINT (then a kill): stop serving quietly instead of a traceback.
+
+    # The engine ends its plugins with SIGINT, and kills them 5 s later: end any program still running (after a
+    # failed update it may be waiting on the engine), stop serving and exit at once, so the engine never waits.
+    def stop(*_: Any) -> None:
+        for program in list(host.programs):
+            program.terminate()
+        server.stop(grace=0.5).wait(1.0)
+        sys.stdout.flush()
+        os._exit(0)
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: server.stop(grace=0.5))
+        signal.signal(sig, stop)
     server.wait_for_termination()
     return 0
 
