@@ -106,6 +106,29 @@ def test_preview_of_an_image_change_replaces_every_rank(deployed: Deployment) ->
         assert "replace" in ops.get(f"serving-node-{n['index']}", set()), ops
 
 
+def container_ids(d: Deployment) -> dict[int, str]:
+    return {n["index"]: docker_on(n["index"], "inspect", "-f", "{{.Id}} {{.State.Status}}", d.container(n)).stdout
+            for n in d.sim["nodes"]}
+
+
+@pytest.mark.timeout(600)
+def test_a_preflight_change_rechecks_the_nodes_and_leaves_the_running_ranks_alone(deployed: Deployment) -> None:
+    before = container_ids(deployed)
+    assert all(v.strip().endswith("running") for v in before.values()), before
+    healthy = deployed.config
+    cfg = json.loads(json.dumps(healthy))
+    cfg["preflight"]["minFreeDiskGiB"] = 2
+    deployed.write_config(cfg)
+    try:
+        up = deployed.up()
+        changes = up.summary.resource_changes or {}
+        assert changes.get("update", 0) >= len(deployed.sim["nodes"]), f"every preflight re-runs: {changes}"
+        assert container_ids(deployed) == before, "ranks already on the requested generation must not be touched"
+    finally:
+        deployed.write_config(healthy)
+        deployed.up()
+
+
 def fail_then_recover(d: Deployment, fault_env: dict[str, str]) -> tuple[str, float]:
     healthy = d.config
     d.write_config(d.with_env(**fault_env))
