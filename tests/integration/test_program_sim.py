@@ -194,8 +194,12 @@ def test_watchdog_floor_above_memavailable_stops_the_rank_and_records_why(deploy
         assert "exit 137" in message or "exit 143" in message, f"the gates must see the stopped rank:\n{message}"
         # The sim's nodes share this machine's home directory, where each node's watchdog logs.
         log = (Path.home() / ".local" / "state" / "dsv41-exl3" / "watchdog.log").read_text()
-        stops = [line for line in log.splitlines() if deployed.name in line and "STOP: MemAvailable below" in line]
-        assert stops, f"the watchdog must log why it stopped the rank:\n{log[-2000:]}"
+        mine = [line for line in log.splitlines() if deployed.name in line]
+        assert any("STOP: MemAvailable below" in line for line in mine), f"the watchdog logs why:\n{log[-3000:]}"
+        assert any("holder (pid rss_kib command)" in line for line in mine), "and which processes held the memory"
+        # Every rank is stopped, not one: each tripped watchdog asked its peer over ssh with its own key.
+        assert any("STOP requested by the watchdog of node-" in line for line in mine), (
+            f"a peer's rank must be stopped at the tripped watchdog's request:\n{log[-3000:]}")
     finally:
         deployed.write_config(healthy)
         assert_verified(deployed, deployed.up().outputs)
@@ -223,3 +227,22 @@ def test_a_rank_stopped_after_a_verified_up_is_seen_and_the_next_up_restores_eve
         assert status == "running" and new_id != before[n["index"]], (n, state)
     again = deployed.up()
     assert set(again.summary.resource_changes or {}) == {"same"}, "once restored, an up is a no-op again"
+
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+@pytest.mark.timeout(300)
+def test_the_official_openai_client_gets_a_tool_call_from_the_deployed_endpoint(deployed: Deployment) -> None:
+    import openai
+
+    outputs = deployed.up().outputs
+    client = openai.OpenAI(base_url=outputs["endpoint"].value, api_key="not-set", timeout=60, max_retries=0)
+    reply = client.chat.completions.create(
+        model=outputs["model"].value, messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        tools=[WEATHER_TOOL], max_tokens=64)  # type: ignore[list-item]
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls, choice
+    assert json.loads(choice.message.tool_calls[0].function.arguments) == {"city": "Paris"}
