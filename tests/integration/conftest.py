@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engine_support import read_versions, toolchain_dir
-from program_support import install_plugins
+from engine_support import toolchain_dir
 from sim_support import remove_labelled, sim_ready_or_skip, stage_on_head
+
+from sim import deploy
 
 HERE = Path(__file__).resolve().parent
 
@@ -102,18 +103,4 @@ def label(sim: dict[str, Any]) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def program_env(pulumi_root: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """Environment for the real program's stacks: one backend and PULUMI_HOME (with both providers) per session."""
-    base = tmp_path_factory.mktemp("program")
-    (base / "backend").mkdir()
-    (base / "pulumi-home").mkdir()
-    env = {
-        "PULUMI_BACKEND_URL": f"file://{base / 'backend'}",
-        "PULUMI_HOME": str(base / "pulumi-home"),
-        "PULUMI_CONFIG_PASSPHRASE": "program-test-only",
-        "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": "true",
-        "PULUMI_SKIP_UPDATE_CHECK": "true",
-        "PULUMI_IGNORE_AMBIENT_PLUGINS": "true",
-        "PATH": os.pathsep.join([str(pulumi_root / "bin"), str(Path(sys.executable).parent),
-                                 os.environ.get("PATH", "")]),
-    }
-    install_plugins(pulumi_root, env, read_versions())
-    return env
+    return deploy.program_env(pulumi_root, tmp_path_factory.mktemp("program"), "program-test-only")

@@ -6,17 +6,10 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from sim.deploy import read_versions  # one reader of toolchain/versions.env
+
 REPO = Path(__file__).resolve().parents[2]
-
-
-def read_versions(path: Path = REPO / "toolchain" / "versions.env") -> dict[str, str]:
-    versions: dict[str, str] = {}
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            key, _, value = line.partition("=")
-            versions[key] = value
-    return versions
+__all__ = ["read_versions", "toolchain_dir"]
 
 
 def toolchain_dir(env: Mapping[str, str] = os.environ) -> Path:
