@@ -5,14 +5,13 @@ docker and command conformance tests."""
 
 from __future__ import annotations
 
-import ast
 import collections.abc
 import enum
 import inspect
 import json
 import os
+import re
 import subprocess
-import textwrap
 import typing
 from pathlib import Path
 from typing import Any
@@ -34,24 +33,21 @@ def provider_schema(pulumi_root: Path, provider: Path, home: Path) -> dict[str, 
     return schema
 
 
+# The generated `_internal_init` assigns each property as `__props__.__dict__["name"] = value`. Read by pattern,
+# not with `ast`: CPython 3.11.7's parser raises "AST constructor recursion depth mismatch" on the largest of
+# these functions (Container's) once the interpreter has run a while.
+_PROP_ASSIGN = re.compile(r'__props__\.__dict__\["(\w+)"\]\s*=\s*(None\s*$)?', re.MULTILINE)
+_REQUIRED = re.compile(r"Missing required property '(\w+)'")
+
+
 def sdk_props(cls: type) -> tuple[set[str], set[str], set[str]]:
     """(sent inputs, registered outputs, required inputs) as python names, read from _internal_init."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(cls._internal_init)))
+    source = inspect.getsource(cls._internal_init)  # type: ignore[attr-defined]
     sent: set[str] = set()
     outputs: set[str] = set()
-    required: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Assign):
-            for target in node.targets:
-                if (isinstance(target, ast.Subscript) and isinstance(target.value, ast.Attribute)
-                        and target.value.attr == "__dict__" and isinstance(target.slice, ast.Constant)):
-                    value = node.value
-                    is_none = isinstance(value, ast.Constant) and value.value is None
-                    (outputs if is_none else sent).add(target.slice.value)
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and \
-                node.value.startswith("Missing required property '"):
-            required.add(node.value.split("'")[1])
-    return sent, outputs, required
+    for match in _PROP_ASSIGN.finditer(source):
+        (outputs if match.group(2) is not None else sent).add(match.group(1))
+    return sent, outputs, set(_REQUIRED.findall(source))
 
 
 def _strip_input(py: Any) -> Any:
