@@ -48,7 +48,28 @@ OWNED_FLAGS = {
     "--long-prefill-token-threshold": "set `serve.longPrefillTokenThreshold` (derived from the batch size by default)",
     "--enable-auto-tool-choice": "set `serve.enableAutoToolChoice`",
     "--chat-template": "set `serve.chatTemplate`",
+    "--pipeline-parallel-size": "the program runs one tensor-parallel group, one rank per node",
+    "--data-parallel-size": "the program runs one tensor-parallel group, one rank per node",
+    "--hf-token": "set `weights.hfToken` as a secret (argv is visible to every process on the node)",
 }
+
+# vLLM's short aliases (vllm/engine/arg_utils.py). argparse also takes a one-dash option with its value
+# attached (`-q exl3`, `-qexl3`, `-tp=4`), so an argument is matched by prefix.
+SHORT_FLAGS = {
+    "-tp": "--tensor-parallel-size",
+    "-pp": "--pipeline-parallel-size",
+    "-dp": "--data-parallel-size",  # also -dpn, -dpr, -dpl, -dpa, -dpp, -dpb: all data-parallel settings
+    "-q": "--quantization",
+}
+
+# Boolean flags vLLM declares with argparse.BooleanOptionalAction, which also accept `--no-<flag>`.
+NEGATABLE_FLAGS = {"--enforce-eager", "--enable-auto-tool-choice"}
+
+# Environment names that hold credentials: `serve.extraEnv` is plain text in the stack file and in
+# `docker inspect`, so a credential there is refused (the program passes hfToken and apiKey itself).
+_CREDENTIAL_ENV = re.compile(r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|PRIVATE_?KEY|CREDENTIALS?)(_|$)",
+                             re.IGNORECASE)
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 # Environment variables the program renders from structured keys (or derives); `serve.extraEnv`
 # may set any other variable of the rendered set (see the README's launcher table).
@@ -73,6 +94,23 @@ OWNED_ENV = {
 LONG_PREFILL_HEADROOM_TOKENS = 256
 
 _PLACEHOLDER = re.compile(r"^\s*$|^<.*>$|^CHANGE[-_ ]?ME$", re.IGNORECASE)
+# A hostname (RFC 1123 labels) or an IP literal; never `user@host` or `host:port`.
+_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOSTNAME = re.compile(rf"(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*")
+# A login name as useradd accepts it; a leading '-' would parse as an ssh option.
+_USER = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
+# A Hub repo id: owner/name.
+_REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
+# A Hub revision: a branch, tag or commit (git ref characters, no whitespace or control characters).
+_REVISION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/+-]{0,254}")
+# A docker image reference: [registry[:port]/]path[:tag][@digest], lowercase path components.
+_IMAGE = re.compile(
+    r"([A-Za-z0-9.-]+(:[0-9]+)?/)?[a-z0-9]+([._-]+[a-z0-9]+)*(/[a-z0-9]+([._-]+[a-z0-9]+)*)*"
+    r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?"
+)
+# Roots that are not a dedicated directory: exporting one would share a whole home or filesystem.
+_SYSTEM_DIRS = {"/", "/home", "/root", "/etc", "/usr", "/var", "/tmp", "/var/tmp", "/opt", "/srv", "/mnt",
+                "/media", "/data", "/boot", "/dev", "/proc", "/sys", "/run", "/bin", "/sbin", "/lib"}
 
 
 class ConfigError(ValueError):
@@ -121,6 +159,29 @@ class Node(_Model):
             raise ValueError("must be lowercase letters, digits and '-' (it names containers and resources)")
         return v
 
+    @field_validator("host")
+    @classmethod
+    def _host_only(cls, v: str) -> str:
+        if "@" in v:
+            raise ValueError("must be the host alone: put the login name in `user` (nodes[].user)")
+        if v.count(":") == 1:
+            raise ValueError("must be the host alone: put the SSH port in `port` (nodes[].port)")
+        try:
+            ipaddress.ip_address(v)
+            return v
+        except ValueError:
+            pass
+        if not _HOSTNAME.fullmatch(v):
+            raise ValueError("must be a hostname or an IP address (letters, digits, '-' and '.')")
+        return v
+
+    @field_validator("user")
+    @classmethod
+    def _login_name(cls, v: str) -> str:
+        if not _USER.fullmatch(v):
+            raise ValueError("must be a login name (letters, digits, '_', '.', '-'; not starting with '-')")
+        return v
+
     @field_validator("fabric_ip")
     @classmethod
     def _ipv4(cls, v: str) -> str:
@@ -144,6 +205,30 @@ class Ssh(_Model):
     # Default: the operator's ~/.ssh/known_hosts (new hosts are accepted once, then pinned).
     known_hosts_file: str | None = None
 
+    @field_validator("private_key")
+    @classmethod
+    def _key_text(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None and "PRIVATE KEY-----" not in v.get_secret_value():
+            raise ValueError(
+                "is not a private key's text (a path?): give the key itself, "
+                "`pulumi config set --secret --path ssh.privateKey < ~/.ssh/id_ed25519`"
+            )
+        return v
+
+    @field_validator("agent_socket", "known_hosts_file")
+    @classmethod
+    def _expanded_path(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        if "$" in v:
+            raise ValueError(
+                "holds an unexpanded variable: Pulumi stores the text as given; set the value a shell "
+                "expanded, e.g. `pulumi config set --path ssh.agentSocket \"$SSH_AUTH_SOCK\"`"
+            )
+        if not (v.startswith("/") or v.startswith("~/")):
+            raise ValueError("must be an absolute path on this machine (or start with ~/)")
+        return v
+
 
 class Weights(_Model):
     root: str = "~/dsv41-exl3"
@@ -154,6 +239,46 @@ class Weights(_Model):
     engram_repo: str = "deepseek-ai/DeepSeek-V4.1-Flash"
     revision: str = "main"
     stage_timeout_minutes: int = Field(default=720, ge=1)
+
+    @field_validator("root")
+    @classmethod
+    def _dedicated_root(cls, v: str) -> str:
+        path = v.rstrip("/") or "/"
+        if path.startswith("~") and not (path == "~" or path.startswith("~/")):
+            raise ValueError("must be an absolute path or start with `~/` (`~user` is not expanded)")
+        if not (path.startswith("/") or path.startswith("~")):
+            raise ValueError("must be an absolute path or start with `~/`; a relative path depends on the "
+                             "login directory, e.g. use `~/dsv41-exl3`")
+        parts = path.split("/")
+        if path == "~" or path in _SYSTEM_DIRS or (len(parts) == 3 and parts[1] == "home"):
+            raise ValueError("must be a directory of its own, e.g. `~/dsv41-exl3`: it is exported to the "
+                             "workers, so a home directory or a system directory would share all of it")
+        if any(p in {"", ".", ".."} for p in parts[1:]) or any(c.isspace() or c in "'\"\\$`" for c in path):
+            raise ValueError("must be a plain path: no `.`/`..`/empty components, spaces, quotes or `$`")
+        return v
+
+    @field_validator("hf_endpoint")
+    @classmethod
+    def _http_url(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"https?://[^\s/]+(/\S*)?", v):
+            raise ValueError("must be an http(s) URL with its scheme, e.g. `https://huggingface.co`")
+        return v
+
+    @field_validator("model_repo", "engram_repo")
+    @classmethod
+    def _repo_id(cls, v: str) -> str:
+        if not _REPO.fullmatch(v):
+            hint = " (not a URL)" if "://" in v or v.startswith("huggingface.co") else ""
+            raise ValueError(f"must be a Hub repo id `owner/name`{hint}, "
+                             "e.g. `Mia-AiLab/DeepSeek-V4.1-Flash-EXL3-2.9bpw`")
+        return v
+
+    @field_validator("revision")
+    @classmethod
+    def _revision(cls, v: str) -> str:
+        if not _REVISION.fullmatch(v) or ".." in v:
+            raise ValueError("must be a branch, tag or commit hash (no spaces, newlines or `..`), e.g. `main`")
+        return v
 
 
 class Serve(_Model):
@@ -183,6 +308,13 @@ class Serve(_Model):
     extra_args: list[str] = Field(default_factory=list)
     extra_env: dict[str, str] = Field(default_factory=dict)
     api_key: SecretStr | None = None
+
+    @field_validator("served_model_name")
+    @classmethod
+    def _model_name(cls, v: str) -> str:
+        if not v.strip() or v != v.strip() or any(c.isspace() for c in v):
+            raise ValueError("must be a non-empty name without spaces (clients send it as `model`)")
+        return v
 
     @field_validator("extra_env", mode="before")
     @classmethod
@@ -239,6 +371,17 @@ class Settings(_Model):
     container: Container = Container()
     gates: Gates = Gates()
 
+    @field_validator("image")
+    @classmethod
+    def _image_reference(cls, v: str) -> str:
+        _not_placeholder(v)
+        if v != v.strip():
+            raise ValueError("has leading or trailing whitespace: docker would look for another image")
+        if not _IMAGE.fullmatch(v):
+            raise ValueError("must be a docker image reference, e.g. `registry:5000/name:tag` (lowercase "
+                             f"name), like the recipe's `{RECIPE_IMAGE}`")
+        return v
+
     @property
     def head(self) -> Node:
         return self.nodes[0]
@@ -277,13 +420,43 @@ def _lookup(raw: Mapping[str, Any], loc: tuple[int | str, ...]) -> Any:
     return cur
 
 
-def _show(value: Any, key: str) -> str:
-    if any(key.endswith(s.split(".")[-1]) for s in SECRET_KEYS):
+def _credential_texts(raw: Mapping[str, Any], secret_tops: frozenset[str]) -> list[str]:
+    """Every string stored under a secret key or a key stored encrypted: none may be echoed in an error."""
+    found: list[str] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, str):
+            found.extend(x for x in (value, json.dumps(value)[1:-1]) if len(x) >= 4)
+        elif isinstance(value, Mapping):
+            for x in value.values():
+                walk(x)
+        elif isinstance(value, list):
+            for x in value:
+                walk(x)
+
+    for top in secret_tops:
+        walk(raw.get(top))
+    for secret in SECRET_KEYS:
+        top, leaf = secret.split(".")
+        section = raw.get(top)
+        walk(section.get(leaf) if isinstance(section, Mapping) else section)
+    return found
+
+
+def _show(value: Any, key: str, hidden: list[str]) -> str:
+    # A credential's key, or a section that holds one given whole (`pulumi config set --secret ssh < key`).
+    if any(key == k or k.startswith(key + ".") or key.endswith("." + k.split(".")[-1]) for k in SECRET_KEYS):
         return "[secret]"
-    return json.dumps(value) if value is not None else "(missing)"
+    if value is None:
+        return "(missing)"
+    text = json.dumps(value)
+    # Masking by containment, not equality: a key nested in a list or JSON-escaped is still the key.
+    if any(h in text for h in hidden) or "PRIVATE KEY" in text:
+        return "[secret]"
+    return text
 
 
-def _pydantic_problems(err: ValidationError, raw: Mapping[str, Any]) -> list[str]:
+def _pydantic_problems(err: ValidationError, raw: Mapping[str, Any], hidden: list[str]) -> list[str]:
     problems = []
     for e in err.errors():
         loc = tuple(e["loc"])
@@ -295,9 +468,35 @@ def _pydantic_problems(err: ValidationError, raw: Mapping[str, Any]) -> list[str
             msg = "is required"
         elif e["type"] == "extra_forbidden":
             msg = "is not a known key: check the spelling against the README's configuration table"
-        problems.append(f"`{key}` = {_show(_lookup(raw, loc), key)}: {msg}")
+        problems.append(f"`{key}` = {_show(_lookup(raw, loc), key, hidden)}: {msg}")
     # A union reports each member; one line per key is enough.
     return list(dict.fromkeys(problems))
+
+
+def canonical_flag(arg: str) -> str | None:
+    """The option vLLM's parser reads from one argv element, or None for a value.
+
+    vLLM's FlexibleArgumentParser turns `--max_model_len` into `--max-model-len` and reads
+    `--speculative-config.method=x` as part of `--speculative-config`; BooleanOptionalAction flags also
+    accept `--no-<flag>`; one-dash aliases take their value attached.
+    """
+    if arg.startswith("--"):
+        name = "--" + arg[2:].split("=", 1)[0].split(".", 1)[0].replace("_", "-")
+        if name.startswith("--no-") and "--" + name[5:] in NEGATABLE_FLAGS:
+            return "--" + name[5:]
+        return name
+    if arg.startswith("-") and len(arg) > 1 and not arg[1].isdigit():
+        for short, long in sorted(SHORT_FLAGS.items(), key=lambda kv: -len(kv[0])):
+            if arg.startswith(short):
+                return long
+        return arg.split("=", 1)[0]
+    return None
+
+
+def _abbreviates(name: str) -> str | None:
+    """The owned flag a strict prefix stands for (argparse's allow_abbrev), if any."""
+    matches = sorted(f for f in OWNED_FLAGS if f.startswith(name) and f != name and len(name) > 3)
+    return matches[0] if matches else None
 
 
 def _rules(s: Settings) -> tuple[list[str], list[str]]:
@@ -306,17 +505,59 @@ def _rules(s: Settings) -> tuple[list[str], list[str]]:
     warnings: list[str] = []
 
     for flag in s.serve.extra_args:
-        name = flag.split("=", 1)[0]
+        name = canonical_flag(flag)
         if name == "--kv-cache-dtype":
             problems.append(
                 f"`serve.extraArgs` contains {flag!r}: do not pass --kv-cache-dtype; vLLM picks fp8_ds_mla "
                 "itself for this model (recipe section 3). Remove it."
             )
         elif name in OWNED_FLAGS:
-            problems.append(f"`serve.extraArgs` contains {flag!r}: the program renders it; {OWNED_FLAGS[name]}.")
-    for var in s.serve.extra_env:
-        if var in OWNED_ENV:
+            spelled = "" if flag.split("=", 1)[0] == name else f" (vLLM reads it as {name})"
+            problems.append(
+                f"`serve.extraArgs` contains {flag!r}{spelled}: the program renders it; {OWNED_FLAGS[name]}."
+            )
+        elif name is not None and name.startswith("--") and (prefixed := _abbreviates(name)):
+            problems.append(
+                f"`serve.extraArgs` contains {flag!r}: argparse takes an unambiguous prefix as the whole flag, "
+                f"so this would set {prefixed}, which the program renders; {OWNED_FLAGS[prefixed]}."
+            )
+    for var, value in s.serve.extra_env.items():
+        if not _ENV_NAME.fullmatch(var):
+            problems.append(
+                f"`serve.extraEnv` key {json.dumps(var)}: not an environment variable name (letters, digits and "
+                "'_', not starting with a digit)"
+            )
+        elif var in OWNED_ENV:
             problems.append(f"`serve.extraEnv` sets {var}: the program renders it; {OWNED_ENV[var]}.")
+        elif _CREDENTIAL_ENV.search(var):
+            problems.append(
+                f"`serve.extraEnv` sets {var}, which names a credential: extraEnv is plain text in the stack file "
+                "and in `docker inspect`; use `weights.hfToken` or `serve.apiKey` (stored with --secret), "
+                "which the program passes itself"
+            )
+        if "\n" in value or "\0" in value:
+            problems.append(f"`serve.extraEnv.{var}` holds a newline or NUL: an environment value is one line")
+
+    for i, n in enumerate(s.nodes):
+        if n.ib_hcas and not n.rdma_devices:
+            problems.append(
+                f"`nodes[{i}].ibHcas` = {json.dumps(n.ib_hcas)} with `nodes[{i}].rdmaDevices` = []: NCCL cannot "
+                "open an HCA without the RDMA devices in the container; set rdmaDevices (the recipe passes "
+                '["/dev/infiniband"]) or `ibHcas: []` to run NCCL over TCP sockets'
+            )
+
+    floor = s.watchdog.mem_available_floor_gi_b
+    if floor >= capacity.NODE_USABLE_GIB:
+        problems.append(
+            f"`watchdog.memAvailableFloorGiB` = {floor:g}: a Spark has ~{capacity.NODE_USABLE_GIB:.0f} GiB in all, "
+            "so the watchdog would stop every rank at once; the launcher arms it at 1.5 GiB (a healthy head "
+            "dips to ~2.1 GiB at a 601K prefill)"
+        )
+    elif s.watchdog.enabled and floor >= s.preflight.min_mem_available_gi_b:
+        warnings.append(
+            f"`watchdog.memAvailableFloorGiB` = {floor:g} is not below `preflight.minMemAvailableGiB` = "
+            f"{s.preflight.min_mem_available_gi_b:g}: the watchdog may stop ranks the preflight admitted"
+        )
 
     mnbt = s.serve.max_num_batched_tokens
     threshold = s.serve.long_prefill_token_threshold
@@ -396,12 +637,15 @@ def _rules(s: Settings) -> tuple[list[str], list[str]]:
     return problems, warnings
 
 
-def parse(raw: Mapping[str, Any], *, plaintext_keys: frozenset[str] = frozenset()) -> Loaded:
+def parse(raw: Mapping[str, Any], *, plaintext_keys: frozenset[str] = frozenset(),
+          secret_keys: frozenset[str] = frozenset()) -> Loaded:
     """Validate raw stack config (the namespace's keys, already JSON-decoded).
 
     `plaintext_keys` lists top-level keys stored unencrypted; a credential under one is refused.
+    `secret_keys` lists top-level keys stored encrypted; no error shows any text under them.
     """
     problems: list[str] = []
+    hidden = _credential_texts(raw, secret_keys)
     for secret in sorted(SECRET_KEYS):
         top, leaf = secret.split(".")
         if top in plaintext_keys and isinstance(raw.get(top), Mapping) and raw[top].get(leaf):
@@ -424,14 +668,20 @@ def parse(raw: Mapping[str, Any], *, plaintext_keys: frozenset[str] = frozenset(
     try:
         settings = Settings.model_validate(raw)
     except ValidationError as err:
-        raise ConfigError(problems + _pydantic_problems(err, raw)) from None
+        raise ConfigError([_redact(p, hidden) for p in problems + _pydantic_problems(err, raw, hidden)]) from None
     if not settings.nodes:
         raise ConfigError(problems)
     rule_problems, warnings = _rules(settings)
     problems += rule_problems
     if problems:
-        raise ConfigError(problems)
+        raise ConfigError([_redact(p, hidden) for p in problems])
     return Loaded(settings=settings, warnings=warnings)
+
+
+def _redact(problem: str, hidden: list[str]) -> str:
+    for h in sorted(hidden, key=len, reverse=True):
+        problem = problem.replace(h, "[secret]")
+    return problem
 
 
 def read_raw(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -459,4 +709,4 @@ def from_stack() -> Loaded:
 
     raw = read_raw({**(runtime_config.get_config_env() or {}), **runtime_config.CONFIG.get()})
     plaintext = frozenset(k for k in raw if not runtime_config.is_config_secret(f"{NAMESPACE}:{k}"))
-    return parse(raw, plaintext_keys=plaintext)
+    return parse(raw, plaintext_keys=plaintext, secret_keys=frozenset(raw) - plaintext)

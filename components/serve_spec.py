@@ -193,8 +193,9 @@ def node_env(s: Settings, node: Node, gid_index: int | None) -> dict[str, str]:
         "NCCL_IB_HCA": ",".join(node.ib_hcas),
         "NCCL_IB_GID_INDEX": "" if gid_index is None else str(gid_index),
     }
-    env.update({k: v for k, v in per_node.items() if v})
     env.update(s.serve.extra_env)
+    # Last, so nothing overrides what was resolved for this node (config.py refuses the names too).
+    env.update({k: v for k, v in per_node.items() if v})
     return {k: v for k, v in env.items() if v != ""}
 
 

@@ -188,9 +188,42 @@ def test_plaintext_secrets_are_refused_and_never_echoed() -> None:
 
 def test_secret_values_never_appear_in_validation_errors() -> None:
     raw = two_sparks(serve={"apiKey": 12345})
-    raw["ssh"]["privateKey"] = ["not", "a", "string"]
-    text = "\n".join(problems_of(raw))
-    assert "[secret]" in text and "12345" not in text and "not" not in text.split("[secret]")[0][-5:]
+    raw["ssh"]["privateKey"] = ["kp-first-secret-part", "kp-second-secret-part"]
+    problems = problems_of(raw)
+    text = "\n".join(problems)
+    assert any(p.startswith("`ssh.privateKey` = [secret]") for p in problems), text
+    assert any(p.startswith("`serve.apiKey` = [secret]") for p in problems), text
+    assert "12345" not in text and "kp-first" not in text and "kp-second" not in text
+
+
+KEY_TEXT = ("-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQ\n"
+            "QyNTUxOQAAACDk9v2secretline\n-----END OPENSSH PRIVATE KEY-----\n")
+
+
+@pytest.mark.parametrize("secret_keys", [frozenset(), frozenset({"ssh"})])
+def test_a_key_given_as_the_whole_ssh_section_is_never_echoed(secret_keys: frozenset[str]) -> None:
+    # `pulumi config set --secret ssh < ~/.ssh/id_ed25519`, forgetting `--path ssh.privateKey`.
+    raw = two_sparks(ssh=KEY_TEXT)
+    text = "\n".join(problems_of(raw, secret_keys=secret_keys))
+    assert "`ssh`" in text
+    for line in KEY_TEXT.splitlines():
+        assert line not in text
+    assert json.dumps(KEY_TEXT)[1:-1] not in text and "secretline" not in text
+
+
+def test_a_token_given_as_a_whole_section_is_never_echoed() -> None:
+    raw = two_sparks(weights="hf_wholeSectionToken123", serve="sk-whole-section-key")
+    text = "\n".join(problems_of(raw, secret_keys=frozenset({"weights", "serve"})))
+    assert "`weights`" in text and "`serve`" in text
+    assert "hf_wholeSectionToken123" not in text and "sk-whole-section-key" not in text
+
+
+def test_text_of_a_secret_section_is_masked_wherever_it_is_echoed() -> None:
+    # A misspelt leaf under an encrypted section: the value is shown nowhere.
+    raw = two_sparks()
+    raw["ssh"]["private_key"] = "tok-misspelt-leaf-value"
+    text = "\n".join(problems_of(raw, secret_keys=frozenset({"ssh"})))
+    assert "private_key" in text and "tok-misspelt-leaf-value" not in text
 
 
 def test_settings_repr_hides_secrets() -> None:
@@ -240,7 +273,7 @@ def test_sim_stack_config_is_valid_with_the_key_make_demo_sets() -> None:
            "ssh": {"port": 2222, "user": "root", "known_hosts": "/x/known_hosts"},
            "hub": "http://127.0.0.1:5080", "image": "127.0.0.1:5000/dsv41-exl3/standin:2.9bpw"}
     raw = json.loads(json.dumps(sim_stack.sim_config(sim, weights_root="/var/tmp/w")))
-    raw["ssh"]["privateKey"] = "key set by make demo"
+    raw["ssh"]["privateKey"] = KEY_TEXT  # make demo sets a real key
     s = parse(raw).settings
     assert [n.host for n in s.nodes] == ["127.0.0.2", "127.0.0.3"] and s.weights.share == "bind"
     assert all(not n.rdma_devices and not n.gpus for n in s.nodes)
@@ -284,3 +317,116 @@ def test_engram_memory_and_small_fused_rows_warn() -> None:
     assert any("engramCacheGiB" in w and "~4 GiB MemAvailable" in w for w in loaded.warnings)
     assert any("`serve.exl3TempRowsFused` = 4" in w and "= 8" in w for w in loaded.warnings)
     assert not parse(two_sparks()).warnings
+
+
+@pytest.mark.parametrize("flag, owner", [
+    ("--max_model_len=1048576", "serve.maxModelLen"),
+    ("--max-model-len", "serve.maxModelLen"),
+    ("--max-model", "serve.maxModelLen"),  # argparse's prefix matching
+    ("--kv_cache_memory_bytes=9", "serve.kvCacheMemoryBytes"),
+    ("-tp", "nodes"),
+    ("-tp=4", "nodes"),
+    ("-q", "serve.quantization"),
+    ("-qfp8", "serve.quantization"),
+    ("-pp", "one rank per node"),
+    ("-dpl", "one rank per node"),
+    ("--no-enforce-eager", "serve.enforceEager"),
+    ("--speculative-config.num_speculative_tokens=5", "serve.numSpeculativeTokens"),
+    ("--hf-token=hf_x", "weights.hfToken"),
+    ("--served_model_name", "serve.servedModelName"),
+])
+def test_owned_flags_are_refused_in_every_spelling_vllm_accepts(flag: str, owner: str) -> None:
+    text = "\n".join(problems_of(two_sparks(serve={"extraArgs": [flag, "1"]})))
+    assert f"`serve.extraArgs` contains {flag!r}" in text and owner in text
+
+
+def test_kv_cache_dtype_is_refused_with_underscores_too() -> None:
+    text = "\n".join(problems_of(two_sparks(serve={"extraArgs": ["--kv_cache_dtype=fp8"]})))
+    assert "fp8_ds_mla" in text
+
+
+def test_flags_the_program_does_not_own_pass() -> None:
+    args = ["--host", "127.0.0.1", "-O3", "--enable-prefix-caching", "--max-logprobs", "20", "-1"]
+    assert parse(two_sparks(serve={"extraArgs": args})).settings.serve.extra_args == args
+
+
+@pytest.mark.parametrize("var, why", [
+    ("NCCL_IB_GID_INDEX", "nodes[].gidIndex"),
+    ("VLLM_HOST_IP", "fabricIp"),
+    ("VLLM_API_KEY", "serve.apiKey"),
+    ("HF_TOKEN", "names a credential"),
+    ("HUGGING_FACE_HUB_TOKEN", "names a credential"),
+    ("MY_SERVICE_API_KEY", "names a credential"),
+    ("BAD-NAME", "not an environment variable name"),
+])
+def test_extra_env_cannot_override_per_node_values_or_carry_credentials(var: str, why: str) -> None:
+    text = "\n".join(problems_of(two_sparks(serve={"extraEnv": {var: "v"}})))
+    assert var in text and why in text
+
+
+def test_extra_env_names_that_only_resemble_credentials_pass() -> None:
+    env = {"SIM_DECODE_TOKENS_PER_SECOND": "20", "NCCL_DEBUG": "INFO", "KEYBOARD": "us"}
+    assert parse(two_sparks(serve={"extraEnv": env})).settings.serve.extra_env == env
+
+
+def test_extra_env_values_are_one_line() -> None:
+    text = "\n".join(problems_of(two_sparks(serve={"extraEnv": {"NCCL_DEBUG": "INFO\nX=1"}})))
+    assert "`serve.extraEnv.NCCL_DEBUG` holds a newline" in text
+
+
+def _set(raw: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+    cur: Any = raw
+    parts = [int(p) if p.isdigit() else p for p in path.replace("[", ".").replace("]", "").split(".")]
+    for part in parts[:-1]:
+        cur = cur.setdefault(part, {}) if isinstance(part, str) else cur[part]
+    cur[parts[-1]] = value
+    return raw
+
+
+@pytest.mark.parametrize("key, value, fix", [
+    ("ssh.privateKey", "~/.ssh/id_ed25519", "give the key itself"),
+    ("ssh.agentSocket", "$SSH_AUTH_SOCK", "unexpanded variable"),
+    ("ssh.agentSocket", "agent.sock", "absolute path"),
+    ("weights.root", "dsv41-exl3", "relative path"),
+    ("weights.root", "~", "directory of its own"),
+    ("weights.root", "/", "directory of its own"),
+    ("weights.root", "/home/me", "directory of its own"),
+    ("weights.root", "~/../etc", "plain path"),
+    ("weights.root", "~other/w", "`~user` is not expanded"),
+    ("watchdog.memAvailableFloorGiB", 0, "greater than 0"),
+    ("watchdog.memAvailableFloorGiB", 2000, "stop every rank at once"),
+    ("serve.servedModelName", "", "non-empty name"),
+    ("serve.servedModelName", "my model", "without spaces"),
+    ("nodes[0].host", "me@10.0.0.1", "put the login name in `user`"),
+    ("nodes[0].host", "10.0.0.1:22", "put the SSH port in `port`"),
+    ("nodes[0].host", "spark head", "hostname or an IP address"),
+    ("weights.revision", "main\n", "branch, tag or commit"),
+    ("weights.modelRepo", "https://huggingface.co/Mia-AiLab/x", "(not a URL)"),
+    ("nodes[0].ibHcas", ["rocep1s0f1"], "rdmaDevices"),
+    ("image", "<image>", "placeholder"),
+    ("image", "registry:5000/dsv41:2.9bpw ", "whitespace"),
+    ("image", "Registry/UPPER:tag", "docker image reference"),
+    ("weights.hfEndpoint", "huggingface.co", "with its scheme"),
+    ("nodes[0].user", "-oProxyCommand=x", "not starting with '-'"),
+])
+def test_late_failing_mistakes_are_refused_with_key_value_and_fix(key: str, value: Any, fix: str) -> None:
+    raw = two_sparks()
+    if key == "nodes[0].ibHcas":
+        raw["nodes"][0]["rdmaDevices"] = []
+    problems = problems_of(_set(raw, key, value))
+    mine = [p for p in problems if p.startswith(f"`{key}`")]
+    assert mine, f"no problem names `{key}`: {problems}"
+    assert fix in mine[0], mine[0]
+    shown = "[secret]" if key == "ssh.privateKey" else json.dumps(value)
+    assert key == "nodes[0].ibHcas" or f"= {shown}" in mine[0], mine[0]
+
+
+@pytest.mark.parametrize("root", ["~/dsv41-exl3", "/var/tmp/dsv41-exl3-sim-weights", "/data/models/dsv41",
+                                  "/home/me/dsv41-exl3", "/mnt/nvme/dsv41/"])
+def test_dedicated_weight_roots_are_accepted(root: str) -> None:
+    assert parse(two_sparks(weights={"root": root})).settings.weights.root == root
+
+
+def test_a_watchdog_floor_above_the_preflight_minimum_is_a_warning() -> None:
+    loaded = parse(two_sparks(watchdog={"memAvailableFloorGiB": 100}, preflight={"minMemAvailableGiB": 50}))
+    assert any("may stop ranks the preflight admitted" in w for w in loaded.warnings)

@@ -106,11 +106,27 @@ def test_generation_changes_with_anything_ranks_agree_on_and_not_otherwise() -> 
     assert serve_spec.cluster_generation(settings(gates={"stallSeconds": 30})) == base
 
 
-def test_rotating_the_api_key_is_a_new_generation_but_the_label_does_not_reveal_it() -> None:
-    a = serve_spec.cluster_generation(settings(serve={"apiKey": "one"}))
-    b = serve_spec.cluster_generation(settings(serve={"apiKey": "two"}))
+def test_rotating_the_api_key_is_a_new_generation_but_nothing_rendered_reveals_it() -> None:
+    key = "sk-rotate-0123456789abcdef"
+    s = settings(serve={"apiKey": key})
+    a = serve_spec.cluster_generation(s)
+    b = serve_spec.cluster_generation(settings(serve={"apiKey": "sk-rotate-other"}))
     assert a != b, "a head replaced alone leaves the worker hanging at rendezvous"
-    assert "one" not in a and len(a) == 16
+    assert len(a) == 16 and a != serve_spec.cluster_generation(settings())
+    # The key reaches the container by environment only: never argv, labels or the generation's inputs.
+    rendered = json.dumps([serve_spec.rank_command(s, r) for r in (0, 1)]
+                          + [serve_spec.labels("dev", a, a, 0), serve_spec.node_env(s, s.head, 3)])
+    assert key not in rendered
+
+
+def test_per_node_values_win_over_extra_env_even_past_validation() -> None:
+    # config.py refuses these names; the renderer does not rely on it.
+    s = settings()
+    s = s.model_copy(update={"serve": s.serve.model_copy(update={"extra_env": {
+        "NCCL_IB_GID_INDEX": "0", "VLLM_HOST_IP": "10.9.9.9", "NCCL_SOCKET_IFNAME": "eth9"}})})
+    env = serve_spec.node_env(s, s.workers[0], 3)
+    assert env["NCCL_IB_GID_INDEX"] == "3" and env["VLLM_HOST_IP"] == "192.168.100.2"
+    assert env["NCCL_SOCKET_IFNAME"] == "enp1s0f0np0"
 
 
 def test_runtime_generation_changes_when_any_node_resolves_differently() -> None:

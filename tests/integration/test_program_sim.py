@@ -186,7 +186,8 @@ def test_stall_after_load_fails_near_stall_seconds(deployed: Deployment) -> None
 def test_watchdog_floor_above_memavailable_stops_the_rank_and_records_why(deployed: Deployment) -> None:
     healthy = deployed.config
     cfg = json.loads(json.dumps(healthy))
-    cfg["watchdog"].update(memAvailableFloorGiB=1000, sampleSeconds=1, consecutiveSamples=2)
+    # Above this machine's memory, below a Spark's (config refuses a floor no Spark can meet).
+    cfg["watchdog"].update(memAvailableFloorGiB=100, sampleSeconds=1, consecutiveSamples=2)
     cfg["serve"]["extraEnv"]["SIM_LOAD_SECONDS"] = "20"  # the watchdog acts while the gates wait
     deployed.write_config(cfg)
     try:
