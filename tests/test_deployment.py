@@ -27,8 +27,8 @@ def fake_stdout(args: pulumi.runtime.MockResourceArgs) -> dict[str, Any]:
     """What the nodes would print: the preflight's JSON line, the staging manifest."""
     if "-preflight-" in f"-{args.name}-" or args.name.startswith("preflight-"):
         node = args.name.removeprefix("preflight-").removesuffix("-check")
-        # These nodes have no RDMA devices (as on the simulated cluster): no GID is resolved.
-        return {"stdout": json.dumps({"node": node, "mem_available_gib": 115.0, "gid_index": None,
+        # RDMA nodes as on hardware: each resolves its own RoCE v2 GID, and they differ.
+        return {"stdout": json.dumps({"node": node, "mem_available_gib": 115.0, "gid_index": GIDS[node],
                                       "stopped": [], "findings": []})}
     if args.name.endswith("-keygen"):
         key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFake" + args.name.replace("-", "")
@@ -40,13 +40,14 @@ def fake_stdout(args: pulumi.runtime.MockResourceArgs) -> dict[str, Any]:
 
 
 FIXTURES = {COMMAND: fake_stdout}
+GIDS = {f"spark-{i}": 3 + (i % 2) * 2 for i in range(8)}
 
 
 def config(count: int = 2, **overrides: Any) -> dict[str, Any]:
     raw = two_sparks(**overrides)
+    # The defaults of a Spark: GPU, /dev/infiniband, the CX-7 HCA, `gidIndex: auto`.
     raw["nodes"] = [
-        {"name": f"spark-{i}", "host": f"10.0.0.{i + 1}", "user": "me", "fabricIp": f"192.168.100.{i + 1}",
-         "gpus": "", "rdmaDevices": [], "ibHcas": []}
+        {"name": f"spark-{i}", "host": f"10.0.0.{i + 1}", "user": "me", "fabricIp": f"192.168.100.{i + 1}"}
         for i in range(count)
     ]
     raw["weights"] = {"share": "bind", "hfToken": "hf_token_secret"}
@@ -219,3 +220,21 @@ def test_every_rank_is_replaced_together_when_live_ranks_finds_one_down(two: rec
     assert [r["container"] for r in live.inputs["ranks"]] == [
         serve_spec.container_name("dev", n) for n in parse(config()).settings.nodes]
     assert "ssh_private_key" in live.secret_paths()
+
+
+@pytest.mark.parametrize("count", [2, 4])
+def test_rdma_nodes_get_their_own_resolved_gid_hca_and_devices(count: int) -> None:
+    rec = two_run() if count == 2 else run(config(4, serve={"maxModelLen": 1_000_000,
+                                                           "kvCacheMemoryBytes": 4_100_000_000}))
+    for i in range(count):
+        c = container(rec, f"spark-{i}")
+        envs = c.inputs["envs"]
+        env = dict(e.split("=", 1) for e in (envs["value"] if isinstance(envs, dict) else envs))
+        assert env["NCCL_IB_GID_INDEX"] == str(GIDS[f"spark-{i}"]), "each node's own preflight-resolved GID"
+        assert env["NCCL_IB_HCA"] == "rocep1s0f1" and env["NCCL_SOCKET_IFNAME"] == "enp1s0f1np1"
+        assert c.inputs["gpus"] == "all"
+        assert c.inputs["devices"] == [{"hostPath": "/dev/infiniband", "containerPath": "/dev/infiniband"}]
+
+
+def two_run() -> recording.Recorded:
+    return run(config(2))
