@@ -14,7 +14,7 @@ from typing import Any
 
 import pulumi
 
-from components import serve_spec
+from components import host_keys, serve_spec
 from components.config import Loaded, Settings
 from components.gates import GateRank, ReadyGate, ReadyGateArgs, RendezvousGate, RendezvousGateArgs
 from components.image_check import checked_image_ids
@@ -23,6 +23,8 @@ from components.node_access import NodeAccess, NodeAccessArgs
 from components.node_image import NodeImage, NodeImageArgs
 from components.preflight import Preflight, PreflightArgs
 from components.serving import RankInputs, ServingCluster, ServingClusterArgs
+from components.ssh import KeyDirError, stack_dir
+from components.stack_keys import StackKeys, StackKeysArgs
 from components.verify import Verifier, VerifierArgs
 from components.watchdog import MemoryWatchdog, MemoryWatchdogArgs, WatchdogKey, WatchdogKeyArgs, WatchdogPeer
 from components.weight_store import WeightNode, WeightStore, WeightStoreArgs
@@ -39,7 +41,11 @@ def deploy(loaded: Loaded, stack: str) -> dict[str, Any]:
     for warning in loaded.warnings:
         pulumi.log.warn(warning)
     generation = serve_spec.cluster_generation(s)
-    access = {n.name: NodeAccess(f"access-{n.name}", NodeAccessArgs(node=n, ssh=s.ssh)) for n in s.nodes}
+    pins, keys_dir = pin_nodes(s, stack)
+    stack_keys = StackKeys("stack-keys", StackKeysArgs(directory=str(keys_dir)))
+    access = {n.name: NodeAccess(f"access-{n.name}", NodeAccessArgs(
+        node=n, ssh=s.ssh, host_key=pins[n.name].key.line(), stack_dir=str(keys_dir), stack_keys=stack_keys))
+        for n in s.nodes}
     images = {
         n.name: NodeImage(f"image-{n.name}", NodeImageArgs(
             image=s.image, provider=access[n.name].docker_provider,
@@ -150,6 +156,24 @@ def deploy(loaded: Loaded, stack: str) -> dict[str, Any]:
     if s.gates.min_decode_tokens_per_second is not None:
         outputs["decodeTokensPerSecond"] = verifier.decode_tokens_per_second
     return outputs
+
+
+def pin_nodes(s: Settings, stack: str) -> tuple[dict[str, host_keys.Pin], str]:
+    """Every node's host key (recorded on first use) and the stack's key directory, before any resource.
+
+    Refusals (a changed key, an unreachable new node, a key directory that is not private) end the run
+    with their message and fix, no traceback.
+    """
+    try:
+        keys_dir = stack_dir(pulumi.get_project(), stack)
+        pins = host_keys.pin_all([host_keys.NodeAddress(node=n.name, host=n.host, port=n.port) for n in s.nodes],
+                                 s.ssh.known_hosts_file)
+    except (host_keys.HostKeyError, KeyDirError) as err:
+        raise pulumi.RunError(str(err)) from None
+    for pin in pins.values():
+        if pin.note:
+            (pulumi.log.info if pin.recorded else pulumi.log.warn)(pin.note)
+    return pins, str(keys_dir)
 
 
 def gate_ranks(s: Settings, container_names: Mapping[str, str]) -> list[GateRank]:

@@ -15,6 +15,7 @@ from components import serve_spec
 from components.config import parse
 from components.deployment import deploy
 from tests import recording
+from tests.conftest import fake_host_key
 from tests.test_config import two_sparks
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -238,3 +239,41 @@ def test_rdma_nodes_get_their_own_resolved_gid_hca_and_devices(count: int) -> No
 
 def two_run() -> recording.Recorded:
     return run(config(2))
+
+
+def test_every_remote_command_checks_the_nodes_pinned_host_key(two: recording.Recorded) -> None:
+    commands = two.of_type(COMMAND)
+    assert commands
+    by_host = {f"10.0.0.{i + 1}": fake_host_key(f"10.0.0.{i + 1}", 22).line() for i in range(2)}
+    for c in commands:
+        assert "connection" in c.secret_paths(), f"{c.name}: the connection (with the key) must stay secret"
+        conn = c.inputs["connection"]["value"]
+        assert conn.get("hostKey") == by_host[conn["host"]], (
+            f"{c.name}: without hostKey the command provider talks to whatever answers at {conn['host']}")
+
+
+def test_docker_providers_keep_their_key_in_the_stack_directory_removed_last_on_destroy(
+        two: recording.Recorded) -> None:
+    (keys,) = two.of_type("pulumi-python:dynamic/keys:StackKeys")
+    directory = keys.inputs["directory"]
+    assert directory.endswith("/dsv41-exl3/keys/dsv41-exl3-dev")
+    for p in two.of_type("pulumi:providers:docker"):
+        assert two.depends_on(p, keys), "destroy must remove the key directory after the containers are gone"
+        opts = json.loads(p.inputs["sshOpts"])
+        assert Path(opts[opts.index("-i") + 1]).parent == Path(directory)
+        assert f"ControlPath={directory}/" in " ".join(opts), "the master's socket must exist after a reboot too"
+
+
+def test_a_changed_host_key_stops_the_program_before_any_resource(tmp_path: Path) -> None:
+    known = tmp_path / "known_hosts"
+    known.write_text(f"10.0.0.2 {fake_host_key('10.0.0.9', 22).line()}\n")
+    raw = config(2)
+    raw["ssh"] = {**raw["ssh"], "knownHostsFile": str(known)}
+    registered: list[recording.Registration] = []
+    with pytest.raises(pulumi.RunError) as err:
+        recording.run(lambda: deploy(parse(raw), "dev"), FIXTURES, into=registered)
+    assert registered == [], "no resource (so no connection) after a refused host key"
+    text = str(err.value)
+    assert "host key of node spark-1 (10.0.0.2:22) changed" in text
+    assert f"ssh-keygen -R '10.0.0.2' -f {known}" in text
+    assert f"10.0.0.1 {fake_host_key('10.0.0.1', 22).line()}" in known.read_text(), "the new node is recorded"

@@ -571,10 +571,7 @@ def install_fake_ssh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     data.mkdir()
     monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_SSH_DIR", str(data))
-    runtime = tmp_path / "runtime"
-    runtime.mkdir(mode=0o700)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
-    return data
+    return data  # key files go to the session's private XDG_RUNTIME_DIR (tests/conftest.py)
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"reflect"
 	"strings"
 
 	p "github.com/pulumi/pulumi-go-provider"
@@ -120,6 +121,12 @@ func (*Command) Update(ctx context.Context, req infer.UpdateRequest[CommandInput
 	if req.DryRun {
 		return infer.UpdateResponse[CommandOutputs]{Output: state}, nil
 	}
+	if OnlyConnectionAuthChanged(req.State.CommandInputs, req.Inputs) {
+		// A new key, password or pinned host key is not a new command: running it again would repeat its
+		// effects (a preflight stops containers) for no change on the host.
+		p.GetLogger(ctx).Info("only the connection's credentials or host key changed: the command is not run again")
+		return infer.UpdateResponse[CommandOutputs]{Output: state}, nil
+	}
 	op, cmd := "update", req.Inputs.Update
 	if cmd == nil {
 		op, cmd = "create", req.Inputs.Create
@@ -138,6 +145,31 @@ func (*Command) Delete(ctx context.Context, req infer.DeleteRequest[CommandOutpu
 	}
 	_, _, err := req.State.run(ctx, "delete", *req.State.Delete)
 	return infer.DeleteResponse{}, err
+}
+
+// withoutAuth drops what says how to authenticate and verify, keeping where to connect.
+func withoutAuth(c connectionBase) connectionBase {
+	c.Password, c.PrivateKey, c.PrivateKeyPassword, c.AgentSocketPath = nil, nil, nil, nil
+	c.DialErrorLimit, c.PerDialTimeout, c.HostKey = nil, nil, nil
+	return c
+}
+
+// OnlyConnectionAuthChanged: the inputs differ, and only in the connection's (or its proxy's)
+// credentials, host key or dial settings; host, port, user and everything else are equal.
+func OnlyConnectionAuthChanged(old, cur CommandInputs) bool {
+	if reflect.DeepEqual(old, cur) {
+		return false
+	}
+	strip := func(in CommandInputs) CommandInputs {
+		in.Connection.connectionBase = withoutAuth(in.Connection.connectionBase)
+		if in.Connection.Proxy != nil {
+			proxy := *in.Connection.Proxy
+			proxy.connectionBase = withoutAuth(proxy.connectionBase)
+			in.Connection.Proxy = &proxy
+		}
+		return in
+	}
+	return reflect.DeepEqual(strip(old), strip(cur))
 }
 
 // run executes cmd over a new ssh session; the state's Stdout/Stderr are the previous outputs.

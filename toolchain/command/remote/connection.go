@@ -123,6 +123,15 @@ func ParseHostKey(s string) (ssh.PublicKey, error) {
 // ErrHostKeyMismatch is returned when the server's key is not the expected one.
 var ErrHostKeyMismatch = errors.New("ssh: host key mismatch")
 
+// HostKeyAlgorithms are the algorithms to negotiate for a pinned key: a server with several host keys
+// must show the pinned one, not the first type the client would prefer.
+func HostKeyAlgorithms(k ssh.PublicKey) []string {
+	if k.Type() == ssh.KeyAlgoRSA {
+		return []string{ssh.KeyAlgoRSASHA512, ssh.KeyAlgoRSASHA256, ssh.KeyAlgoRSA}
+	}
+	return []string{k.Type()}
+}
+
 // HostKeyCallback verifies the server's key against expected; nil or empty accepts any key (upstream).
 func HostKeyCallback(expected *string) (ssh.HostKeyCallback, error) {
 	if expected == nil || strings.TrimSpace(*expected) == "" {
@@ -136,7 +145,8 @@ func HostKeyCallback(expected *string) (ssh.HostKeyCallback, error) {
 		if got.Type() == want.Type() && subtle.ConstantTimeCompare(got.Marshal(), want.Marshal()) == 1 {
 			return nil
 		}
-		return fmt.Errorf("%w for %s: expected %s %s, server offered %s %s", ErrHostKeyMismatch, hostname,
+		return fmt.Errorf("%w for %s: expected %s %s, server offered %s %s; the connection was refused "+
+			"(if the host was reinstalled, update the pinned hostKey)", ErrHostKeyMismatch, hostname,
 			want.Type(), ssh.FingerprintSHA256(want), got.Type(), ssh.FingerprintSHA256(got))
 	}, nil
 }
@@ -152,6 +162,10 @@ func (c *connectionBase) clientConfig(ctx context.Context) (*ssh.ClientConfig, f
 		user = *c.User
 	}
 	cfg := &ssh.ClientConfig{User: user, HostKeyCallback: hk, Timeout: c.perDialTimeout()}
+	if c.HostKey != nil && strings.TrimSpace(*c.HostKey) != "" {
+		want, _ := ParseHostKey(*c.HostKey) // parsed by HostKeyCallback above
+		cfg.HostKeyAlgorithms = HostKeyAlgorithms(want)
+	}
 	if c.PrivateKey != nil && *c.PrivateKey != "" {
 		var signer ssh.Signer
 		if c.PrivateKeyPassword != nil && *c.PrivateKeyPassword != "" {
@@ -211,6 +225,9 @@ func retryDial[T any](ctx context.Context, what string, limit int, f func() (T, 
 		v, err := f()
 		if err == nil {
 			return v, nil
+		}
+		if errors.Is(err, ErrHostKeyMismatch) { // not transient: another try meets the same key
+			return zero, fmt.Errorf("%s: %w", what, err)
 		}
 		if ReachedDialLimit(failures, limit) {
 			return zero, fmt.Errorf("%s %s: after %d failed attempts: %w", what, "failed", failures, err)

@@ -1,9 +1,12 @@
 package remote
 
 import (
+	"context"
 	"crypto/ed25519"
 	"crypto/rand"
+	"crypto/rsa"
 	"errors"
+	"fmt"
 	"net"
 	"testing"
 
@@ -93,5 +96,34 @@ func TestEndpointDefaults(t *testing.T) {
 	c.PerDialTimeout = &zero
 	if c.perDialTimeout() != 0 {
 		t.Errorf("perDialTimeout 0 must mean no maximum")
+	}
+}
+
+func TestPinnedKeyTypeIsNegotiated(t *testing.T) {
+	ed := newKey(t)
+	if got := HostKeyAlgorithms(ed); len(got) != 1 || got[0] != ssh.KeyAlgoED25519 {
+		t.Errorf("ed25519 pin negotiates %v", got)
+	}
+	priv, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, err := ssh.NewPublicKey(&priv.PublicKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := HostKeyAlgorithms(k); len(got) != 3 || got[2] != ssh.KeyAlgoRSA {
+		t.Errorf("rsa pin negotiates %v", got)
+	}
+}
+
+func TestHostKeyMismatchIsNotRetried(t *testing.T) {
+	calls := 0
+	_, err := retryDial(context.Background(), "Dial h:22", 10, func() (int, error) {
+		calls++
+		return 0, fmt.Errorf("ssh: handshake failed: %w", ErrHostKeyMismatch)
+	})
+	if calls != 1 || !errors.Is(err, ErrHostKeyMismatch) {
+		t.Errorf("a host key mismatch was tried %d times (err=%v); it must fail at once", calls, err)
 	}
 }

@@ -1,0 +1,38 @@
+"""Unit tests never reach a network nor touch the operator's SSH files.
+
+Every test session gets its own known_hosts file, key directories under a temporary dir, and an
+ssh-keyscan stand-in that answers every host with a fixed key derived from its address.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from components import host_keys
+
+
+def fake_host_key(host: str, port: int) -> host_keys.HostKey:
+    blob = base64.b64encode(b"\x00\x00\x00\x0bssh-ed25519\x00\x00\x00\x20"
+                            + hashlib.sha256(f"{host}:{port}".encode()).digest()).decode()
+    return host_keys.HostKey(kind="ssh-ed25519", blob=blob)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def offline_ssh() -> Iterator[Path]:
+    # short: ssh's control socket paths are limited to ~90 characters (components/ssh.py)
+    home = Path(tempfile.mkdtemp(prefix="d41-"))
+    (home / "run").mkdir(mode=0o700)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_RUNTIME_DIR", str(home / "run"))
+        mp.setenv("XDG_STATE_HOME", str(home / "state"))
+        mp.setattr(host_keys, "default_known_hosts_file", lambda: str(home / "known_hosts"))
+        mp.setattr(host_keys, "keyscan", lambda host, port: [fake_host_key(host, port)])
+        yield home
+    shutil.rmtree(home, ignore_errors=True)
