@@ -426,7 +426,8 @@ def stage_weights(sim: dict[str, Any], root: Path) -> float:
     stack's weights layer finds the checkpoint staged (as on a cluster that has deployed before)."""
     plan = wm.staging_plan(model_repo=checkpoint.MODEL_REPO, engram_repo=checkpoint.BASE_REPO, revision="main")
     command = wm.render_stage_command(root=str(root), image=sim["image"], plan=plan, hf_endpoint=sim["hub"],
-                                      with_token=False, timeout_s=STEP_TIMEOUT)
+                                      with_token=False, timeout_s=STEP_TIMEOUT,
+                                      stack_prefix="dsv41-exl3-bench-staging")
     began = time.monotonic()
     ssh = ["ssh", "-F", "none", "-p", str(sim["ssh"]["port"]), "-i", sim["ssh"]["key"], "-o", "IdentitiesOnly=yes",
            "-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={sim['ssh']['known_hosts']}",

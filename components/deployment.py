@@ -14,7 +14,7 @@ from typing import Any
 
 import pulumi
 
-from components import host_keys, serve_spec
+from components import host_keys, serve_spec, stack_names
 from components.config import Loaded, Settings
 from components.gates import GateRank, ReadyGate, ReadyGateArgs, RendezvousGate, RendezvousGateArgs
 from components.image_check import checked_image_ids
@@ -40,6 +40,10 @@ def deploy(loaded: Loaded, stack: str) -> dict[str, Any]:
     s = loaded.settings
     for warning in loaded.warnings:
         pulumi.log.warn(warning)
+    # Everything this stack names on a node (export file, staging/check containers, watchdog files) carries
+    # it, so two stacks on one head never collide. The rank containers keep their names (renaming would
+    # replace running ranks): they were already per stack.
+    prefix = stack_names.stack_prefix(pulumi.get_project(), stack)
     generation = serve_spec.cluster_generation(s)
     pins, keys_dir = pin_nodes(s, stack)
     stack_keys = StackKeys("stack-keys", StackKeysArgs(directory=str(keys_dir)))
@@ -90,6 +94,7 @@ def deploy(loaded: Loaded, stack: str) -> dict[str, Any]:
         hf_token=pulumi.Output.secret(s.weights.hf_token.get_secret_value()) if s.weights.hf_token else None,
         hf_endpoint=s.weights.hf_endpoint,
         stage_timeout_s=s.weights.stage_timeout_minutes * 60,
+        stack_prefix=prefix,
     ), opts=pulumi.ResourceOptions(depends_on=[preflights[s.head.name]]))
 
     # Every rank must run the same build of the mutable tag: compared after the pulls, before any container.
@@ -123,7 +128,8 @@ def deploy(loaded: Loaded, stack: str) -> dict[str, Any]:
     if s.watchdog.enabled:
         # A trip on one node stops every rank: each node's key may stop the others' containers, nothing else.
         keys = {n.name: WatchdogKey(f"watchdog-key-{n.name}", WatchdogKeyArgs(
-            node_name=n.name, connection=access[n.name].connection, container_name=serving.container_names[n.name]))
+            node_name=n.name, connection=access[n.name].connection, container_name=serving.container_names[n.name],
+            stack_prefix=prefix))
             for n in s.nodes}
         for n in s.nodes:
             peers = [m for m in s.nodes if m is not n]
@@ -131,6 +137,7 @@ def deploy(loaded: Loaded, stack: str) -> dict[str, Any]:
                 node_name=n.name,
                 connection=access[n.name].connection,
                 container_name=serving.container_names[n.name],
+                stack_prefix=prefix,
                 floor_gib=s.watchdog.mem_available_floor_gi_b,
                 sample_interval_s=s.watchdog.sample_seconds,
                 consecutive_samples=s.watchdog.consecutive_samples,

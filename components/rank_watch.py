@@ -355,7 +355,7 @@ class _RankView:
 def _exit_hint(code: int | None) -> str:
     if code == 137:
         return ("exit 137 = killed by SIGKILL: the kernel OOM killer, the memory watchdog "
-                "(see ~/.local/state/dsv41-exl3/watchdog.log on that node) or a docker stop that timed out")
+                "(see ~/.local/state/dsv41-exl3-<stack>/watchdog.log on that node) or a docker stop that timed out")
     if code == 143:
         return "exit 143 = SIGTERM: something ran docker stop (the memory watchdog or an operator)"
     if code == 139:

@@ -4,11 +4,22 @@ Self-contained on purpose (stdlib + huggingface_hub only): the program ships thi
 node and runs it with the image's python3. The plan (which repos, which files, which count rules)
 comes as JSON from `components/weights_manifest.py`; this script only enforces it.
 
-Per repo: list the files with sizes, select the planned ones (a planned file missing on the hub is
-an error naming it), download ONE FILE AT A TIME into <dest-root>/<dest>/, skipping files already
-present with the listed size (so a re-run is cheap and an interrupted run resumes), verify each by
-name and size, then apply the count rules. Success prints one line on stdout:
-    DSV41_WEIGHTS_MANIFEST {"root": "<host root>", "files": {"model/x.safetensors": 123, ...}}
+Per repo: resolve the revision to its commit, list the files at that commit with their sizes and
+content ids (the LFS sha256 of large files, the git blob id of small ones), select the planned ones
+(a planned file missing on the hub is an error naming it), and download ONE FILE AT A TIME into
+<dest-root>/<dest>/. Each download is hashed as it is written (sha256, and the git blob id), checked
+against the listing, and only then moved into place: huggingface_hub checks sizes only.
+
+What was staged is recorded in <dest-root>/dsv41-weights-manifest.json (per file: repo, commit,
+size, sha256, how it was verified, mtime), updated after every file. A later run compares records
+with the listing instead of re-reading hundreds of GiB: a file whose record matches the hub's
+content id is kept; one of another revision (same name and size, other content) is downloaded
+again; a file present without a record (staged by an older version of this program) is hashed once.
+A file the record names that the new listing no longer selects is removed (this program put it
+there); a file nobody recorded and nobody listed is refused, never deleted.
+Success prints one line on stdout:
+    DSV41_WEIGHTS_MANIFEST {"root": "<host root>", "files": {"model/x.safetensors": 123, ...},
+                            "sha256": {"model/x.safetensors": "<hex>", ...}, "manifest_file": "<host path>"}
 Progress and errors go to stderr; an error is one line starting with "stage_weights: error:".
 The token comes from the environment (HF_TOKEN), never from argv.
 """
@@ -16,16 +27,25 @@ The token comes from the environment (HF_TOKEN), never from argv.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 MANIFEST_MARKER = "DSV41_WEIGHTS_MANIFEST"
+# The staging step's record, at the weights root on the head (JSON, readable by any later step).
+MANIFEST_FILE = "dsv41-weights-manifest.json"
+MANIFEST_FORMAT = 1
+# Where a download is written (hashed) before it is verified and moved into place.
+PARTIAL_SUFFIX = ".dsv41-partial"
+# huggingface_hub's own local_dir metadata (left by earlier versions of this script): not weights.
+_CLIENT_METADATA_DIR = ".cache"
+_HASH_CHUNK = 8 << 20
 
 
 class StageError(Exception):
@@ -58,8 +78,22 @@ class RepoPlan:
         )
 
 
-def select_files(repo: str, revision: str, tree: dict[str, int], wanted: Iterable[str] | None) -> dict[str, int]:
-    """The planned files with their hub sizes; a planned file absent from the hub listing is an error."""
+@dataclass(frozen=True)
+class HubFile:
+    """One file as the hub lists it: its size and what identifies its content."""
+
+    size: int
+    sha256: str | None = None  # the LFS object id (large files)
+    blob_id: str | None = None  # the git blob id: the content's id for a non-LFS file, the pointer's for LFS
+
+    @property
+    def verified_by(self) -> str:
+        return "lfs-sha256" if self.sha256 else "git-blob-id" if self.blob_id else "size"
+
+
+def select_files(repo: str, revision: str, tree: dict[str, HubFile],
+                 wanted: Iterable[str] | None) -> dict[str, HubFile]:
+    """The planned files as listed; a planned file absent from the hub listing is an error."""
     if wanted is None:
         return dict(sorted(tree.items()))
     wanted = list(wanted)
@@ -104,7 +138,7 @@ def check_index(repo: str, index: dict[str, Any], shard_total: int) -> None:
         )
 
 
-def check_required_present(repo: str, dest_dir: Path, required: Iterable[str], sizes: dict[str, int]) -> None:
+def check_required_present(repo: str, dest_dir: Path, required: Iterable[str], sizes: Mapping[str, int]) -> None:
     """Verify by count, not by exit code: every required shard is on disk with its listed size."""
     absent = [s for s in required if not (dest_dir / s).is_file() or (dest_dir / s).stat().st_size != sizes.get(s)]
     if absent:
@@ -127,66 +161,303 @@ def _hub_errors() -> tuple[type[Exception], type[Exception], type[Exception]]:
     return errors.EntryNotFoundError, errors.RepositoryNotFoundError, errors.RevisionNotFoundError
 
 
-def list_tree(api: Any, repo: str, revision: str) -> dict[str, int]:
-    """{path: size} of every file in the repo at `revision` (folders skipped)."""
+def _lfs_sha256(lfs: Any) -> str | None:
+    """The LFS sha256 from a listing entry: an object in recent clients, a dict in old ones."""
+    if lfs is None:
+        return None
+    value = lfs.get("sha256") if isinstance(lfs, dict) else getattr(lfs, "sha256", None)
+    return value.lower() if isinstance(value, str) and re.fullmatch(r"[0-9a-fA-F]{64}", value) else None
+
+
+def _hub_call(repo: str, revision: str, what: str, call: Any) -> Any:
     _, RepositoryNotFoundError, RevisionNotFoundError = _hub_errors()
     try:
-        items = list(api.list_repo_tree(repo, revision=revision, recursive=True))
+        return call()
     except RevisionNotFoundError as exc:
         raise StageError(f"{repo}: revision {revision!r} not found on the hub; fix the revision") from exc
     except RepositoryNotFoundError as exc:
         raise StageError(f"{repo}: repo not found (or gated without a token); fix the repo name or hf token") from exc
     except Exception as exc:  # HTTP, transport (httpx) and disk errors alike: name the file, suggest a re-run
-        raise StageError(f"{repo}@{revision}: listing files failed: {type(exc).__name__}: {exc}; "
+        raise StageError(f"{repo}@{revision}: {what} failed: {type(exc).__name__}: {exc}; "
                          "check HF_ENDPOINT and the network, then retry") from exc
-    tree: dict[str, int] = {}
+
+
+def resolve_commit(api: Any, repo: str, revision: str) -> str:
+    """The commit `revision` names now: files are listed and downloaded at it, and it is recorded."""
+    info = _hub_call(repo, revision, "resolving the revision", lambda: api.model_info(repo, revision=revision))
+    sha = getattr(info, "sha", None)
+    return str(sha) if sha else revision
+
+
+def list_tree(api: Any, repo: str, revision: str) -> dict[str, HubFile]:
+    """Every file in the repo at `revision` (folders skipped), with its size and content ids."""
+    items = _hub_call(repo, revision, "listing files",
+                      lambda: list(api.list_repo_tree(repo, revision=revision, recursive=True)))
+    tree: dict[str, HubFile] = {}
     for item in items:
         size = getattr(item, "size", None)
         if isinstance(size, int) and getattr(item, "path", None):
-            tree[str(item.path)] = size
+            blob_id = getattr(item, "blob_id", None)
+            tree[str(item.path)] = HubFile(size=size, sha256=_lfs_sha256(getattr(item, "lfs", None)),
+                                           blob_id=str(blob_id) if blob_id else None)
     return tree
 
 
-def fetch_one(repo: str, revision: str, name: str, size: int, dest_dir: Path, endpoint: str | None,
-              token: str | None) -> bool:
-    """Download one file unless it is already there with the right size; returns True when it downloaded."""
-    from huggingface_hub import hf_hub_download
+# --- content ids, computed while the bytes go by ----------------------------------------------------
+
+
+class _Digests:
+    """sha256 and the git blob id of one file's bytes, fed as they are written or read."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self.reset()
+
+    def reset(self) -> None:
+        self.sha256 = hashlib.sha256()
+        self.git = hashlib.sha1(b"blob %d\0" % self._size)  # noqa: S324 (git's blob id is sha1 by definition)
+
+    def update(self, chunk: bytes) -> None:
+        self.sha256.update(chunk)
+        self.git.update(chunk)
+
+    def mismatch(self, listed: HubFile) -> str | None:
+        """What does not match the listing, or None."""
+        if listed.sha256 and self.sha256.hexdigest() != listed.sha256:
+            return f"sha256 {self.sha256.hexdigest()}, the hub lists {listed.sha256}"
+        if not listed.sha256 and listed.blob_id and self.git.hexdigest() != listed.blob_id:
+            return f"git blob id {self.git.hexdigest()}, the hub lists {listed.blob_id}"
+        return None
+
+
+class HashingWriter:
+    """The file object the client's `http_get` writes to: every chunk is hashed on its way to disk.
+
+    `http_get` appends when it resumes after a dropped connection (the hash goes on), and rewinds to the
+    start when a server ignored its Range request (the hash starts over); any other seek is refused."""
+
+    def __init__(self, f: BinaryIO, digests: _Digests) -> None:
+        self._f = f
+        self.digests = digests
+
+    def write(self, chunk: bytes) -> int:
+        self.digests.update(chunk)
+        return self._f.write(chunk)
+
+    def tell(self) -> int:
+        return self._f.tell()
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        if whence != 0 or offset != 0:
+            raise OSError("a hashed download can only restart from its first byte")
+        self.digests.reset()
+        return self._f.seek(0)
+
+    def truncate(self, size: int | None = None) -> int:
+        return self._f.truncate(size)
+
+    def flush(self) -> None:
+        self._f.flush()
+
+
+def hash_file(path: Path, size: int) -> _Digests:
+    """Read a file once (only one present without a record: staged before records existed)."""
+    digests = _Digests(size)
+    with path.open("rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            digests.update(chunk)
+    return digests
+
+
+# --- the record ---------------------------------------------------------------------------------------
+
+
+def load_records(manifest: Path) -> dict[str, dict[str, Any]]:
+    """{relative path: record} of what an earlier run staged; nothing when there is no readable record."""
+    try:
+        raw = json.loads(manifest.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        print(f"stage_weights: {manifest} is unreadable ({exc}); files present are hashed once instead",
+              file=sys.stderr, flush=True)
+        return {}
+    files = raw.get("files") if isinstance(raw, dict) else None
+    if not isinstance(files, dict):
+        return {}
+    return {str(k): v for k, v in files.items() if isinstance(v, dict)}
+
+
+def save_records(manifest: Path, records: Mapping[str, Mapping[str, Any]], repos: Mapping[str, Any]) -> None:
+    """Written whole and renamed into place: an interrupted run leaves the previous record, never half of one."""
+    body = {"format": MANIFEST_FORMAT, "written_by": "dsv41-exl3 stage_weights.py", "repos": dict(repos),
+            "files": {k: dict(v) for k, v in sorted(records.items())}}
+    tmp = manifest.with_name(f".{manifest.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(body, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, manifest)
+
+
+def _record(repo: str, commit: str, listed: HubFile, digests: _Digests, path: Path) -> dict[str, Any]:
+    return {"repo": repo, "revision": commit, "size": listed.size, "sha256": digests.sha256.hexdigest(),
+            "blob_id": listed.blob_id if listed.sha256 is None else None, "verified_by": listed.verified_by,
+            "mtime_ns": path.stat().st_mtime_ns}
+
+
+def record_describes(record: Mapping[str, Any] | None, path: Path) -> bool:
+    """The record is of THIS file on disk: same size and modification time as when it was recorded."""
+    if record is None:
+        return False
+    try:
+        st = path.stat()
+    except OSError:
+        return False
+    return path.is_file() and record.get("size") == st.st_size and record.get("mtime_ns") == st.st_mtime_ns
+
+
+def same_content(record: Mapping[str, Any], repo: str, commit: str, listed: HubFile) -> bool:
+    """The recorded file is the listed one: by the hub's sha256, else the git blob id, else repo and commit."""
+    if record.get("size") != listed.size:
+        return False
+    if listed.sha256:
+        return record.get("sha256") == listed.sha256
+    if listed.blob_id:
+        return record.get("blob_id") == listed.blob_id
+    return record.get("repo") == repo and record.get("revision") == commit
+
+
+def local_files(dest_dir: Path) -> list[str]:
+    """Every regular file below dest_dir, relative; the client's metadata and our partial downloads aside."""
+    found: list[str] = []
+    for path in sorted(dest_dir.rglob("*")):
+        rel = path.relative_to(dest_dir)
+        if rel.parts[0] == _CLIENT_METADATA_DIR or path.name.endswith(PARTIAL_SUFFIX) or not path.is_file():
+            continue
+        found.append(rel.as_posix())
+    return found
+
+
+def download_verified(repo: str, commit: str, name: str, listed: HubFile, dest_dir: Path, endpoint: str | None,
+                      token: str | None) -> _Digests:
+    """Download one file, hashing it as it is written; it replaces the target only once it matches the listing."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.file_download import http_get
+    from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]  # exported lazily
     EntryNotFoundError, _, _ = _hub_errors()
 
     target = dest_dir / name
-    have = local_size(target)
-    if have == size:
-        return False
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{target.name}{PARTIAL_SUFFIX}")
+    digests = _Digests(listed.size)
     try:
-        hf_hub_download(repo, name, revision=revision, local_dir=str(dest_dir), endpoint=endpoint, token=token,
-                        force_download=have is not None)
+        url = hf_hub_url(repo, name, revision=commit, endpoint=endpoint)
+        headers = build_hf_headers(token=token)
+        meta = get_hf_file_metadata(url, token=token)
+        location = meta.location or url
+        if _host(location) != _host(url):
+            headers.pop("authorization", None)  # a signed CDN url: the token stays with the hub
+        with partial.open("wb") as f:
+            # The size is checked below with the content, so the error names the file and the listing.
+            # HashingWriter has every method http_get calls on its file (write, tell, seek, truncate).
+            http_get(location, cast(BinaryIO, HashingWriter(f, digests)), headers=headers)
     except EntryNotFoundError as exc:
-        raise StageError(f"{repo}@{revision}: file {name} is listed but the hub returned 404 for it; "
+        partial.unlink(missing_ok=True)
+        raise StageError(f"{repo}@{commit}: file {name} is listed but the hub returned 404 for it; "
                          "check the revision or retry") from exc
     except Exception as exc:  # HTTP, transport (httpx) and disk errors alike: name the file, suggest a re-run
-        raise StageError(f"{repo}@{revision}: downloading {name} failed: {type(exc).__name__}: {exc}; "
+        partial.unlink(missing_ok=True)
+        raise StageError(f"{repo}@{commit}: downloading {name} failed: {type(exc).__name__}: {exc}; "
                          "re-run to resume") from exc
-    got = local_size(target)
-    if got != size:
-        if got is not None:
-            target.unlink()  # so the next run fetches it again instead of trusting a bad copy
-        raise StageError(f"{repo}@{revision}: {name} is {got} bytes after download, the hub lists {size}; "
-                         "removed it, re-run to fetch it again")
-    return True
+    got = partial.stat().st_size
+    wrong = f"{got} bytes, the hub lists {listed.size}" if got != listed.size else digests.mismatch(listed)
+    if wrong is not None:
+        partial.unlink()  # never moved into place: the next run cannot mistake it for the file
+        raise StageError(f"{repo}@{commit}: {name} downloaded as {wrong}; not kept, re-run to fetch it again")
+    os.replace(partial, target)
+    return digests
 
 
-def stage_repo(plan: RepoPlan, revision: str, dest_root: Path, endpoint: str | None, token: str | None,
-               api: Any) -> dict[str, int]:
-    tree = list_tree(api, plan.repo, revision)
+def _host(url: str) -> str:
+    from urllib.parse import urlsplit
+    return urlsplit(url).netloc.lower()
+
+
+def check_no_foreign_files(repo: str, dest_dir: Path, foreign: list[str], manifest: Path) -> None:
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise StageError(
+            f"{repo}: {dest_dir} holds {shown}, which the hub listing does not name and this program did not "
+            f"stage (not in {manifest}); it is not deleted. Remove or move it by hand, or use another weights.root")
+
+
+@dataclass
+class Staging:
+    """One run's state: the record on disk, updated after every file."""
+
+    dest_root: Path
+    endpoint: str | None
+    token: str | None
+    api: Any
+    records: dict[str, dict[str, Any]]
+    repos: dict[str, Any]
+
+    @property
+    def manifest(self) -> Path:
+        return self.dest_root / MANIFEST_FILE
+
+    def save(self) -> None:
+        save_records(self.manifest, self.records, self.repos)
+
+
+def stage_repo(plan: RepoPlan, revision: str, st: Staging) -> dict[str, str]:
+    """Stage one repo; returns {relative path: sha256} of its planned files."""
+    commit = resolve_commit(st.api, plan.repo, revision)
+    tree = list_tree(st.api, plan.repo, commit)
     files = select_files(plan.repo, revision, tree, plan.files)
     if plan.safetensors_count is not None:  # fail before hours of download when the hub side is wrong
         check_safetensors_count(plan.repo, "the hub listing", files, plan.safetensors_count)
-    dest_dir = dest_root / plan.dest
+    dest_dir = st.dest_root / plan.dest
     dest_dir.mkdir(parents=True, exist_ok=True)
-    for i, (name, size) in enumerate(files.items(), 1):
-        fetched = fetch_one(plan.repo, revision, name, size, dest_dir, endpoint, token)
-        print(f"stage_weights: {plan.dest}/{name} ({size} bytes) {'downloaded' if fetched else 'present'} "
-              f"[{i}/{len(files)}]", file=sys.stderr, flush=True)
+    st.repos[plan.dest] = {"repo": plan.repo, "revision": revision, "commit": commit}
+
+    # What is here and not planned: ours (recorded) is removed, anyone else's is refused before any download.
+    present = local_files(dest_dir)
+    foreign = [n for n in present if n not in files and f"{plan.dest}/{n}" not in st.records]
+    check_no_foreign_files(plan.repo, dest_dir, foreign, st.manifest)
+    for name in present:
+        rel = f"{plan.dest}/{name}"
+        if name not in files:
+            old = st.records.pop(rel)
+            (dest_dir / name).unlink()
+            print(f"stage_weights: {rel} removed: staged for {old.get('repo')}@{old.get('revision')}, "
+                  f"not in {plan.repo}@{commit}", file=sys.stderr, flush=True)
+    for rel in [r for r in st.records if r.startswith(f"{plan.dest}/") and r[len(plan.dest) + 1:] not in files]:
+        del st.records[rel]  # recorded, gone from disk, no longer planned
+    st.save()
+
+    digests: dict[str, str] = {}
+    for i, (name, listed) in enumerate(files.items(), 1):
+        rel, target = f"{plan.dest}/{name}", dest_dir / name
+        record = st.records.get(rel)
+        if record is not None and record_describes(record, target) and same_content(record, plan.repo, commit,
+                                                                                     listed):
+            how = "present (recorded)"
+            record.update(repo=plan.repo, revision=commit)  # the same content, now also of this commit
+        else:
+            checked = None
+            if not record_describes(record, target) and local_size(target) == listed.size \
+                    and listed.verified_by != "size":
+                local = hash_file(target, listed.size)  # a copy nobody recorded: read it once, keep it if it matches
+                if local.mismatch(listed) is None:
+                    checked, how = local, "present (hashed once: no record)"
+            if checked is None:
+                checked, how = download_verified(plan.repo, commit, name, listed, dest_dir, st.endpoint,
+                                                 st.token), "downloaded"
+            st.records[rel] = _record(plan.repo, commit, listed, checked, target)
+            st.save()
+        digests[rel] = str(st.records[rel]["sha256"])
+        print(f"stage_weights: {rel} ({listed.size} bytes, {listed.verified_by}) {how} [{i}/{len(files)}]",
+              file=sys.stderr, flush=True)
+    st.save()
     on_disk = [p.name for p in dest_dir.iterdir() if p.is_file()]
     if plan.safetensors_count is not None:
         check_safetensors_count(plan.repo, str(dest_dir), on_disk, plan.safetensors_count)
@@ -196,8 +467,8 @@ def stage_repo(plan: RepoPlan, revision: str, dest_root: Path, endpoint: str | N
         except (OSError, ValueError) as exc:
             raise StageError(f"{plan.repo}: cannot read {plan.index_file} in {dest_dir}: {exc}") from exc
         check_index(plan.repo, index, plan.index_shard_total)
-    check_required_present(plan.repo, dest_dir, plan.required_shards, files)
-    return {f"{plan.dest}/{name}": size for name, size in files.items()}
+    check_required_present(plan.repo, dest_dir, plan.required_shards, {n: f.size for n, f in files.items()})
+    return digests
 
 
 def run(plan_json: str, dest_root: Path, host_root: str) -> dict[str, Any]:
@@ -207,11 +478,14 @@ def run(plan_json: str, dest_root: Path, host_root: str) -> dict[str, Any]:
     revision = str(raw["revision"])
     endpoint = os.environ.get("HF_ENDPOINT") or None
     token = os.environ.pop("HF_TOKEN", "") or None  # empty means anonymous
-    api = HfApi(endpoint=endpoint, token=token)
-    files: dict[str, int] = {}
+    st = Staging(dest_root=dest_root, endpoint=endpoint, token=token, api=HfApi(endpoint=endpoint, token=token),
+                 records=load_records(dest_root / MANIFEST_FILE), repos={})
+    digests: dict[str, str] = {}
     for repo_raw in raw["repos"]:
-        files.update(stage_repo(RepoPlan.from_json(repo_raw), revision, dest_root, endpoint, token, api))
-    return {"root": host_root, "files": files}
+        digests.update(stage_repo(RepoPlan.from_json(repo_raw), revision, st))
+    files = {rel: int(st.records[rel]["size"]) for rel in digests}
+    return {"root": host_root, "files": files, "sha256": digests,
+            "manifest_file": f"{host_root.rstrip('/')}/{MANIFEST_FILE}"}
 
 
 def main(argv: list[str] | None = None) -> int:

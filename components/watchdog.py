@@ -6,8 +6,10 @@ MemAvailable stays below the floor for K consecutive samples the watchdog record
 processes held the memory (the top of the process list by RSS, and MemAvailable), runs
 `docker stop` on that node's serving container, and then stops every other rank: a
 tensor-parallel group with one rank gone hangs forever while `/health` says 200. Everything
-goes to `~/.local/state/dsv41-exl3/watchdog.log` (and syslog through `logger -t
-dsv41-exl3-watchdog` when available).
+goes to `~/.local/state/<stack prefix>/watchdog.log` (and syslog through `logger -t
+dsv41-exl3-watchdog` when available). Every file lives in directories named by the stack's prefix
+(`stack_names.stack_prefix`, e.g. `~/.local/share/dsv41-exl3-dev/`), so two stacks on one node keep
+their own script, pidfile, key and log and never stop or delete each other's.
 
 Stopping the other ranks: each node has its own watchdog key pair (`WatchdogKey`, generated on
 the node, the private key never leaves it). Every node's `~/.ssh/authorized_keys` lists its
@@ -38,10 +40,11 @@ from dataclasses import dataclass, field
 import pulumi
 from pulumi_command import remote
 
-LOG_PATH = "~/.local/state/dsv41-exl3/watchdog.log"
 SYSLOG_TAG = "dsv41-exl3-watchdog"
-_STATE_DIR = '"$HOME/.local/state/dsv41-exl3"'
-_SHARE_DIR = '"$HOME/.local/share/dsv41-exl3"'
+# Where versions before per-stack names kept every stack's watchdog files (migrated on install).
+_LEGACY_STATE_DIR = '"$HOME/.local/state/dsv41-exl3"'
+_LEGACY_SHARE_DIR = '"$HOME/.local/share/dsv41-exl3"'
+_STACK_PREFIX = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,39}$")
 _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _CONTAINER_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]*$")
 _HEREDOC_END = "DSV41_WATCHDOG_SCRIPT_END"
@@ -79,6 +82,8 @@ class WatchdogSettings:
 
     node_name: str
     container_name: str
+    stack_prefix: str
+    """Names this stack's directories on the node (`stack_names.stack_prefix`)."""
     floor_gib: float = DEFAULT_FLOOR_GIB
     sample_interval_s: int = 5
     consecutive_samples: int = 3
@@ -92,6 +97,9 @@ class WatchdogSettings:
         if not _NODE_NAME.match(self.node_name):
             raise ValueError(f"watchdog node_name {self.node_name!r} must match [A-Za-z0-9][A-Za-z0-9._-]* "
                              "(it names the watchdog's files)")
+        if not _STACK_PREFIX.match(self.stack_prefix):
+            raise ValueError(f"watchdog stack_prefix {self.stack_prefix!r} on {self.node_name} is not a safe directory "
+                             "name; derive it with components.stack_names.stack_prefix")
         if not _CONTAINER_NAME.match(self.container_name):
             raise ValueError(f"watchdog container_name {self.container_name!r} on {self.node_name} is not a valid "
                              "docker container name ([a-zA-Z0-9][a-zA-Z0-9_.-]*)")
@@ -110,6 +118,24 @@ class WatchdogSettings:
     def floor_kib(self) -> int:
         """/proc/meminfo counts in KiB (it prints `kB`)."""
         return int(self.floor_gib * 1024 * 1024)
+
+    @property
+    def state_dir(self) -> str:
+        """sh word: this stack's state directory (pidfile, key, log) on the node."""
+        return f'"$HOME/.local/state/{self.stack_prefix}"'
+
+    @property
+    def share_dir(self) -> str:
+        """sh word: this stack's scripts on the node."""
+        return f'"$HOME/.local/share/{self.stack_prefix}"'
+
+    @property
+    def log_path(self) -> str:
+        return f"~/.local/state/{self.stack_prefix}/watchdog.log"
+
+    @property
+    def script_path(self) -> str:
+        return f"~/.local/share/{self.stack_prefix}/{self.script_name}"
 
     @property
     def script_name(self) -> str:
@@ -158,7 +184,7 @@ INTERVAL="${{DSV41_WATCHDOG_INTERVAL_S:-{s.sample_interval_s}}}"
 MEMINFO="${{DSV41_WATCHDOG_MEMINFO:-{s.meminfo_path}}}"
 DOCKER="${{DSV41_WATCHDOG_DOCKER:-docker}}"
 SSH="${{DSV41_WATCHDOG_SSH:-ssh}}"
-STATE_DIR={_STATE_DIR}
+STATE_DIR={s.state_dir}
 KEY="$STATE_DIR/{KEY_NAME}"
 LOG="$STATE_DIR/watchdog.log"
 PIDFILE="$STATE_DIR/{s.pid_name}"
@@ -253,7 +279,7 @@ set -u
 NODE='{s.node_name}'
 CONTAINER='{s.container_name}'
 DOCKER="${{DSV41_WATCHDOG_DOCKER:-docker}}"
-STATE_DIR={_STATE_DIR}
+STATE_DIR={s.state_dir}
 LOG="$STATE_DIR/watchdog.log"
 from="${{1:-unknown}}"
 mkdir -p "$STATE_DIR"
@@ -280,7 +306,7 @@ def authorized_key_line(s: WatchdogSettings, peer_node: str, public_key: str) ->
     if not _PUBKEY.match(key) or not _NODE_NAME.match(peer_node):
         raise ValueError(f"watchdog on {s.node_name}: peer {peer_node!r} public key {public_key[:40]!r} is not an "
                          "ssh-ed25519 key line")
-    command = f"sh .local/share/dsv41-exl3/{s.peer_stop_name} {peer_node}"
+    command = f"sh .local/share/{s.stack_prefix}/{s.peer_stop_name} {peer_node}"
     return f'restrict,command="{command}" {key} {s.key_tag}:from-{peer_node}'
 
 
@@ -301,16 +327,17 @@ mv -f "$tmp" "$ak"
 def render_key_command(s: WatchdogSettings, *, timeout_s: int = 30) -> str:
     """Creates this node's watchdog key pair once (kept on the node) and prints the public key."""
     body = f"""set -eu
-mkdir -p {_STATE_DIR}
-key={_STATE_DIR}/{KEY_NAME}
+mkdir -p {s.state_dir}
+key={s.state_dir}/{KEY_NAME}
 if [ ! -s "$key" ]; then ssh-keygen -q -t ed25519 -N '' -C {shlex.quote(s.key_tag)} -f "$key" </dev/null; fi
 echo "{PUBKEY_MARKER} $(cut -d' ' -f1,2 "$key.pub")"
 """
     return f"timeout {timeout_s} sh -c {shlex.quote(body)}"
 
 
-def render_key_remove_command(*, timeout_s: int = 30) -> str:
-    body = f"rm -f {_STATE_DIR}/{KEY_NAME} {_STATE_DIR}/{KEY_NAME}.pub {_STATE_DIR}/watchdog-known_hosts"
+def render_key_remove_command(s: WatchdogSettings, *, timeout_s: int = 30) -> str:
+    d = s.state_dir
+    body = f"rm -f {d}/{KEY_NAME} {d}/{KEY_NAME}.pub {d}/watchdog-known_hosts"
     return f"timeout {timeout_s} sh -c {shlex.quote(body)}"
 
 
@@ -324,10 +351,9 @@ def parse_public_key(stdout: str, node_name: str) -> str:
                      f"(output: {stdout[-200:]!r}); check that ssh-keygen exists there")
 
 
-def _stop_running(s: WatchdogSettings) -> str:
-    """sh that stops this node's running watchdog, if any (checked by pid and command line)."""
-    # "ours": alive and still our script (not a recycled pid; a zombie's cmdline is empty)
-    return f"""pidfile={_STATE_DIR}/{s.pid_name}
+def _stop_pidfile(pidfile: str) -> str:
+    # "ours": alive and still a watchdog script (not a recycled pid; a zombie's cmdline is empty)
+    return f"""pidfile={pidfile}
 ours() {{ kill -0 "$1" 2>/dev/null && grep -q memory-watchdog "/proc/$1/cmdline" 2>/dev/null; }}
 if [ -s "$pidfile" ]; then
   old=$(cat "$pidfile")
@@ -336,6 +362,21 @@ if [ -s "$pidfile" ]; then
     i=0; while ours "$old" && [ "$i" -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
   fi
   rm -f "$pidfile"
+fi
+"""
+
+
+def _stop_running(s: WatchdogSettings) -> str:
+    """sh that stops this stack's running watchdog on this node, if any (checked by pid and command line)."""
+    return _stop_pidfile(f"{s.state_dir}/{s.pid_name}")
+
+
+def _stop_legacy(s: WatchdogSettings) -> str:
+    """sh that retires the copy an earlier version installed at the shared fixed paths, only when that
+    copy guards THIS stack's container (its script names it); another stack's copy is left alone."""
+    legacy_script = f"{_LEGACY_SHARE_DIR}/{s.script_name}"
+    return f"""if grep -qxF {shlex.quote(f"CONTAINER='{s.container_name}'")} {legacy_script} 2>/dev/null; then
+{_stop_pidfile(f"{_LEGACY_STATE_DIR}/{s.pid_name}")}  rm -f {legacy_script} {_LEGACY_SHARE_DIR}/{s.peer_stop_name}
 fi
 """
 
@@ -349,15 +390,15 @@ def render_install_command(
     lines = [authorized_key_line(s, peer, key) for peer, key in peer_keys]
     peer_part = ""
     if s.peers or lines:
-        peer_part = f"""cat > {_SHARE_DIR}/{s.peer_stop_name}.tmp <<'{_PEER_STOP_END}'
+        peer_part = f"""cat > {s.share_dir}/{s.peer_stop_name}.tmp <<'{_PEER_STOP_END}'
 {render_peer_stop_script(s)}{_PEER_STOP_END}
-chmod 755 {_SHARE_DIR}/{s.peer_stop_name}.tmp
-mv -f {_SHARE_DIR}/{s.peer_stop_name}.tmp {_SHARE_DIR}/{s.peer_stop_name}
+chmod 755 {s.share_dir}/{s.peer_stop_name}.tmp
+mv -f {s.share_dir}/{s.peer_stop_name}.tmp {s.share_dir}/{s.peer_stop_name}
 {_authorized_keys(s, lines)}"""
     body = f"""set -eu
-mkdir -p {_SHARE_DIR} {_STATE_DIR}
-script={_SHARE_DIR}/{s.script_name}
-{_stop_running(s)}{peer_part}cat > "$script.tmp" <<'{_HEREDOC_END}'
+mkdir -p {s.share_dir} {s.state_dir}
+script={s.share_dir}/{s.script_name}
+{_stop_legacy(s)}{_stop_running(s)}{peer_part}cat > "$script.tmp" <<'{_HEREDOC_END}'
 {render_watchdog_script(s)}{_HEREDOC_END}
 chmod 755 "$script.tmp"
 mv -f "$script.tmp" "$script"
@@ -369,9 +410,9 @@ fi
 i=0; while [ ! -s "$pidfile" ] && [ "$i" -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
 pid=$(cat "$pidfile" 2>/dev/null || true)
 if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
-  echo "memory watchdog for {s.container_name} running on {s.node_name}: pid $pid, log {LOG_PATH}"
+  echo "memory watchdog for {s.container_name} running on {s.node_name}: pid $pid, log {s.log_path}"
 else
-  echo "memory watchdog on {s.node_name} did not start; see {LOG_PATH}" >&2
+  echo "memory watchdog on {s.node_name} did not start; see {s.log_path}" >&2
   exit 1
 fi
 """
@@ -380,10 +421,10 @@ fi
 
 def render_remove_command(s: WatchdogSettings, *, timeout_s: int = 30) -> str:
     """Stops the watchdog and removes its script; the log stays (it may explain a past stop)."""
-    peers = f"rm -f {_SHARE_DIR}/{s.peer_stop_name}\n{_authorized_keys(s, [])}" if s.peers else ""
+    peers = f"rm -f {s.share_dir}/{s.peer_stop_name}\n{_authorized_keys(s, [])}" if s.peers else ""
     body = f"""set -eu
-{_stop_running(s)}rm -f {_SHARE_DIR}/{s.script_name}
-{peers}echo "memory watchdog removed from {s.node_name}; log kept at {LOG_PATH}"
+{_stop_running(s)}rm -f {s.share_dir}/{s.script_name}
+{peers}echo "memory watchdog removed from {s.node_name}; log kept at {s.log_path}"
 """
     return f"timeout {timeout_s} sh -c {shlex.quote(body)}"
 
@@ -396,6 +437,7 @@ class MemoryWatchdogArgs:
     node_name: str
     connection: pulumi.Input[remote.ConnectionArgs]
     container_name: str
+    stack_prefix: str
     floor_gib: float = DEFAULT_FLOOR_GIB
     sample_interval_s: int = 5
     consecutive_samples: int = 3
@@ -408,7 +450,8 @@ class MemoryWatchdogArgs:
 
     def settings(self) -> WatchdogSettings:
         return WatchdogSettings(node_name=self.node_name, container_name=self.container_name,
-                                floor_gib=self.floor_gib, sample_interval_s=self.sample_interval_s,
+                                stack_prefix=self.stack_prefix, floor_gib=self.floor_gib,
+                                sample_interval_s=self.sample_interval_s,
                                 consecutive_samples=self.consecutive_samples, meminfo_path=self.meminfo_path,
                                 peers=tuple(self.peers))
 
@@ -449,8 +492,8 @@ class MemoryWatchdog(pulumi.ComponentResource):
             pulumi.ResourceOptions(parent=self, delete_before_replace=True),
         )
         self.status = self._command.stdout
-        self.log_path = LOG_PATH
-        self.script_path = f"~/.local/share/dsv41-exl3/{settings.script_name}"
+        self.log_path = settings.log_path
+        self.script_path = settings.script_path
         self.register_outputs({"status": self.status, "log_path": self.log_path, "script_path": self.script_path})
 
 
@@ -459,6 +502,7 @@ class WatchdogKeyArgs:
     node_name: str
     connection: pulumi.Input[remote.ConnectionArgs]
     container_name: str
+    stack_prefix: str
 
 
 class WatchdogKey(pulumi.ComponentResource):
@@ -469,13 +513,14 @@ class WatchdogKey(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: WatchdogKeyArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("dsv41-exl3:watchdog:WatchdogKey", name, None, opts)
-        settings = WatchdogSettings(node_name=args.node_name, container_name=args.container_name)
+        settings = WatchdogSettings(node_name=args.node_name, container_name=args.container_name,
+                                    stack_prefix=args.stack_prefix)
         command = remote.Command(
             f"{name}-keygen",
             remote.CommandArgs(
                 connection=args.connection,
                 create=render_key_command(settings),
-                delete=render_key_remove_command(),
+                delete=render_key_remove_command(settings),
                 add_previous_output_in_env=False,
             ),
             pulumi.ResourceOptions(parent=self),

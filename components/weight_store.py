@@ -50,6 +50,8 @@ class WeightStoreArgs:
     hf_endpoint: str | None = None
     """Mirror or hub stand-in (HF_ENDPOINT)."""
     stage_timeout_s: int
+    stack_prefix: str
+    """This stack's names on the nodes (`stack_names.stack_prefix`): export file, staging and check containers."""
     check_timeout_s: int = 600
 
 
@@ -63,10 +65,10 @@ def _volume_name(prefix: str, which: str, options: pulumi.Output[dict[str, str]]
 
 def _volume_check(node: str, image: pulumi.Input[str], model_volume: pulumi.Output[str],
                   engram_volume: pulumi.Output[str], files: pulumi.Output[dict[str, int]],
-                  timeout_s: int) -> pulumi.Output[str]:
+                  timeout_s: int, stack_prefix: str) -> pulumi.Output[str]:
     return pulumi.Output.all(image, model_volume, engram_volume, files).apply(
         lambda a: wm.render_volume_check(node=node, image=a[0], model_volume=a[1], engram_volume=a[2],
-                                         files=a[3], timeout_s=timeout_s))
+                                         files=a[3], timeout_s=timeout_s, stack_prefix=stack_prefix))
 
 
 class WeightStore(pulumi.ComponentResource):
@@ -82,6 +84,10 @@ class WeightStore(pulumi.ComponentResource):
     """Per node: the check the node's container must depend on (weights visible there)."""
     manifest: pulumi.Output[str]
     """JSON {relative path: size} of what was staged."""
+    digests: pulumi.Output[dict[str, str]]
+    """{relative path: sha256} of what was staged, each verified against the hub's listing where it gives one."""
+    manifest_file: pulumi.Output[str | None]
+    """The staging step's record on the head (JSON; per file: repo, commit, size, sha256)."""
     root: pulumi.Output[str]
     """The absolute weights root on the head."""
 
@@ -93,7 +99,8 @@ class WeightStore(pulumi.ComponentResource):
         script = wm.stage_script_source()
         with_token = args.hf_token is not None
         wm.render_stage_command(root=args.root, image="probe", plan=plan, hf_endpoint=args.hf_endpoint,
-                                with_token=with_token, timeout_s=args.stage_timeout_s)  # fail at plan time
+                                with_token=with_token, timeout_s=args.stage_timeout_s,
+                                stack_prefix=args.stack_prefix)  # fail at plan time
 
         stdin: pulumi.Input[str]
         if args.hf_token is None:
@@ -107,7 +114,7 @@ class WeightStore(pulumi.ComponentResource):
             create=pulumi.Output.from_input(args.staging_image).apply(
                 lambda image: wm.render_stage_command(
                     root=args.root, image=image, plan=plan, hf_endpoint=args.hf_endpoint,
-                    with_token=with_token, timeout_s=args.stage_timeout_s)),
+                    with_token=with_token, timeout_s=args.stage_timeout_s, stack_prefix=args.stack_prefix)),
             stdin=stdin,
             # Replace (re-stage) only when WHAT is staged changes; the token is not part of that.
             triggers=[args.model_repo, args.engram_repo, args.revision, args.root],
@@ -122,6 +129,8 @@ class WeightStore(pulumi.ComponentResource):
         staged = staging.stdout.apply(wm.parse_stage_output)
         self.root = staged.apply(lambda s: s.root)
         self.manifest = staged.apply(lambda s: s.manifest_json())
+        self.digests = staged.apply(lambda s: s.sha256)
+        self.manifest_file = staged.apply(lambda s: s.manifest_file)
         files = staged.apply(lambda s: s.files)
         model_path = self.root.apply(lambda r: f"{r}/{wm.MODEL_DIR}")
         engram_path = self.root.apply(lambda r: f"{r}/{wm.ENGRAM_DIR}")
@@ -149,12 +158,15 @@ class WeightStore(pulumi.ComponentResource):
             self.visible[node.name] = bind_check(node, [staging])
 
         if args.share == "nfs":
+            worker_ips = [w.fabric_ip for w in args.workers]
             export = remote.Command(
                 f"{name}-nfs-export",
                 connection=head.connection,
                 create=self.root.apply(lambda r: wm.render_export_command(
-                    head_name=head.name, abs_root=r, worker_ips=[w.fabric_ip for w in args.workers])),
-                delete=wm.render_unexport_command(),
+                    head_name=head.name, abs_root=r, worker_ips=worker_ips, stack_prefix=args.stack_prefix)),
+                # Withdraws this stack's entries only; the delete recorded with the last create knows them.
+                delete=self.root.apply(lambda r: wm.render_unexport_command(
+                    abs_root=r, worker_ips=worker_ips, stack_prefix=args.stack_prefix)),
                 add_previous_output_in_env=False,
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[staging]),
             )
@@ -177,7 +189,7 @@ class WeightStore(pulumi.ComponentResource):
                     f"{name}-visible-{key}",
                     connection=worker.connection,
                     create=_volume_check(worker.name, image, model_vol.name, engram_vol.name, files,
-                                         args.check_timeout_s),
+                                         args.check_timeout_s, args.stack_prefix),
                     add_previous_output_in_env=False,
                     opts=pulumi.ResourceOptions(parent=self, depends_on=[staging, export, model_vol, engram_vol]),
                 )
@@ -189,6 +201,8 @@ class WeightStore(pulumi.ComponentResource):
         self.register_outputs({
             "root": self.root,
             "manifest": self.manifest,
+            "digests": self.digests,
+            "manifestFile": self.manifest_file,
             "modelSource": self.model_source,
             "engramSource": self.engram_source,
             "mountType": self.mount_type,
@@ -198,6 +212,7 @@ class WeightStore(pulumi.ComponentResource):
     def _validate(args: WeightStoreArgs) -> None:
         """Shape errors at plan time, before anything touches a node."""
         wm.root_shell_expr(args.root)
+        wm.stage_container(args.stack_prefix)
         names = [args.head.name, *(w.name for w in args.workers)]
         if len(set(names)) != len(names):
             raise ValueError(f"weight store node names must be unique, got {names}")

@@ -5,6 +5,10 @@
 - the NFS export and the docker volume options a worker mounts,
 - the visibility check run from each node's side,
 - parsing the staging output back into a manifest.
+
+Everything named on a node carries the stack's prefix (`stack_names.stack_prefix`): two stacks on one
+head keep their own export file and containers, and an export change touches only this stack's entries
+(`exportfs -o` / `exportfs -u`, never `exportfs -ra`, which would re-sync every export on the host).
 """
 
 from __future__ import annotations
@@ -31,12 +35,47 @@ ENGRAM_SHARDS = (47, 48)
 ENGRAM_INDEX = "model.safetensors.index.json"
 ENGRAM_EXTRA_FILES = (ENGRAM_INDEX, "config.json")
 
-EXPORTS_FILE = "/etc/exports.d/dsv41-exl3.exports"
+EXPORTS_DIR = "/etc/exports.d"
+# Tests point the exports directory elsewhere; the Pulumi args never carry it.
+# The one file every stack shared before names were per stack; migrated when it holds exactly our export.
+LEGACY_EXPORTS_NAME = "dsv41-exl3.exports"
 EXPORT_OPTIONS = "ro,sync,no_subtree_check"
 NFS_MOUNT_OPTIONS = "nfsvers=4.2,ro,nconnect=8,rsize=1048576,wsize=1048576,hard,timeo=600"
-STAGE_CONTAINER = "dsv41-exl3-stage-weights"
-CHECK_CONTAINER = "dsv41-exl3-weights-check"
 _MOUNT_IN_CHECK = "/w"
+_EXPORT_ENTRY = "# export: "
+_PREFIX = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,39}$")
+
+
+def _checked_prefix(stack_prefix: str) -> str:
+    if not _PREFIX.match(stack_prefix):
+        raise ValueError(f"stack_prefix={stack_prefix!r} is not a safe node-side name; "
+                         "derive it with components.stack_names.stack_prefix")
+    return stack_prefix
+
+
+def exports_name(stack_prefix: str) -> str:
+    """This stack's file in /etc/exports.d (kept there so the export survives a reboot)."""
+    return f"{_checked_prefix(stack_prefix)}.exports"
+
+
+def stage_container(stack_prefix: str) -> str:
+    return f"{_checked_prefix(stack_prefix)}-stage-weights"
+
+
+def check_container(stack_prefix: str) -> str:
+    return f"{_checked_prefix(stack_prefix)}-weights-check"
+
+
+def _refuse_whole_root(node: str) -> str:
+    """sh: refuse a `$root` (already resolved with `pwd -P`) that is `/` or the SSH user's home itself.
+    The weights root must be a directory of its own: it is exported, and staging removes files it staged there."""
+    return f"""home=$(cd "${{HOME:-/nonexistent}}" 2>/dev/null && pwd -P) || home="${{HOME:-}}"
+if [ "$root" = / ] || [ "$root" = "$home" ]; then
+  echo "weights root $root on "{shlex.quote(node)}" is / or the home directory of $(id -un) itself;" \
+    "use a directory of its own, e.g. ~/dsv41-exl3 (weights.root)" >&2
+  exit 1
+fi
+"""
 
 
 def stage_script_source() -> str:
@@ -99,7 +138,7 @@ def stage_stdin(token: str | None, script: str) -> str:
 
 
 def render_stage_command(*, root: str, image: str, plan: Mapping[str, Any], hf_endpoint: str | None,
-                         with_token: bool, timeout_s: int) -> str:
+                         with_token: bool, timeout_s: int, stack_prefix: str) -> str:
     """Shell run on the head: read the token from stdin, then the script, run it in a throwaway container.
 
     The token only ever lives in this shell's environment and reaches docker as `-e HF_TOKEN` (by name).
@@ -117,12 +156,13 @@ def render_stage_command(*, root: str, image: str, plan: Mapping[str, Any], hf_e
     token_line = ('IFS= read -r HF_TOKEN || true\nexport HF_TOKEN' if with_token
                   else 'IFS= read -r _unused || true')
     plan_json = json.dumps(plan, sort_keys=True, separators=(",", ":"))
-    name = STAGE_CONTAINER
+    name = stage_container(stack_prefix)
     return f"""set -eu
 {token_line}
 root={root_shell_expr(root)}
-mkdir -p "$root/{MODEL_DIR}" "$root/{ENGRAM_DIR}"
+mkdir -p "$root"
 root=$(cd "$root" && pwd -P)
+{_refuse_whole_root("the head")}mkdir -p "$root/{MODEL_DIR}" "$root/{ENGRAM_DIR}"
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 cat > "$stage/stage_weights.py"
@@ -142,17 +182,23 @@ exit "$rc"
 
 @dataclass(frozen=True, kw_only=True)
 class StagedWeights:
-    """What staging reported: the absolute root on the head and {relative path: size}."""
+    """What staging reported: the absolute root on the head, {relative path: size}, {relative path: sha256}
+    and where on the head the staging step's record is (per file: repo, commit, size, sha256)."""
 
     root: str
     files: dict[str, int]
+    sha256: dict[str, str]
+    manifest_file: str | None
 
     def manifest_json(self) -> str:
         return json.dumps(self.files, sort_keys=True)
 
 
 def parse_stage_output(stdout: str) -> StagedWeights:
-    """The manifest line the staging script printed last; anything else on stdout is ignored."""
+    """The manifest line the staging script printed last; anything else on stdout is ignored.
+
+    `sha256` and `manifest_file` are absent from what an older staging script printed (a stack's state
+    keeps that output until staging runs again): then empty / None."""
     lines = [ln for ln in stdout.splitlines() if ln.startswith(MANIFEST_MARKER + " ")]
     if not lines:
         raise ValueError(f"weights staging printed no '{MANIFEST_MARKER}' line; see the staging command's stderr")
@@ -163,7 +209,15 @@ def parse_stage_output(stdout: str) -> StagedWeights:
     if not isinstance(files, dict) or not files or not all(
             isinstance(k, str) and isinstance(v, int) and v >= 0 for k, v in files.items()):
         raise ValueError("weights staging reported no files or a malformed manifest; re-run staging")
-    return StagedWeights(root=root, files=dict(sorted(files.items())))
+    digests = raw.get("sha256") or {}
+    if not isinstance(digests, dict) or not all(
+            k in files and isinstance(v, str) and re.fullmatch(r"[0-9a-f]{64}", v) for k, v in digests.items()):
+        raise ValueError("weights staging reported malformed sha256 digests; re-run staging")
+    manifest_file = raw.get("manifest_file")
+    if manifest_file is not None and (not isinstance(manifest_file, str) or not manifest_file.startswith("/")):
+        raise ValueError(f"weights staging reported manifest_file={manifest_file!r}; expected an absolute path")
+    return StagedWeights(root=root, files=dict(sorted(files.items())), sha256=dict(sorted(digests.items())),
+                         manifest_file=manifest_file)
 
 
 def parse_manifest(manifest_json: str) -> dict[str, int]:
@@ -176,23 +230,46 @@ def parse_manifest(manifest_json: str) -> dict[str, int]:
 # --- NFS share -------------------------------------------------------------------------------------
 
 
-def render_exports(abs_root: str, worker_ips: Sequence[str]) -> str:
-    """The exports file: <root> read-only, to each worker's fabric IP only (never a wildcard)."""
+def _export_clients(abs_root: str, worker_ips: Sequence[str]) -> list[str]:
     if not abs_root.startswith("/") or '"' in abs_root or "\n" in abs_root:
         raise ValueError(f"weights root {abs_root!r} cannot be exported; use an absolute path without quotes")
     if not worker_ips:
         raise ValueError("share='nfs' needs at least one worker to export the weights to")
-    clients = " ".join(f"{validate_ip('worker fabric_ip', ip)}({EXPORT_OPTIONS})" for ip in worker_ips)
-    return f'# managed by dsv41-exl3 (pulumi): the weights, read-only, to the workers\n"{abs_root}" {clients}\n'
+    return [validate_ip("worker fabric_ip", ip) for ip in worker_ips]
+
+
+def render_exports(abs_root: str, worker_ips: Sequence[str]) -> str:
+    """This stack's exports file: <root> read-only, to each worker's fabric IP only (never a wildcard).
+    A comment line per entry says what this file exported, so the next change withdraws exactly those."""
+    clients = _export_clients(abs_root, worker_ips)
+    entries = "".join(f"{_EXPORT_ENTRY}{ip} {abs_root}\n" for ip in clients)
+    line = " ".join(f"{ip}({EXPORT_OPTIONS})" for ip in clients)
+    return f'# managed by dsv41-exl3 (pulumi): the weights, read-only, to the workers\n{entries}"{abs_root}" {line}\n'
+
+
+def legacy_exports(abs_root: str, worker_ips: Sequence[str]) -> str:
+    """What the fixed-name file of earlier versions held for this export, byte for byte."""
+    line = " ".join(f"{ip}({EXPORT_OPTIONS})" for ip in _export_clients(abs_root, worker_ips))
+    return f'# managed by dsv41-exl3 (pulumi): the weights, read-only, to the workers\n"{abs_root}" {line}\n'
 
 
 _AS_ROOT = '''PATH="$PATH:/usr/sbin:/sbin"
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo -n"'''
 
 
-def render_export_command(*, head_name: str, abs_root: str, worker_ips: Sequence[str]) -> str:
-    """Install the exports file and re-export; idempotent. Needs root or passwordless sudo on the head."""
+def _exports_file(stack_prefix: str, exports_dir: str) -> str:
+    return f"""exports_dir={shlex.quote(exports_dir)}
+file="$exports_dir/{exports_name(stack_prefix)}"
+"""
+
+
+def render_export_command(*, head_name: str, abs_root: str, worker_ips: Sequence[str], stack_prefix: str,
+                          exports_dir: str = EXPORTS_DIR) -> str:
+    """Install this stack's exports file and export exactly its entries; idempotent. Needs root or
+    passwordless sudo on the head. Other exports on the host are never re-synced (no `exportfs -ra`)."""
     exports = render_exports(abs_root, worker_ips)
+    clients = _export_clients(abs_root, worker_ips)
+    add = "".join(f'$SUDO exportfs -o {EXPORT_OPTIONS} {ip}:"$root"\n' for ip in clients)
     return f"""set -eu
 {_AS_ROOT}
 if ! command -v exportfs >/dev/null 2>&1; then
@@ -201,22 +278,47 @@ fi
 if command -v systemctl >/dev/null 2>&1 && ! systemctl is-active --quiet nfs-server; then
   echo "nfs-server is not running on head {head_name}: run 'sudo systemctl enable --now nfs-server'" >&2; exit 1
 fi
-tmp=$(mktemp)
-trap 'rm -f "$tmp"' EXIT
+root={shlex.quote(abs_root)}
+resolved=$(cd "$root" && pwd -P)
+[ "$resolved" = "$root" ] || {{ echo "weights root $root on head {head_name} resolves to $resolved;" \
+  "re-run staging" >&2; exit 1; }}
+{_refuse_whole_root(f"head {head_name}")}{_exports_file(stack_prefix, exports_dir)}tmp=$(mktemp)
+trap 'rm -f "$tmp" "$tmp.legacy"' EXIT
 cat > "$tmp" <<'DSV41_EXPORTS'
 {exports}DSV41_EXPORTS
-$SUDO mkdir -p /etc/exports.d
-$SUDO install -m 0644 "$tmp" {EXPORTS_FILE}
-$SUDO exportfs -ra
+# What this stack exported before and exports no more (a worker left, the root moved): withdraw just that.
+if [ -f "$file" ]; then
+  sed -n 's/^{_EXPORT_ENTRY}//p' "$file" | while IFS=' ' read -r client path; do
+    if ! grep -qxF "{_EXPORT_ENTRY}$client $path" "$tmp"; then $SUDO exportfs -u "$client:$path" || true; fi
+  done
+fi
+$SUDO mkdir -p "$exports_dir"
+$SUDO install -m 0644 "$tmp" "$file"
+{add}# Earlier versions wrote one fixed-name file for every stack: drop it only when it holds exactly this export.
+legacy="$exports_dir/{LEGACY_EXPORTS_NAME}"
+cat > "$tmp.legacy" <<'DSV41_EXPORTS'
+{legacy_exports(abs_root, worker_ips)}DSV41_EXPORTS
+if [ "$legacy" != "$file" ] && [ -f "$legacy" ] && cmp -s "$tmp.legacy" "$legacy"; then $SUDO rm -f "$legacy"; fi
 """
 
 
-def render_unexport_command() -> str:
-    """Withdraw the export (the weights themselves stay on the head)."""
+def render_unexport_command(*, abs_root: str, worker_ips: Sequence[str], stack_prefix: str,
+                            exports_dir: str = EXPORTS_DIR) -> str:
+    """Withdraw this stack's export entries and its file (the weights themselves stay on the head)."""
+    fallback = "".join(f"{ip} {abs_root}\n" for ip in _export_clients(abs_root, worker_ips))
     return f"""set -eu
 {_AS_ROOT}
-$SUDO rm -f {EXPORTS_FILE}
-if command -v exportfs >/dev/null 2>&1; then $SUDO exportfs -ra; fi
+{_exports_file(stack_prefix, exports_dir)}entries=$(if [ -f "$file" ]; then sed -n 's/^{_EXPORT_ENTRY}//p' "$file"
+else cat <<'DSV41_EXPORTS'
+{fallback}DSV41_EXPORTS
+fi)
+if command -v exportfs >/dev/null 2>&1; then
+  printf '%s\n' "$entries" | while IFS=' ' read -r client path; do
+    [ -n "$client" ] || continue
+    $SUDO exportfs -u "$client:$path" || true
+  done
+fi
+$SUDO rm -f "$file"
 """
 
 
@@ -287,12 +389,13 @@ def render_bind_check(*, node: str, abs_root: str, files: Mapping[str, int], tim
 
 
 def render_volume_check(*, node: str, image: str, model_volume: str, engram_volume: str,
-                        files: Mapping[str, int], timeout_s: int = 300) -> str:
+                        files: Mapping[str, int], stack_prefix: str, timeout_s: int = 300) -> str:
     """Check through the node's docker volumes, exactly as the serving container will mount them."""
     inner = render_size_check(node=node, root=_MOUNT_IN_CHECK, files=files,
                               where=f"volumes {model_volume}, {engram_volume}")
-    run = (f"docker run --rm -i --name {CHECK_CONTAINER} --network none --entrypoint sh "
+    name = check_container(stack_prefix)
+    run = (f"docker run --rm -i --name {name} --network none --entrypoint sh "
            f"-v {shlex.quote(model_volume)}:{_MOUNT_IN_CHECK}/{MODEL_DIR}:ro "
            f"-v {shlex.quote(engram_volume)}:{_MOUNT_IN_CHECK}/{ENGRAM_DIR}:ro {shlex.quote(image)} -s")
-    cleanup = f"docker rm -f {CHECK_CONTAINER} >/dev/null 2>&1 || true\n"
+    cleanup = f"docker rm -f {name} >/dev/null 2>&1 || true\n"
     return _outer(inner, run, node=node, timeout_s=timeout_s, cleanup=cleanup)

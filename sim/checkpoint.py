@@ -98,6 +98,17 @@ def blob_oid(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
+def is_lfs(path: str) -> bool:
+    """Stored in git LFS on the hub (the real repos' .gitattributes track *.safetensors)."""
+    return path.endswith(".safetensors")
+
+
+def lfs_pointer(data: bytes) -> bytes:
+    """The git LFS pointer file git stores for `data`; its blob id is what the hub lists as an LFS file's oid."""
+    return (f"version https://git-lfs.github.com/spec/v1\noid sha256:{hashlib.sha256(data).hexdigest()}\n"
+            f"size {len(data)}\n").encode()
+
+
 def repo_commit(files: Repo) -> str:
     """A 40-hex commit id that changes whenever any file does."""
     h = hashlib.sha1()

@@ -2,10 +2,16 @@
 list and download a model repo, serving the small checkpoint of `sim/checkpoint.py` from memory.
 
 Routes (revision is `main` or the repo's commit id):
-  GET       /api/models/{org}/{name}/tree/{rev}[/{dir}]   JSON list of {type, path, size, oid}
-  GET       /api/models/{org}/{name}[/revision/{rev}]     model info (id, sha, siblings)
+  GET       /api/models/{org}/{name}/tree/{rev}[/{dir}]   JSON list of {type, path, size, oid[, lfs]}
+  GET       /api/models/{org}/{name}[/revision/{rev}]     model info (id, sha, siblings; with ?blobs=true each
+                                                          sibling has size, blobId[, lfs])
   HEAD|GET  /{org}/{name}/resolve/{rev}/{path}            the file, with X-Repo-Commit, ETag, Content-Length
                                                           (and Range support, which the client uses to resume)
+
+Content ids as the real hub gives them: *.safetensors are LFS files, listed with `lfs: {oid: <sha256>, size,
+pointerSize}` in the tree (`lfs: {sha256, size, pointerSize}` in model info), their `oid` / `blobId` the git
+blob id of the LFS pointer and their ETag the sha256; other files' `oid` and ETag are their own git blob id.
+huggingface_hub reads these into `RepoFile.lfs.sha256` / `RepoSibling.lfs.sha256` and `.blob_id`.
   GET       /api/sim/health                               {"ok": true, "repos": {repo: commit}}
 Anything else is a 404 (the client's `GET /api/agent-harnesses` probe among them; it ignores that).
 
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import ipaddress
 import json
 import os
@@ -29,7 +36,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from sim import checkpoint
 
@@ -86,6 +93,27 @@ class Hub:
 
     def known_revision(self, repo: str, rev: str) -> bool:
         return rev in ("main", self.commits[repo])
+
+
+def tree_entry(path: str, data: bytes) -> dict[str, Any]:
+    """One file of a tree listing, in the hub API's shape."""
+    if not checkpoint.is_lfs(path):
+        return {"type": "file", "path": path, "size": len(data), "oid": checkpoint.blob_oid(data)}
+    pointer = checkpoint.lfs_pointer(data)
+    return {"type": "file", "path": path, "size": len(data), "oid": checkpoint.blob_oid(pointer),
+            "lfs": {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": len(pointer)}}
+
+
+def sibling(path: str, data: bytes, blobs: bool) -> dict[str, Any]:
+    """One file of model info's `siblings`; sizes and content ids only with `?blobs=true`, as the hub does."""
+    if not blobs:
+        return {"rfilename": path}
+    entry = tree_entry(path, data)
+    out: dict[str, Any] = {"rfilename": path, "size": len(data), "blobId": entry["oid"]}
+    if "lfs" in entry:
+        lfs = entry["lfs"]
+        out["lfs"] = {"sha256": lfs["oid"], "size": lfs["size"], "pointerSize": lfs["pointerSize"]}
+    return out
 
 
 def _json_bytes(obj: Any) -> bytes:
@@ -150,15 +178,15 @@ def make_handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
             dirs = sorted({p[:i] for p in files for i in range(len(p)) if p[i] == "/" and i > len(prefix)})
             entries: list[dict[str, Any]] = [{"type": "directory", "path": d, "oid": "0" * 40, "size": 0}
                                              for d in dirs]
-            entries += [{"type": "file", "path": p, "size": len(d), "oid": checkpoint.blob_oid(d)}
-                        for p, d in sorted(files.items())]
+            entries += [tree_entry(p, d) for p, d in sorted(files.items())]
             self._send(200, _json_bytes(entries), {"Content-Type": "application/json"})
 
         def _info(self, org: str, name: str, rev: str) -> None:
             repo = self._repo(org, name, rev)
             if repo is None:
                 return
-            siblings = [{"rfilename": p, "size": len(d)} for p, d in sorted(hub.visible(repo).items())]
+            blobs = parse_qs(urlsplit(self.path).query).get("blobs", ["false"])[-1].lower() == "true"
+            siblings = [sibling(p, d, blobs) for p, d in sorted(hub.visible(repo).items())]
             self._send(200, _json_bytes({"id": repo, "modelId": repo, "sha": hub.commits[repo], "private": False,
                                          "gated": False, "disabled": False, "tags": [], "siblings": siblings}),
                        {"Content-Type": "application/json"})
@@ -171,7 +199,8 @@ def make_handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
             if data is None:
                 self._error(404, "EntryNotFound", f"{path} does not exist on {rev} of {repo}")
                 return
-            headers = {"X-Repo-Commit": hub.commits[repo], "ETag": f'"{checkpoint.blob_oid(data)}"',
+            etag = hashlib.sha256(data).hexdigest() if checkpoint.is_lfs(path) else checkpoint.blob_oid(data)
+            headers = {"X-Repo-Commit": hub.commits[repo], "ETag": f'"{etag}"',
                        "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}
             span = _parse_range(self.headers.get("Range"), len(data))
             if span is None:

@@ -277,3 +277,28 @@ def test_a_changed_host_key_stops_the_program_before_any_resource(tmp_path: Path
     assert "host key of node spark-1 (10.0.0.2:22) changed" in text
     assert f"ssh-keygen -R '10.0.0.2' -f {known}" in text
     assert f"10.0.0.1 {fake_host_key('10.0.0.1', 22).line()}" in known.read_text(), "the new node is recorded"
+
+
+def test_everything_named_on_a_node_is_per_stack_and_rank_names_are_unchanged() -> None:
+    """Issue 12 item 10: two stacks on one head have their own export file, containers and watchdog files;
+    the rank containers keep the names they had (a rename would replace a running deployment)."""
+    raw = config()
+    raw["weights"] = {"share": "nfs"}
+    creates: dict[str, dict[str, str]] = {}
+    for stack in ("dev", "prod"):
+        rec = recording.run(lambda stack=stack: deploy(parse(raw), stack), FIXTURES, stack=stack)  # type: ignore[misc]
+        commands = {c.name: c for c in rec.of_type(COMMAND)}
+        prefix = f"dsv41-exl3-{stack}"
+        export = commands["weights-nfs-export"]
+        assert f"/{prefix}.exports" in export.inputs["create"] and "exportfs -ra" not in export.inputs["create"]
+        assert "exportfs -u" in export.inputs["delete"] and "exportfs -ra" not in export.inputs["delete"]
+        assert f"--name {prefix}-stage-weights " in commands["weights-stage"].inputs["create"]
+        assert f"--name {prefix}-weights-check " in commands["weights-visible-spark-1"].inputs["create"]
+        assert f".local/share/{prefix}" in commands["watchdog-spark-0-install"].inputs["create"]
+        assert f".local/state/{prefix}" in commands["watchdog-key-spark-0-keygen"].inputs["create"]
+        names = sorted(c.inputs["name"] for c in rec.of_type(CONTAINER))
+        assert names == [f"{prefix}-spark-0", f"{prefix}-spark-1"]
+        creates[stack] = {n: c.inputs["create"] for n, c in commands.items()}
+    shared = [n for n in creates["dev"] if n in creates["prod"] and creates["dev"][n] == creates["prod"][n]]
+    # The head's own check only stats files: it names nothing on the node.
+    assert shared == ["weights-visible-spark-0"], f"the same node command for two stacks (would collide): {shared}"

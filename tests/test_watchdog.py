@@ -16,7 +16,6 @@ import pytest
 from pulumi_command import remote
 
 from components.watchdog import (
-    LOG_PATH,
     MemoryWatchdog,
     MemoryWatchdogArgs,
     WatchdogPeer,
@@ -34,6 +33,8 @@ from tests import recording
 GIB_KIB = 1024 * 1024
 FLOOR_KIB = 5 * GIB_KIB
 LOW, HIGH = FLOOR_KIB - 1, 80 * GIB_KIB
+PREFIX = "dsv41-exl3-dev"
+LOG_PATH = f"~/.local/state/{PREFIX}/watchdog.log"
 
 FAKE_SLEEP = """#!/bin/sh
 # Each sleep moves the fake clock one sample on: the next MemAvailable value from the queue.
@@ -50,7 +51,8 @@ FAKE_LOGGER = '#!/bin/sh\necho "$*" >> "$WD_TEST_DIR/logger.calls"\n'
 
 
 def _settings(**kw: object) -> WatchdogSettings:
-    return WatchdogSettings(**{"node_name": "spark-b", "container_name": "dsv41-rank1", "floor_gib": 5.0, **kw})  # type: ignore[arg-type]
+    return WatchdogSettings(**{"node_name": "spark-b", "container_name": "dsv41-rank1", "stack_prefix": PREFIX,
+                               "floor_gib": 5.0, **kw})  # type: ignore[arg-type]
 
 
 # --- pure rendering -------------------------------------------------------------------------------------
@@ -111,7 +113,7 @@ def _run_samples(node: dict[str, str], values: list[int | str], samples: int = 3
     script.write_text(render_watchdog_script(_settings(consecutive_samples=samples)))
     done = subprocess.run(["sh", str(script)], env=node, capture_output=True, text=True, timeout=20, check=False)
     assert done.returncode == 0, done.stderr
-    state = Path(node["HOME"]) / ".local/state/dsv41-exl3"
+    state = Path(node["HOME"]) / ".local/state/dsv41-exl3-dev"
     assert not (state / "memory-watchdog-spark-b.pid").exists(), "the TERM trap removes the pidfile"
     calls = (d / "docker.calls").read_text().splitlines() if (d / "docker.calls").exists() else []
     return calls, (state / "watchdog.log").read_text()
@@ -169,7 +171,7 @@ def installed(node: dict[str, str], tmp_path: Path) -> Iterator[tuple[dict[str, 
     meminfo = tmp_path / "node-meminfo"
     meminfo.write_text(f"MemAvailable: {HIGH} kB\n")
     settings = _settings(meminfo_path=str(meminfo), sample_interval_s=1)
-    pidfile = Path(env["HOME"]) / ".local/state/dsv41-exl3/memory-watchdog-spark-b.pid"
+    pidfile = Path(env["HOME"]) / ".local/state/dsv41-exl3-dev/memory-watchdog-spark-b.pid"
     yield env, settings
     if pidfile.exists():  # only the watchdog this test started
         with contextlib.suppress(ProcessLookupError, ValueError):
@@ -193,9 +195,9 @@ class TestInstall:
                                                                                    WatchdogSettings]) -> None:
         env, settings = installed
         home = Path(env["HOME"])
-        pidfile = home / ".local/state/dsv41-exl3/memory-watchdog-spark-b.pid"
-        script = home / ".local/share/dsv41-exl3/memory-watchdog-spark-b.sh"
-        log = home / ".local/state/dsv41-exl3/watchdog.log"
+        pidfile = home / ".local/state/dsv41-exl3-dev/memory-watchdog-spark-b.pid"
+        script = home / ".local/share/dsv41-exl3-dev/memory-watchdog-spark-b.sh"
+        log = home / ".local/state/dsv41-exl3-dev/watchdog.log"
 
         first = _sh(render_install_command(settings), env)
         assert first.returncode == 0, first.stderr
@@ -224,6 +226,69 @@ class TestInstall:
         assert _sh(render_remove_command(settings), env).returncode == 0  # removing twice is fine
 
 
+class TestTwoStacksOnOneNode:
+    """Issue 12 item 10: a second stack on the same node (same node name) has its own script, pidfile, key
+    and log; installing or removing one never stops the other's watchdog."""
+
+    def test_each_stack_keeps_its_own_watchdog(self, installed: tuple[dict[str, str], WatchdogSettings]) -> None:
+        env, a = installed
+        b = WatchdogSettings(**{**a.__dict__, "stack_prefix": "dsv41-exl3-prod",
+                                "container_name": "dsv41-exl3-prod-spark-b"})
+        home = Path(env["HOME"])
+        pid_b_file = home / ".local/state/dsv41-exl3-prod/memory-watchdog-spark-b.pid"
+        try:
+            assert _sh(render_install_command(a), env).returncode == 0
+            pid_a = int((home / ".local/state/dsv41-exl3-dev/memory-watchdog-spark-b.pid").read_text())
+            installed_b = _sh(render_install_command(b), env)
+            assert installed_b.returncode == 0, installed_b.stderr
+            assert "~/.local/state/dsv41-exl3-prod/watchdog.log" in installed_b.stdout
+            pid_b = int(pid_b_file.read_text())
+            assert pid_a != pid_b and _alive(pid_a) and _alive(pid_b), "installing B must not stop A's watchdog"
+            assert _sh(render_remove_command(a), env).returncode == 0
+            time.sleep(0.2)
+            assert not _alive(pid_a) and _alive(pid_b), "removing A must not stop B's watchdog"
+            assert (home / ".local/share/dsv41-exl3-prod/memory-watchdog-spark-b.sh").exists()
+        finally:
+            if pid_b_file.exists():
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(pid_b_file.read_text()), signal.SIGKILL)
+
+    def test_keys_and_forced_commands_are_per_stack(self) -> None:
+        a, b = _settings(), _settings(stack_prefix="dsv41-exl3-prod")
+        assert "/.local/state/dsv41-exl3-dev\"/watchdog-peer-key" in render_key_command(a)
+        assert "/.local/state/dsv41-exl3-prod\"/watchdog-peer-key" in render_key_remove_command(b)
+        assert "dsv41-exl3-dev/watchdog-peer-key" not in render_key_remove_command(b)
+        key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOperatorKeyForTests"
+        assert "command=\"sh .local/share/dsv41-exl3-prod/memory-watchdog-spark-b-peer-stop.sh spark-a\"" in \
+            authorized_key_line(b, "spark-a", key)
+
+    @pytest.mark.parametrize("owner", ["this stack", "another stack"])
+    def test_install_retires_the_old_fixed_path_copy_only_of_this_container(
+            self, owner: str, installed: tuple[dict[str, str], WatchdogSettings]) -> None:
+        env, settings = installed
+        home = Path(env["HOME"])
+        share, state = home / ".local/share/dsv41-exl3", home / ".local/state/dsv41-exl3"
+        share.mkdir(parents=True)
+        state.mkdir(parents=True)
+        container = settings.container_name if owner == "this stack" else "dsv41-exl3-prod-spark-b"
+        legacy = share / "memory-watchdog-spark-b.sh"
+        legacy.write_text(f"CONTAINER='{container}'\nwhile :; do sleep 1; done\n")
+        old = subprocess.Popen(["sh", str(legacy)], env=env, start_new_session=True)
+        try:
+            (state / "memory-watchdog-spark-b.pid").write_text(f"{old.pid}\n")
+            time.sleep(0.1)
+            done = _sh(render_install_command(settings), env)
+            assert done.returncode == 0, done.stderr
+            if owner == "this stack":
+                assert old.wait(timeout=5) is not None and not legacy.exists(), "the old copy keeps guarding"
+            else:
+                assert old.poll() is None and legacy.exists(), "another stack's old copy was stopped"
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(old.pid, signal.SIGKILL)
+            old.wait(timeout=5)
+
+
 # --- component wiring ------------------------------------------------------------------------------------
 
 def test_component_installs_with_one_remote_command() -> None:
@@ -232,6 +297,7 @@ def test_component_installs_with_one_remote_command() -> None:
             node_name="spark-b",
             connection=remote.ConnectionArgs(host="127.0.0.3", port=2222, user="root"),
             container_name="dsv41-rank1",
+            stack_prefix=PREFIX,
             floor_gib=5.0,
             restart_on=["cid-worker-1"],
         ))
@@ -255,7 +321,7 @@ def test_component_installs_with_one_remote_command() -> None:
 def test_args_validate_at_program_time() -> None:
     with pytest.raises(ValueError, match="floor_gib=-1 on spark-b"):
         MemoryWatchdogArgs(node_name="spark-b", connection=remote.ConnectionArgs(host="127.0.0.3"),
-                           container_name="c", floor_gib=-1)
+                           container_name="c", stack_prefix=PREFIX, floor_gib=-1)
 
 
 # --- issue 10: a trip stops every rank and records the memory holders --------------------------------------
@@ -271,7 +337,7 @@ def _trip(node: dict[str, str], *, key: bool = True, ssh_fails: bool = False) ->
     d = Path(node["WD_TEST_DIR"])
     (d / "bin" / "ssh").write_text(FAKE_SSH)
     (d / "bin" / "ssh").chmod(0o755)
-    state = Path(node["HOME"]) / ".local/state/dsv41-exl3"
+    state = Path(node["HOME"]) / ".local/state/dsv41-exl3-dev"
     state.mkdir(parents=True, exist_ok=True)
     if key:
         (state / "watchdog-peer-key").write_text("private key stand-in\n")
@@ -290,7 +356,7 @@ class TestStopsEveryRank:
     def test_a_trip_stops_this_rank_then_every_peer_through_its_key(self, node: dict[str, str]) -> None:
         docker_calls, ssh_calls, log = _trip(node)
         assert docker_calls == ["stop dsv41-rank1"]
-        key = f"{node['HOME']}/.local/state/dsv41-exl3/watchdog-peer-key"
+        key = f"{node['HOME']}/.local/state/dsv41-exl3-dev/watchdog-peer-key"
         assert len(ssh_calls) == 2
         for call, (port, target) in zip(ssh_calls, (("2201", "me@10.0.0.1"), ("22", "ops@10.0.0.3")), strict=True):
             assert call.startswith(f"-i {key} -p {port} -o BatchMode=yes -o IdentitiesOnly=yes")
@@ -323,9 +389,9 @@ class TestStopsEveryRank:
         assert "cannot stop rank on spark-a: no watchdog key" in log and "cannot stop rank on spark-c" in log
 
     def test_default_floor_is_below_a_healthy_heads_low_water(self) -> None:
-        assert WatchdogSettings(node_name="n", container_name="c").floor_gib == 1.5
+        assert WatchdogSettings(node_name="n", container_name="c", stack_prefix=PREFIX).floor_gib == 1.5
         assert MemoryWatchdogArgs(node_name="n", connection=remote.ConnectionArgs(host="h"),
-                                  container_name="c").floor_gib == 1.5
+                                  container_name="c", stack_prefix=PREFIX).floor_gib == 1.5
 
 
 class TestPeerAuthorization:
@@ -344,8 +410,8 @@ class TestPeerAuthorization:
         lines = ak.read_text().splitlines()
         assert lines[0].endswith("me@laptop"), "other keys are kept"
         (line,) = [ln for ln in lines if "dsv41-exl3-watchdog:dsv41-rank1:" in ln]
-        assert line == ('restrict,command="sh .local/share/dsv41-exl3/memory-watchdog-spark-b-peer-stop.sh spark-a" '
-                        f"{PEER_KEY} dsv41-exl3-watchdog:dsv41-rank1:from-spark-a")
+        assert line == ('restrict,command="sh .local/share/dsv41-exl3-dev/memory-watchdog-spark-b-peer-stop.sh '
+                        f'spark-a" {PEER_KEY} dsv41-exl3-watchdog:dsv41-rank1:from-spark-a')
         assert oct(ak.stat().st_mode & 0o777) == "0o600"
         # what sshd runs for that key: from the home directory, the forced command, whatever was asked
         command = line.split('command="', 1)[1].split('"', 1)[0]
@@ -354,12 +420,12 @@ class TestPeerAuthorization:
         assert forced.returncode == 0, forced.stderr
         assert forced.stdout.strip() == "stopped dsv41-rank1 on spark-b"
         assert (Path(env["WD_TEST_DIR"]) / "docker.calls").read_text().splitlines()[-1] == "stop dsv41-rank1"
-        log = (home / ".local/state/dsv41-exl3/watchdog.log").read_text()
+        log = (home / ".local/state/dsv41-exl3-dev/watchdog.log").read_text()
         assert "STOP requested by the watchdog of spark-a" in log and "stopped (asked by spark-a)" in log
         removed = _sh(render_remove_command(settings), env)
         assert removed.returncode == 0, removed.stderr
         assert ak.read_text().splitlines() == lines[:1]
-        assert not (home / ".local/share/dsv41-exl3/memory-watchdog-spark-b-peer-stop.sh").exists()
+        assert not (home / ".local/share/dsv41-exl3-dev/memory-watchdog-spark-b-peer-stop.sh").exists()
 
     def test_a_key_that_is_not_an_ed25519_line_is_refused(self) -> None:
         with pytest.raises(ValueError, match="is not an ssh-ed25519 key line"):
@@ -374,9 +440,9 @@ class TestPeerAuthorization:
         assert first.returncode == 0, first.stderr
         key = parse_public_key(first.stdout, "spark-b")
         assert key.startswith("ssh-ed25519 ") and parse_public_key(again.stdout, "spark-b") == key
-        assert (tmp_path / ".local/state/dsv41-exl3/watchdog-peer-key").stat().st_mode & 0o077 == 0
-        assert _sh(render_key_remove_command(), env).returncode == 0
-        assert not (tmp_path / ".local/state/dsv41-exl3/watchdog-peer-key").exists()
+        assert (tmp_path / ".local/state/dsv41-exl3-dev/watchdog-peer-key").stat().st_mode & 0o077 == 0
+        assert _sh(render_key_remove_command(_settings()), env).returncode == 0
+        assert not (tmp_path / ".local/state/dsv41-exl3-dev/watchdog-peer-key").exists()
 
 
 def test_deployment_gives_every_watchdog_the_other_ranks_and_their_keys() -> None:

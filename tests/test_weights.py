@@ -31,21 +31,45 @@ MODEL_REPO = "Mia-AiLab/DeepSeek-V4.1-Flash-EXL3-2.9bpw"
 ENGRAM_REPO = "deepseek-ai/DeepSeek-V4.1-Flash"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 TOKEN = "hf_SECRETtokenVALUE123"
+PREFIX = "dsv41-exl3-dev"
 
 
 # --- a local hub stand-in --------------------------------------------------------------------------
 
 
+def git_blob_id(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def lfs_pointer(data: bytes) -> bytes:
+    return f"version https://git-lfs.github.com/spec/v1\noid sha256:{hashlib.sha256(data).hexdigest()}\n" \
+        f"size {len(data)}\n".encode()
+
+
 @dataclass
 class FakeHub:
+    """The hub's API shape: tree entries carry `oid` (git blob id; of the pointer for LFS files) and, for
+    LFS files (*.safetensors here), `lfs: {oid: sha256, size, pointerSize}`; model info names the commit."""
+
     repos: dict[str, dict[str, bytes]]
     listed_size: dict[tuple[str, str], int] = field(default_factory=dict)  # tree lies about a size
+    listed_sha256: dict[tuple[str, str], str] = field(default_factory=dict)  # tree lies about a content id
     unresolvable: set[tuple[str, str]] = field(default_factory=set)  # listed, but resolve says 404
+    commit: str = COMMIT  # what every revision resolves to; a test moves it to make a new revision
     requests: list[tuple[str, str, str | None]] = field(default_factory=list)  # (method, path, auth)
     url: str = ""
 
     def gets_of(self, suffix: str) -> list[str]:
         return [p for m, p, _ in self.requests if m == "GET" and "/resolve/" in p and p.endswith(suffix)]
+
+    def entry(self, repo: str, name: str, data: bytes) -> dict[str, Any]:
+        size = self.listed_size.get((repo, name), len(data))
+        if not name.endswith(".safetensors"):
+            return {"type": "file", "path": name, "oid": git_blob_id(data), "size": size}
+        sha = self.listed_sha256.get((repo, name), hashlib.sha256(data).hexdigest())
+        pointer = lfs_pointer(data)
+        return {"type": "file", "path": name, "oid": git_blob_id(pointer), "size": size,
+                "lfs": {"oid": sha, "size": size, "pointerSize": len(pointer)}}
 
 
 def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
@@ -73,10 +97,18 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                     self._send(404, b'{"error":"Repository not found"}',
                                {"X-Error-Code": "RepoNotFound", "Content-Type": "application/json"})
                     return
-                tree = [{"type": "file", "path": name, "oid": hashlib.sha1(data).hexdigest(),
-                         "size": hub.listed_size.get((repo, name), len(data))}
-                        for name, data in sorted(hub.repos[repo].items())]
+                tree = [hub.entry(repo, name, data) for name, data in sorted(hub.repos[repo].items())]
                 self._send(200, json.dumps(tree).encode(), {"Content-Type": "application/json"})
+                return
+            if parts[:2] == ["api", "models"] and len(parts) in (4, 6):
+                repo = f"{parts[2]}/{parts[3]}"
+                if repo not in hub.repos:
+                    self._send(404, b'{"error":"Repository not found"}',
+                               {"X-Error-Code": "RepoNotFound", "Content-Type": "application/json"})
+                    return
+                info = {"id": repo, "modelId": repo, "sha": hub.commit, "private": False, "siblings": [
+                    {"rfilename": n} for n in sorted(hub.repos[repo])]}
+                self._send(200, json.dumps(info).encode(), {"Content-Type": "application/json"})
                 return
             if len(parts) >= 5 and parts[2] == "resolve":
                 repo, name = f"{parts[0]}/{parts[1]}", "/".join(parts[4:])
@@ -84,7 +116,8 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                 if data is None or (repo, name) in hub.unresolvable:
                     self._send(404, b"Entry not found", {"X-Error-Code": "EntryNotFound"}, send_body)
                     return
-                self._send(200, data, {"X-Repo-Commit": COMMIT, "ETag": f'"{hashlib.sha1(data).hexdigest()}"',
+                etag = hashlib.sha256(data).hexdigest() if name.endswith(".safetensors") else git_blob_id(data)
+                self._send(200, data, {"X-Repo-Commit": hub.commit, "ETag": f'"{etag}"',
                                        "Content-Type": "application/octet-stream"}, send_body)
                 return
             self._send(404, b"not found", {}, send_body)
@@ -176,9 +209,10 @@ def test_second_run_downloads_nothing(hub: FakeHub, tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     resolves = [(m, p) for m, p, _ in hub.requests if "/resolve/" in p]
     assert resolves == [], f"a resumed run must fetch nothing already present, saw {resolves[:5]}"
-    assert {p.split("/tree/")[0] for m, p, _ in hub.requests} == {
-        f"/api/models/{MODEL_REPO}", f"/api/models/{ENGRAM_REPO}"}, "only the two listings"
-    assert "present [" in proc.stderr
+    assert {p.split("/tree/")[0].split("/revision/")[0] for m, p, _ in hub.requests} == {
+        f"/api/models/{MODEL_REPO}", f"/api/models/{ENGRAM_REPO}"}, "only each repo's commit and listing"
+    staged = len(wm.parse_stage_output(proc.stdout).files)
+    assert proc.stderr.count("present (recorded) [") == staged == 46, "the records decide; no file is read again"
 
 
 def test_partial_stage_resumes_only_missing_files(hub: FakeHub, tmp_path: Path) -> None:
@@ -244,6 +278,123 @@ def test_index_naming_47_shards_fails(hub: FakeHub, tmp_path: Path) -> None:
     proc = run_stage(hub, tmp_path / "root")
     assert proc.returncode == 1
     assert "index names 47 shards (expected 48" in error_line(proc)
+
+
+# --- content verified by the hub's ids, recorded on the head (issue 12, item 6) ----------------------
+
+SHARD = "model-00005-of-00039.safetensors"
+NEW_COMMIT = "fedcba9876543210fedcba9876543210fedcba98"
+
+
+def records(root: Path) -> dict[str, Any]:
+    body: dict[str, Any] = json.loads((root / sw.MANIFEST_FILE).read_text())
+    return body
+
+
+def test_staging_records_name_size_sha256_and_revision_on_the_head(hub: FakeHub, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    proc = run_stage(hub, root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    staged = wm.parse_stage_output(proc.stdout)
+    body = records(root)
+    assert body["format"] == 1 and set(body["files"]) == set(staged.files), "one record per staged file"
+    assert body["repos"]["model"] == {"repo": MODEL_REPO, "revision": "main", "commit": COMMIT}
+    for rel, rec in body["files"].items():
+        data = (root / rel).read_bytes()
+        assert rec["size"] == len(data) and rec["revision"] == COMMIT, rel
+        assert rec["sha256"] == hashlib.sha256(data).hexdigest() == staged.sha256[rel], rel
+    assert body["files"][f"model/{SHARD}"]["verified_by"] == "lfs-sha256"
+    assert body["files"]["model/config.json"]["verified_by"] == "git-blob-id"
+    assert staged.manifest_file == f"/host/root/{sw.MANIFEST_FILE}"
+
+
+def test_same_name_same_size_file_of_another_revision_is_downloaded_again(hub: FakeHub, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    assert run_stage(hub, root).returncode == 0
+    old = hub.repos[MODEL_REPO][SHARD]
+    new = bytes(b ^ 0x55 for b in old)  # same name, same size, other content
+    hub.repos[MODEL_REPO][SHARD] = new
+    hub.repos[MODEL_REPO]["config.json"] = b'{"model_type":"deepseek_v42"}'  # non-LFS, same size
+    assert len(hub.repos[MODEL_REPO]["config.json"]) == len(b'{"model_type":"deepseek_v41"}')
+    hub.commit = NEW_COMMIT
+    hub.requests.clear()
+    proc = run_stage(hub, root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    fetched = sorted(p.rsplit("/", 1)[1] for m, p, _ in hub.requests if m == "GET" and "/resolve/" in p)
+    assert fetched == sorted([SHARD, "config.json"]), "exactly the files whose content changed are fetched again"
+    assert (root / "model" / SHARD).read_bytes() == new
+    rec = records(root)["files"]
+    assert rec[f"model/{SHARD}"]["revision"] == NEW_COMMIT
+    assert rec[f"model/{SHARD}"]["sha256"] == hashlib.sha256(new).hexdigest()
+    assert rec["model/tokenizer.json"]["revision"] == NEW_COMMIT, "unchanged content is now also of the new commit"
+
+
+def test_content_that_does_not_match_the_hubs_sha256_is_not_kept(hub: FakeHub, tmp_path: Path) -> None:
+    hub.listed_sha256[(MODEL_REPO, SHARD)] = "0" * 64
+    root = tmp_path / "root"
+    proc = run_stage(hub, root)
+    assert proc.returncode == 1
+    line = error_line(proc)
+    assert SHARD in line and "sha256" in line and "0" * 64 in line and "not kept" in line
+    assert not (root / "model" / SHARD).exists(), "an unverified download never takes the file's place"
+    assert not list((root / "model").glob(f".*{sw.PARTIAL_SUFFIX}")), "nor is its partial copy left behind"
+
+
+def test_file_removed_upstream_that_staging_recorded_is_removed(hub: FakeHub, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    assert run_stage(hub, root).returncode == 0
+    del hub.repos[MODEL_REPO]["quantization_config.json"]
+    hub.commit = NEW_COMMIT
+    proc = run_stage(hub, root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not (root / "model" / "quantization_config.json").exists(), "a file of the old revision stayed"
+    assert "model/quantization_config.json" not in records(root)["files"]
+    assert "model/quantization_config.json removed: staged for" in proc.stderr
+
+
+def test_file_staging_did_not_record_is_refused_not_deleted(hub: FakeHub, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "model").mkdir(parents=True)
+    (root / "model" / "generation_config.json").write_text("{}")  # someone else's, or an old version's
+    proc = run_stage(hub, root)
+    assert proc.returncode == 1
+    line = error_line(proc)
+    assert "generation_config.json" in line and "did not stage" in line and "not deleted" in line
+    assert (root / "model" / "generation_config.json").read_text() == "{}"
+    assert not hub.gets_of(".safetensors"), "refused before any download"
+
+
+def test_unrecorded_copy_is_hashed_once_and_replaced_only_when_it_differs(hub: FakeHub, tmp_path: Path) -> None:
+    """A root staged before records existed: files of the listed size are read once and kept if they match."""
+    root = tmp_path / "root"
+    assert run_stage(hub, root).returncode == 0
+    (root / sw.MANIFEST_FILE).unlink()
+    target = root / "model" / SHARD
+    target.write_bytes(bytes(b ^ 0x55 for b in target.read_bytes()))  # same size, wrong content
+    hub.requests.clear()
+    proc = run_stage(hub, root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    fetched = [p.rsplit("/", 1)[1] for m, p, _ in hub.requests if m == "GET" and "/resolve/" in p]
+    assert fetched == [SHARD], "only the copy whose sha256 differs from the hub's is downloaded"
+    assert target.read_bytes() == hub.repos[MODEL_REPO][SHARD]
+    assert proc.stderr.count("present (hashed once: no record)") == 45
+    assert set(records(root)["files"]) == set(wm.parse_stage_output(proc.stdout).files)
+
+
+def test_hashing_writer_follows_the_clients_resume_and_restart() -> None:
+    import io
+    data = b"0123456789" * 7
+    digests = sw._Digests(len(data))
+    w = sw.HashingWriter(io.BytesIO(), digests)  # type: ignore[arg-type]
+    w.write(b"garbage from a server that ignored Range")
+    w.seek(0)
+    w.truncate()
+    w.write(data[:30])
+    w.write(data[30:])  # resumed after a dropped connection: appended
+    assert digests.sha256.hexdigest() == hashlib.sha256(data).hexdigest()
+    assert digests.git.hexdigest() == git_blob_id(data)
+    with pytest.raises(OSError, match="first byte"):
+        w.seek(10)
 
 
 # --- count rules (pure) ----------------------------------------------------------------------------
@@ -312,7 +463,7 @@ def test_root_must_be_absolute_or_home(root: str) -> None:
 
 def stage_command(**kw: Any) -> str:
     args: dict[str, Any] = {"root": "~/dsv41-exl3", "image": "img:tag", "hf_endpoint": "http://127.0.0.1:9",
-                            "with_token": True, "timeout_s": 7200,
+                            "with_token": True, "timeout_s": 7200, "stack_prefix": PREFIX,
                             "plan": wm.staging_plan(model_repo=MODEL_REPO, engram_repo=ENGRAM_REPO,
                                                     revision="main")}
     args.update(kw)
@@ -417,9 +568,7 @@ def test_exports_are_read_only_and_limited_to_worker_ips() -> None:
     assert "*" not in text
     with pytest.raises(ValueError, match="worker fabric_ip='worker1'"):
         wm.render_exports("/r", ["worker1"])
-    cmd = wm.render_export_command(head_name="head", abs_root="/r", worker_ips=["10.0.0.2"])
-    assert "/etc/exports.d/dsv41-exl3.exports" in cmd and "exportfs -ra" in cmd
-    assert "exports.d" in wm.render_unexport_command()
+    assert "# export: 10.0.0.2 /home/u/dsv41-exl3\n# export: 10.0.0.3 /home/u/dsv41-exl3\n" in text
 
 
 def test_nfs_volume_options() -> None:
@@ -463,7 +612,8 @@ def test_bind_check_fails_naming_node_and_missing_files(tmp_path: Path) -> None:
 
 def test_volume_check_mounts_both_volumes_read_only_and_is_bounded() -> None:
     cmd = wm.render_volume_check(node="w1", image="sha256:abc", model_volume="ws-w1-model-1",
-                                 engram_volume="ws-w1-engram-src-2", files={"model/a": 1}, timeout_s=45)
+                                 engram_volume="ws-w1-engram-src-2", files={"model/a": 1}, timeout_s=45,
+                                 stack_prefix=PREFIX)
     assert "timeout --kill-after=30 45 docker run --rm -i" in cmd
     assert "-v ws-w1-model-1:/w/model:ro" in cmd and "-v ws-w1-engram-src-2:/w/engram-src:ro" in cmd
     assert "--entrypoint sh" in cmd and "sha256:abc -s" in cmd
@@ -480,7 +630,7 @@ def test_volume_check_script_runs_inside_the_container_root(tmp_path: Path) -> N
         f"sed 's#^root=/w$#root={tmp_path}/head#' | sh -s\n")
     (bin_dir / "docker").chmod(0o755)
     cmd = wm.render_volume_check(node="w1", image="img", model_volume="m", engram_volume="e", files=files,
-                                 timeout_s=30)
+                                 timeout_s=30, stack_prefix=PREFIX)
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
     ok = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=30, env=env)
     assert ok.returncode == 0, ok.stderr
@@ -495,7 +645,7 @@ def test_check_timeout_names_the_node(tmp_path: Path) -> None:
     (bin_dir / "docker").write_text("#!/bin/sh\n[ \"$1\" = run ] || exit 0\nexec sleep 30\n")
     (bin_dir / "docker").chmod(0o755)
     cmd = wm.render_volume_check(node="w9", image="img", model_volume="m", engram_volume="e",
-                                 files={"model/a": 1}, timeout_s=1)
+                                 files={"model/a": 1}, timeout_s=1, stack_prefix=PREFIX)
     proc = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=60,
                           env={"PATH": f"{bin_dir}:{os.environ['PATH']}"})
     assert proc.returncode == 124
@@ -554,7 +704,7 @@ def _mocked_program(share: str, *, workers: int = 1, token: str | None = TOKEN) 
             root="~/dsv41-exl3", share=share,  # type: ignore[arg-type]
             staging_image="sha256:serving", model_repo=MODEL_REPO, engram_repo=ENGRAM_REPO,
             hf_token=pulumi.Output.secret(token) if token else None, hf_endpoint="http://127.0.0.1:9",
-            stage_timeout_s=3600))
+            stage_timeout_s=3600, stack_prefix=PREFIX))
         result["store"] = store
         outs = [store.manifest, *store.model_source.values(), *store.engram_source.values(),
                 *(r.stdout for r in store.visible.values())]  # type: ignore[attr-defined]
@@ -661,7 +811,7 @@ def test_nfs_without_worker_docker_provider_is_rejected() -> None:
     args = WeightStoreArgs(head=WeightNode(name="h", connection=conn, fabric_ip="10.0.0.1"),
                            workers=[WeightNode(name="w", connection=conn, fabric_ip="10.0.0.2")],
                            root="~/x", share="nfs", staging_image="i", model_repo=MODEL_REPO,
-                           engram_repo=ENGRAM_REPO, stage_timeout_s=10)
+                           engram_repo=ENGRAM_REPO, stage_timeout_s=10, stack_prefix=PREFIX)
     with pytest.raises(ValueError, match="worker w has no docker_provider"):
         WeightStore._validate(args)
     bad_root = WeightStoreArgs(**{**args.__dict__, "root": "x", "share": "bind"})
@@ -679,3 +829,120 @@ def test_stage_timeout_fails_with_resume_hint(tmp_path: Path) -> None:
                           env={"PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path)})
     assert proc.returncode == 124
     assert "weights staging timed out after 1s on the head; raise stage_timeout_s" in proc.stderr
+
+
+# --- per-stack names and exports that touch only this stack (issue 12, item 10) -----------------------
+
+OTHER = "dsv41-exl3-prod"
+
+
+@pytest.fixture
+def head(tmp_path: Path) -> dict[str, str]:
+    """A fake head: exportfs and systemctl that log their argv, sudo that just runs, a temp exports.d."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "calls"
+    for name, body in (("exportfs", f'echo "exportfs $*" >> {log}\n'), ("systemctl", "exit 0\n"),
+                       ("sudo", '[ "$1" = -n ] && shift\nexec "$@"\n')):
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}")
+        (bin_dir / name).chmod(0o755)
+    (tmp_path / "home").mkdir()
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path / "home"),
+            "TEST_EXPORTS_DIR": str(tmp_path / "exports.d"), "CALLS": str(log)}
+
+
+def sh(script: str, env: dict[str, str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    for shell in ("sh", "bash"):
+        syntax = subprocess.run([shell, "-n", "-c", script], capture_output=True, text=True)
+        assert syntax.returncode == 0, f"{shell} -n: {syntax.stderr}"
+    return subprocess.run(["sh", "-c", script], env=env, input=stdin, capture_output=True, text=True, timeout=60)
+
+
+def calls(env: dict[str, str]) -> list[str]:
+    path = Path(env["CALLS"])
+    lines = path.read_text().splitlines() if path.exists() else []
+    path.unlink(missing_ok=True)
+    return lines
+
+
+def export(env: dict[str, str], root: Path, ips: list[str], prefix: str = PREFIX) -> subprocess.CompletedProcess[str]:
+    return sh(wm.render_export_command(head_name="head", abs_root=str(root), worker_ips=ips, stack_prefix=prefix,
+                                       exports_dir=env["TEST_EXPORTS_DIR"]),
+              env)
+
+
+def test_two_stacks_export_their_own_entries_and_never_resync_the_host(head: dict[str, str], tmp_path: Path) -> None:
+    root_a, root_b = tmp_path / "a", tmp_path / "b"
+    root_a.mkdir()
+    root_b.mkdir()
+    assert export(head, root_a, ["10.0.0.2"]).returncode == 0
+    assert calls(head) == [f"exportfs -o ro,sync,no_subtree_check 10.0.0.2:{root_a}"]
+    proc = export(head, root_b, ["10.0.0.3"], prefix=OTHER)
+    assert proc.returncode == 0, proc.stderr
+    assert calls(head) == [f"exportfs -o ro,sync,no_subtree_check 10.0.0.3:{root_b}"], "no -ra: only our entry"
+    exports = Path(head["TEST_EXPORTS_DIR"])
+    assert sorted(p.name for p in exports.iterdir()) == sorted([f"{OTHER}.exports", f"{PREFIX}.exports"])
+    assert f'"{root_a}" 10.0.0.2(ro,sync,no_subtree_check)' in (exports / f"{PREFIX}.exports").read_text()
+
+    unexport = wm.render_unexport_command(abs_root=str(root_a), worker_ips=["10.0.0.2"], stack_prefix=PREFIX,
+                                          exports_dir=head["TEST_EXPORTS_DIR"])
+    assert sh(unexport, head).returncode == 0
+    assert calls(head) == [f"exportfs -u 10.0.0.2:{root_a}"], "destroying one stack withdraws only its entry"
+    assert sorted(p.name for p in exports.iterdir()) == [f"{OTHER}.exports"]
+
+
+def test_export_change_withdraws_only_the_entries_this_stack_no_longer_exports(
+        head: dict[str, str], tmp_path: Path) -> None:
+    root = tmp_path / "w"
+    root.mkdir()
+    assert export(head, root, ["10.0.0.2", "10.0.0.3"]).returncode == 0
+    calls(head)
+    assert export(head, root, ["10.0.0.3"]).returncode == 0
+    assert calls(head) == [f"exportfs -u 10.0.0.2:{root}", f"exportfs -o ro,sync,no_subtree_check 10.0.0.3:{root}"]
+
+
+def test_legacy_export_file_is_removed_only_when_it_holds_exactly_this_export(
+        head: dict[str, str], tmp_path: Path) -> None:
+    exports = Path(head["TEST_EXPORTS_DIR"])
+    exports.mkdir()
+    legacy = exports / wm.LEGACY_EXPORTS_NAME
+    root = tmp_path / "w"
+    root.mkdir()
+    legacy.write_text(wm.legacy_exports(str(tmp_path / "someone-else"), ["10.0.0.9"]))
+    assert export(head, root, ["10.0.0.2"]).returncode == 0
+    assert legacy.exists(), "another stack's export (an earlier version's shared file) is left alone"
+    legacy.write_text(wm.legacy_exports(str(root), ["10.0.0.2"]))
+    assert export(head, root, ["10.0.0.2"]).returncode == 0
+    assert not legacy.exists(), "our own export moved to our per-stack file"
+    assert (exports / f"{PREFIX}.exports").exists()
+
+
+@pytest.mark.parametrize("which", ["slash", "home", "link-to-home"])
+def test_staging_and_export_refuse_a_root_that_is_slash_or_home_on_the_node(
+        which: str, head: dict[str, str], tmp_path: Path) -> None:
+    home = Path(head["HOME"])
+    (tmp_path / "link").symlink_to(home)
+    root = {"slash": "/", "home": "~", "link-to-home": str(tmp_path / "link")}[which]
+    log = tmp_path / "docker-argv.log"
+    _fake_docker(tmp_path / "docker-bin", log)
+    env = {**head, "PATH": f"{tmp_path / 'docker-bin'}:{head['PATH']}"}
+    proc = sh(stage_command(root=root), env, stdin=wm.stage_stdin(None, "script"))
+    assert proc.returncode == 1
+    assert "is / or the home directory of" in proc.stderr and "use a directory of its own" in proc.stderr
+    assert not log.exists(), "refused before any container runs"
+    assert not (home / "model").exists() and not Path("/model").exists(), "nothing is created there"
+    abs_root = "/" if which == "slash" else str(home.resolve())
+    refused = export(head, Path(abs_root), ["10.0.0.2"])
+    assert refused.returncode == 1 and "is / or the home directory of" in refused.stderr
+    assert calls(head) == [] and not Path(head["TEST_EXPORTS_DIR"]).exists(), "nothing exported"
+
+
+def test_stage_and_check_containers_are_named_per_stack(tmp_path: Path) -> None:
+    cmd = stage_command()
+    assert f"--name {PREFIX}-stage-weights " in cmd and f"docker rm -f {PREFIX}-stage-weights " in cmd
+    assert "--name dsv41-exl3-stage-weights" not in cmd
+    check = wm.render_volume_check(node="w1", image="img", model_volume="m", engram_volume="e",
+                                   files={"model/a": 1}, stack_prefix=OTHER)
+    assert f"--name {OTHER}-weights-check " in check and f"docker rm -f {OTHER}-weights-check " in check
+    with pytest.raises(ValueError, match="stack_prefix='a b'"):
+        stage_command(stack_prefix="a b")

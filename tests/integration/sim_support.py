@@ -53,6 +53,7 @@ def stage_on_head(sim: dict[str, Any], root: Path) -> subprocess.CompletedProces
     """The program's own staging command (weights_manifest), run on the head over ssh, image from the registry."""
     plan = wm.staging_plan(model_repo=checkpoint.MODEL_REPO, engram_repo=checkpoint.BASE_REPO, revision="main")
     command = wm.render_stage_command(root=str(root), image=sim["image"], plan=plan, hf_endpoint=sim["hub"],
-                                      with_token=False, timeout_s=STEP_TIMEOUT)
+                                      with_token=False, timeout_s=STEP_TIMEOUT,
+                                      stack_prefix="dsv41-exl3-sim-staging")
     return on_node(sim, sim["nodes"][0]["ip"], command, stdin=wm.stage_stdin(None, wm.stage_script_source()),
                    timeout=STEP_TIMEOUT + 60)

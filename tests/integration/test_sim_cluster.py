@@ -9,6 +9,7 @@ idempotent) and turns any failure to do so into a test failure. Needs root (dock
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -100,6 +101,47 @@ print(json.dumps({{"tree": tree, "path": path, "sha": info.sha}}))
     assert got["tree"] == {n: len(d) for n, d in base.items()}
     assert Path(got["path"]).read_bytes() == checkpoint.build()[MODEL_REPO]["model-00007-of-00039.safetensors"]
     assert got["sha"] == checkpoint.repo_commit(checkpoint.build()[MODEL_REPO])
+
+
+def test_hub_lists_lfs_sha256_and_blob_ids_the_real_client_reads(local_hub: tuple[str, Path], tmp_path: Path) -> None:
+    """The content ids staging verifies against, served in the real API's shape (tree: `lfs.oid`; model info
+    with files_metadata: `lfs.sha256`, `blobId`) and read through the real client's own objects."""
+    url, _ = local_hub
+    got = run_client(url, tmp_path, f"""
+import json
+from huggingface_hub import HfApi
+api = HfApi()
+tree = {{f.path: [f.size, f.blob_id, f.lfs.sha256 if f.lfs else None]
+         for f in api.list_repo_tree({MODEL_REPO!r}, recursive=True, expand=True)}}
+info = api.model_info({MODEL_REPO!r}, files_metadata=True)
+sib = {{s.rfilename: [s.size, s.blob_id, s.lfs.sha256 if s.lfs else None] for s in info.siblings}}
+print(json.dumps({{"tree": tree, "siblings": sib}}))
+""")
+    files = checkpoint.build()[MODEL_REPO]
+    for name, data in files.items():
+        if name.endswith(".safetensors"):
+            expected = [len(data), checkpoint.blob_oid(checkpoint.lfs_pointer(data)), hashlib.sha256(data).hexdigest()]
+        else:
+            expected = [len(data), checkpoint.blob_oid(data), None]
+        assert got["tree"][name] == expected == got["siblings"][name], name
+
+
+def test_staging_script_verifies_every_file_against_the_hub_stand_in(local_hub: tuple[str, Path],
+                                                                     tmp_path: Path) -> None:
+    """The program's staging script with the real client against the stand-in the simulated cluster uses."""
+    url, _ = local_hub
+    plan = wm.staging_plan(model_repo=MODEL_REPO, engram_repo=BASE_REPO, revision="main")
+    root = tmp_path / "root"
+    proc = subprocess.run([sys.executable, str(REPO / "components" / "stage_weights.py"), "--plan", json.dumps(plan),
+                           "--dest-root", str(root), "--host-root", str(root)],
+                          env=client_env(url, tmp_path / "hf-home"), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    staged = wm.parse_stage_output(proc.stdout)
+    record = json.loads((root / "dsv41-weights-manifest.json").read_text())["files"]
+    shards = [r for r in staged.files if r.endswith(".safetensors")]
+    assert len(shards) == 41 and all(record[r]["verified_by"] == "lfs-sha256" for r in shards)
+    assert all(record[r]["verified_by"] == "git-blob-id" for r in staged.files if r not in shards)
+    assert record["model/config.json"]["revision"] == checkpoint.repo_commit(checkpoint.build()[MODEL_REPO])
 
 
 def test_hub_fault_file_hides_a_file_and_listed_fault_404s(local_hub: tuple[str, Path], tmp_path: Path) -> None:
