@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import runpy
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 import yaml
 
 from components import serve_spec
+from components import weights_manifest as wm
 from components.config import parse
 from components.deployment import deploy
 from tests import recording
@@ -36,8 +38,25 @@ def fake_stdout(args: pulumi.runtime.MockResourceArgs) -> dict[str, Any]:
         return {"stdout": f"DSV41_WATCHDOG_PUBKEY {key}"}
     if "stage" in args.name:
         return {"stdout": "DSV41_WEIGHTS_MANIFEST " + json.dumps(
-            {"root": "/home/me/dsv41-exl3", "files": {"model/a.safetensors": 1}})}
+            {"root": "/home/me/dsv41-exl3", "files": FULL_MANIFEST, "sha256": FULL_DIGESTS,
+             "manifest_file": "/home/me/dsv41-exl3/dsv41-weights-manifest.json"})}
     return {"stdout": ""}
+
+
+def full_manifest() -> dict[str, int]:
+    """What staging reports on hardware: 39 EXL3 shards plus their metadata, and the two Engram shards of 48
+    with the index and config (sizes as the recipe's repos list them, to the order of magnitude)."""
+    files = {f"{wm.MODEL_DIR}/model-{i:05d}-of-{wm.MODEL_SHARD_COUNT:05d}.safetensors": 5_300_000_000 + i
+             for i in range(1, wm.MODEL_SHARD_COUNT + 1)}
+    files.update({f"{wm.MODEL_DIR}/{name}": 4096 for name in
+                  ("config.json", "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json")})
+    files.update({f"{wm.ENGRAM_DIR}/{wm.engram_shard_name(i)}": 4_900_000_000 + i for i in wm.ENGRAM_SHARDS})
+    files.update({f"{wm.ENGRAM_DIR}/{name}": 2048 for name in wm.ENGRAM_EXTRA_FILES})
+    return files
+
+
+FULL_MANIFEST = full_manifest()
+FULL_DIGESTS = {path: hashlib.sha256(path.encode()).hexdigest() for path in FULL_MANIFEST}
 
 
 FIXTURES = {COMMAND: fake_stdout}
@@ -302,3 +321,14 @@ def test_everything_named_on_a_node_is_per_stack_and_rank_names_are_unchanged() 
     shared = [n for n in creates["dev"] if n in creates["prod"] and creates["dev"][n] == creates["prod"][n]]
     # The head's own check only stats files: it names nothing on the node.
     assert shared == ["weights-visible-spark-0"], f"the same node command for two stacks (would collide): {shared}"
+
+
+def test_every_node_checks_the_full_39_and_48_manifest_before_its_rank_starts(two: recording.Recorded) -> None:
+    shards = [p for p in FULL_MANIFEST if p.startswith(f"{wm.MODEL_DIR}/") and p.endswith(".safetensors")]
+    assert len(shards) == wm.MODEL_SHARD_COUNT
+    for node in ("spark-0", "spark-1"):
+        check = two.named(f"weights-visible-{node}").inputs["create"]
+        missing = [p for p in FULL_MANIFEST if p not in check]
+        assert not missing, f"{node}: the visibility check skips {missing[:3]}"
+        for i in wm.ENGRAM_SHARDS:
+            assert wm.engram_shard_name(i) in check
