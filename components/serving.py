@@ -141,7 +141,9 @@ class ServingCluster(pulumi.ComponentResource):
             ]),
             # A crashed rank must stay down: restarted alone it would block at rendezvous forever.
             restart="no",
-            must_run=True,
+            # The docker provider deletes a must_run container that exits at once, and vLLM's own error (a bad
+            # flag: `vllm serve: error: ...`) with it. Kept, the rendezvous gate reports its exit code and last lines.
+            must_run=False,
             stop_timeout=shape.stop_timeout_s,
             destroy_grace_seconds=shape.stop_timeout_s,
             log_opts={"max-size": "100m", "max-file": "3"},
