@@ -219,3 +219,10 @@ def test_every_rank_is_replaced_together_when_live_ranks_finds_one_down(two: rec
     assert [r["container"] for r in live.inputs["ranks"]] == [
         serve_spec.container_name("dev", n) for n in parse(config()).settings.nodes]
     assert "ssh_private_key" in live.secret_paths()
+
+
+def test_live_ranks_probes_the_verified_endpoint_with_the_api_key_as_a_secret(two: recording.Recorded) -> None:
+    live, verifier = two.named("live-ranks"), two.named("verify")
+    assert (live.inputs["endpoint"], live.inputs["model"]) == (verifier.inputs["endpoint"], verifier.inputs["model"]), (
+        "the drift probe must ask the endpoint and model the verifier verified")
+    assert "api_key" in live.secret_paths(), "serve.apiKey reaches LiveRanks only as a secret, like the ssh key"
