@@ -141,8 +141,10 @@ class ServingCluster(pulumi.ComponentResource):
             ]),
             # A crashed rank must stay down: restarted alone it would block at rendezvous forever.
             restart="no",
-            # The docker provider deletes a must_run container that exits at once, and vLLM's own error (a bad
-            # flag: `vllm serve: error: ...`) with it. Kept, the rendezvous gate reports its exit code and last lines.
+            # Whether a rank runs is the gates' and LiveRanks' call, never the provider's: with must_run, older
+            # upstream providers delete a container that exits at once ("container exited immediately", vLLM's
+            # own error gone with it), the pinned one flips must_run in the state and on the next update starts
+            # that one rank alone. Kept as it is, the rendezvous gate shows its exit code and last lines.
             must_run=False,
             stop_timeout=shape.stop_timeout_s,
             destroy_grace_seconds=shape.stop_timeout_s,
