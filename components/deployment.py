@@ -100,11 +100,13 @@ def deploy(loaded: Loaded, stack: str) -> dict[str, Any]:
     # Every rank must run the same build of the mutable tag: compared after the pulls, before any container.
     image_ids = checked_image_ids(s.image, {n.name: images[n.name].image_id for n in s.nodes},
                                   {n.name: images[n.name].repo_digest for n in s.nodes})
-    # What runs now: a rank found not running on a later preview or up replaces every rank (issue: drift).
+    # What runs now: a rank found not running, or an endpoint without real logprobs, on a later preview or up
+    # replaces every rank (issue: drift).
     live = LiveRanks("live-ranks", LiveRanksArgs(
         ranks=gate_ranks(s, {n.name: serve_spec.container_name(stack, n) for n in s.nodes}),
         ssh_private_key=_private_key(s), ssh_agent_socket=s.ssh.agent_socket,
-        ssh_known_hosts_file=s.ssh.known_hosts_file))
+        ssh_known_hosts_file=s.ssh.known_hosts_file,
+        endpoint=endpoint_of(s), model=s.serve.served_model_name, api_key=_api_key(s)))
     serving = ServingCluster("serving", ServingClusterArgs(
         settings=s,
         stack=stack,
@@ -193,6 +195,10 @@ def _private_key(s: Settings) -> pulumi.Output[str] | None:
     return pulumi.Output.secret(s.ssh.private_key.get_secret_value()) if s.ssh.private_key else None
 
 
+def _api_key(s: Settings) -> pulumi.Output[str] | None:
+    return pulumi.Output.secret(s.serve.api_key.get_secret_value()) if s.serve.api_key else None
+
+
 def endpoint_of(s: Settings) -> str:
     """The OpenAI base URL the operator reaches: the head's SSH address and the API port."""
     return f"http://{s.head.host}:{s.serve.port}/v1"
@@ -209,7 +215,7 @@ def verify_after(
 
     All three re-run exactly when `container_ids` changes.
     """
-    api_key = pulumi.Output.secret(s.serve.api_key.get_secret_value()) if s.serve.api_key else None
+    api_key = _api_key(s)
     endpoint = endpoint_of(s)
     api_base = endpoint.removesuffix("/v1")
     ranks = gate_ranks(s, container_names)

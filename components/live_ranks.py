@@ -9,9 +9,15 @@ is not running, asks for its own replacement. Every rank's container names this 
 rendezvous of a group that no longer exists), and the gates and the verifier re-run on the new containers.
 `read` reports the same observation, so `pulumi refresh` shows the drift too.
 
-A healthy deployment costs one `docker inspect` per node per preview (over the node's multiplexed SSH
-connection) and changes nothing. A node that cannot be reached is reported, not treated as drift: the update's
-own connections fail on it with their own message.
+A container that runs can still be useless: a hung rank (the head's `/health` stays 200 while completions never
+return) or a model that turned to NaN. So when every rank runs, `diff` also sends one 1-token completion with
+logprobs to the endpoint (`verify.probe_endpoint`, judged by the verifier's own rules, bounded by
+`PROBE_TIMEOUT_S`); NaN, -inf, an error, connection refused or no answer from a frozen engine is drift too.
+
+A healthy deployment costs one `docker inspect` per node and one 1-token completion per preview and up, and
+changes nothing. A node that cannot be reached, an endpoint this machine cannot reach, a refused API key or a
+busy engine (no answer, but its step counter advances) are reported, not treated as drift: nothing is known
+about the ranks then, and replacing a serving deployment on a guess would be worse.
 """
 
 from __future__ import annotations
@@ -26,8 +32,21 @@ import pulumi.dynamic
 
 from components.gates import GateRank, _ranks_from_prop, _secret_or_none, _source, _unwrap_secret, changed_inputs
 from components.rank_watch import ContainerState, SourceError
+from components.verify import (
+    GUARD_MARGIN_S,
+    Probe,
+    VerificationTimeout,
+    probe_endpoint,
+    probe_worst_case_seconds,
+    run_bounded,
+)
 
-INPUT_KEYS = ("ranks", "ssh_private_key", "ssh_agent_socket", "ssh_known_hosts_file")
+INPUT_KEYS = ("ranks", "ssh_private_key", "ssh_agent_socket", "ssh_known_hosts_file", "endpoint", "model",
+              "api_key")
+SECRET_KEYS = ["ssh_private_key", "api_key"]
+# A 1-token answer takes well under a second on an idle vLLM; a busy one is told apart by its step counter,
+# so this only bounds how long a preview waits on a hung endpoint (plus two /metrics reads).
+PROBE_TIMEOUT_S = 15.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,6 +55,10 @@ class LiveRanksArgs:
     ssh_private_key: pulumi.Input[str] | None
     ssh_agent_socket: str | None
     ssh_known_hosts_file: str | None
+    endpoint: str
+    """The OpenAI base URL the verifier checks (`.../v1`)."""
+    model: str
+    api_key: pulumi.Input[str] | None
 
 
 def observe(ranks: Sequence[GateRank], state: Callable[[int], ContainerState]) -> dict[str, str]:
@@ -55,15 +78,41 @@ def drifted(observed: Mapping[str, str]) -> list[str]:
     return sorted(n for n, status in observed.items() if status != "running" and not status.startswith("unreachable"))
 
 
+def probe_target(olds: Mapping[str, Any], news: Mapping[str, Any]) -> tuple[str, str, str | None] | None:
+    """Endpoint, model and key of what is deployed (the state), else of the config (a stack from before)."""
+    props = olds if _unwrap_secret(olds.get("endpoint")) else news
+    endpoint, model = _unwrap_secret(props.get("endpoint")), _unwrap_secret(props.get("model"))
+    if not endpoint or not model:
+        return None
+    key = _unwrap_secret(props.get("api_key"))
+    return str(endpoint), str(model), str(key) if key else None
+
+
+def probe(target: tuple[str, str, str | None]) -> Probe:
+    endpoint, model, key = target
+    try:
+        return run_bounded(lambda: probe_endpoint(endpoint, model, key, timeout_s=PROBE_TIMEOUT_S),
+                           probe_worst_case_seconds(PROBE_TIMEOUT_S) + GUARD_MARGIN_S, f"probe of {endpoint}")
+    except VerificationTimeout as err:  # a name look-up that sockets cannot bound
+        return Probe("unknown", str(err))
+
+
 class LiveRanksProvider(pulumi.dynamic.ResourceProvider):
     def _observe(self, props: Mapping[str, Any]) -> dict[str, str]:
         ranks = _ranks_from_prop(_unwrap_secret(props.get("ranks")))
         return observe(ranks, _source(props).state)
 
+    def _probe(self, observed: Mapping[str, str], olds: Mapping[str, Any],
+               news: Mapping[str, Any]) -> tuple[str, Probe] | None:
+        """Only when every rank runs: a rank known down already decides, an unreachable node leaves it open."""
+        target = probe_target(olds, news)
+        if target is None or any(status != "running" for status in observed.values()):
+            return None
+        return target[0], probe(target)
+
     def create(self, props: dict[str, Any]) -> pulumi.dynamic.CreateResult:
         # Created before the containers it watches: nothing to observe yet.
-        return pulumi.dynamic.CreateResult(id_=f"live-{uuid.uuid4().hex[:16]}",
-                                           outs={**{k: props.get(k) for k in INPUT_KEYS}, "observed": {}})
+        return pulumi.dynamic.CreateResult(id_=f"live-{uuid.uuid4().hex[:16]}", outs=_outs(props))
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> pulumi.dynamic.DiffResult:
         observed = self._observe(news)
@@ -71,28 +120,46 @@ class LiveRanksProvider(pulumi.dynamic.ResourceProvider):
         for node, status in sorted(observed.items()):
             if status.startswith("unreachable"):
                 pulumi.log.warn(f"live ranks: node {node} {status}; cannot tell whether its rank runs")
+        replace = pulumi.dynamic.DiffResult(changes=True, replaces=["observed"], delete_before_replace=True)
         if down:
             pulumi.log.warn("live ranks: " + ", ".join(f"{n} is {observed[n]}" for n in down)
                             + ": every rank is replaced together and verified again")
-            return pulumi.dynamic.DiffResult(changes=True, replaces=["observed"], delete_before_replace=True)
-        # New ranks or SSH settings: stored in place (the containers follow their own inputs).
+            return replace
+        probed = self._probe(observed, olds, news)
+        if probed is not None and probed[1].state == "drift":
+            pulumi.log.warn(f"live ranks: every rank runs, but {probed[0]} {probed[1].seen}: every rank is "
+                            "replaced together and verified again")
+            return replace
+        if probed is not None and probed[1].state == "unknown":
+            pulumi.log.warn(f"live ranks: {probed[0]} {probed[1].seen}")
+        # New ranks, endpoint or SSH settings: stored in place (the containers follow their own inputs).
         return pulumi.dynamic.DiffResult(changes=bool(changed_inputs(INPUT_KEYS, olds, news)))
 
     def update(self, _id: str, _olds: dict[str, Any], news: dict[str, Any]) -> pulumi.dynamic.UpdateResult:
-        return pulumi.dynamic.UpdateResult(outs={**{k: news.get(k) for k in INPUT_KEYS}, "observed": {}})
+        return pulumi.dynamic.UpdateResult(outs=_outs(news))
 
     def read(self, id_: str, props: dict[str, Any]) -> pulumi.dynamic.ReadResult:
-        return pulumi.dynamic.ReadResult(id_=id_, outs={**props, "observed": self._observe(props)})
+        observed = self._observe(props)
+        probed = self._probe(observed, props, props)
+        seen = probed[1].seen if probed is not None else "not probed: not every rank runs"
+        return pulumi.dynamic.ReadResult(id_=id_, outs={**props, "observed": observed, "endpoint_observed": seen})
 
     def delete(self, _id: str, _props: dict[str, Any]) -> None:
         """Nothing exists outside the state."""
 
 
+def _outs(props: Mapping[str, Any]) -> dict[str, Any]:
+    return {**{k: props.get(k) for k in INPUT_KEYS}, "observed": {}, "endpoint_observed": None}
+
+
 class LiveRanks(pulumi.dynamic.Resource, module="drift", name="LiveRanks"):
-    """Replaced (and with it every rank) when a preview or up finds a rank container not running."""
+    """Replaced (and with it every rank) when a preview or up finds a rank container not running, or the
+    endpoint not answering with real logprobs."""
 
     observed: pulumi.Output[dict[str, str]]
     """Per node, its rank's container status as last read (by `pulumi refresh`)."""
+    endpoint_observed: pulumi.Output[str | None]
+    """What the endpoint answered the 1-token probe when last read (by `pulumi refresh`)."""
 
     def __init__(self, name: str, args: LiveRanksArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         props: dict[str, Any] = {
@@ -100,7 +167,11 @@ class LiveRanks(pulumi.dynamic.Resource, module="drift", name="LiveRanks"):
             "ssh_private_key": _secret_or_none(args.ssh_private_key),
             "ssh_agent_socket": args.ssh_agent_socket,
             "ssh_known_hosts_file": args.ssh_known_hosts_file,
+            "endpoint": args.endpoint,
+            "model": args.model,
+            "api_key": _secret_or_none(args.api_key),
             "observed": None,
+            "endpoint_observed": None,
         }
-        secret = pulumi.ResourceOptions(additional_secret_outputs=["ssh_private_key"])
+        secret = pulumi.ResourceOptions(additional_secret_outputs=list(SECRET_KEYS))
         super().__init__(LiveRanksProvider(), name, props, pulumi.ResourceOptions.merge(secret, opts))

@@ -141,7 +141,11 @@ class ServingCluster(pulumi.ComponentResource):
             ]),
             # A crashed rank must stay down: restarted alone it would block at rendezvous forever.
             restart="no",
-            must_run=True,
+            # Whether a rank runs is the gates' and LiveRanks' call, never the provider's: with must_run, older
+            # upstream providers delete a container that exits at once ("container exited immediately", vLLM's
+            # own error gone with it), the pinned one flips must_run in the state and on the next update starts
+            # that one rank alone. Kept as it is, the rendezvous gate shows its exit code and last lines.
+            must_run=False,
             stop_timeout=shape.stop_timeout_s,
             destroy_grace_seconds=shape.stop_timeout_s,
             log_opts={"max-size": "100m", "max-file": "3"},

@@ -121,6 +121,39 @@ def completion_request(model: str, *, stream: bool = False) -> dict[str, Any]:
     return body
 
 
+def drift_probe_request(model: str) -> dict[str, Any]:
+    """The recipe's request cut to one token: enough to prove every rank still computes real numbers."""
+    return {**completion_request(model), "max_tokens": 1}
+
+
+_METRIC_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\s+(\S+)")
+
+
+def engine_steps(metrics: str) -> float | None:
+    """vLLM's engine heartbeat from `/metrics`: engine steps so far (frozen while a rank is hung).
+
+    `vllm:iteration_tokens_total` is a histogram observed once per engine step, so its `_count` is
+    the step counter; without it, the prompt and generation token counters advance with every step.
+    """
+    steps: float | None = None
+    tokens: float | None = None
+    for line in metrics.splitlines():
+        m = _METRIC_LINE.match(line)
+        if m is None:
+            continue
+        try:
+            value = float(m.group(2))
+        except ValueError:
+            continue
+        if not math.isfinite(value):
+            continue
+        if m.group(1) == "vllm:iteration_tokens_total_count":
+            steps = (steps or 0.0) + value
+        elif m.group(1) in ("vllm:prompt_tokens_total", "vllm:generation_tokens_total"):
+            tokens = (tokens or 0.0) + value
+    return steps if steps is not None else tokens
+
+
 def decode_probe_request(model: str, prompt: str, max_tokens: int = DECODE_PROBE_MAX_TOKENS) -> dict[str, Any]:
     """A streamed request for measuring decode speed; sampling is left to the server's defaults."""
     return {

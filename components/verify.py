@@ -1,6 +1,6 @@
 """Prove the deployment computes: one real chat completion with finite logprobs (recipe step 5).
 
-Three ways in, one logic:
+Three ways in, one logic (and a fourth, smaller one: `probe_endpoint`, LiveRanks' 1-token drift probe):
 - `verify_endpoint(...)`: the HTTP exchange, bounded retries while the API starts, the
   dead-rank diagnosis, and the optional decode-speed probe;
 - `Verifier`: a `pulumi.dynamic` resource so `pulumi up` fails unless the endpoint verifies;
@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import re
+import socket
 import sys
 import threading
 import time
@@ -26,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from http.client import HTTPConnection, HTTPException, HTTPSConnection
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 import pulumi
@@ -43,6 +44,8 @@ from components.verdict import (
     completion_request,
     decode_probe_request,
     decode_sample,
+    drift_probe_request,
+    engine_steps,
     judge_answer,
     judge_completion,
     judge_error,
@@ -432,6 +435,102 @@ def measure_decode(
     return DecodeMeasurement(
         median_tokens_per_second=median_rate(samples), per_prompt=tuple(s.tokens_per_second for s in samples)
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Drift probe: is a verified endpoint still computing? (LiveRanks asks on every preview and up.)
+
+# After a probe timed out: how long between the two /metrics reads that tell busy from hung.
+BUSY_CHECK_GAP_S = 2.0
+# Reasons that say nothing about the ranks: the configured key or name, not the deployment, is wrong.
+_NOT_DRIFT = (Reason.UNAUTHORIZED,)
+
+
+ProbeState = Literal["healthy", "drift", "unknown"]
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One drift probe's finding: `healthy`, `drift` (replace every rank) or `unknown` (cannot tell)."""
+
+    state: ProbeState
+    seen: str
+
+
+def _engine_steps(endpoint: str, clock: Clock) -> float | None:
+    url = normalize_endpoint(endpoint)[: -len("/v1")] + "/metrics"
+    try:
+        reply = http_exchange("GET", url, deadline=clock() + HEALTH_TIMEOUT_S, clock=clock)
+    except (OSError, HTTPException, _Retryable, _DeadlineExceeded):
+        return None
+    return engine_steps(reply.body.decode("utf-8", errors="replace")) if reply.status == 200 else None
+
+
+def _accepts(endpoint: str) -> bool:
+    """A hung server still accepts TCP connections (the kernel's backlog); a dropped route does not."""
+    parts = urlsplit(endpoint)
+    try:
+        socket.create_connection((parts.hostname or "", parts.port or 80), timeout=HEALTH_TIMEOUT_S).close()
+    except OSError:
+        return False
+    return True
+
+
+def probe_worst_case_seconds(timeout_s: float) -> float:
+    """Upper bound of probe_endpoint's run time: the probe, two /metrics reads a gap apart, a TCP connect."""
+    return timeout_s + 3 * HEALTH_TIMEOUT_S + BUSY_CHECK_GAP_S
+
+
+def probe_endpoint(
+    endpoint: str,
+    model: str,
+    api_key: str | None = None,
+    *,
+    timeout_s: float,
+    clock: Clock = time.monotonic,
+    sleep: Sleep = time.sleep,
+) -> Probe:
+    """One 1-token completion with logprobs, judged by the verifier's rules; no retries.
+
+    Real finite logprobs: healthy. NaN, -inf, a bad answer, an error, connection refused, or no
+    answer within `timeout_s` while vLLM's engine steps stay frozen: drift. No answer while the
+    engine keeps stepping is a busy server, not drift; a network error or a refused key says
+    nothing about the ranks. Bounded by `probe_worst_case_seconds(timeout_s)`.
+    """
+    endpoint = normalize_endpoint(endpoint)
+
+    def found(state: ProbeState, seen: str) -> Probe:
+        return Probe(state, _redact(seen, api_key))
+
+    body = json.dumps(drift_probe_request(model)).encode()
+    try:
+        reply = http_exchange("POST", f"{endpoint}/chat/completions", body=body, headers=_headers(api_key),
+                              deadline=clock() + timeout_s, clock=clock)
+    except _Retryable as error:
+        return found("drift", f"refuses connections ({error}) while every rank container runs: the API is down")
+    except _DeadlineExceeded:
+        first = _engine_steps(endpoint, clock)
+        sleep(BUSY_CHECK_GAP_S)
+        second = _engine_steps(endpoint, clock)
+        if first is not None and second is not None and second > first:
+            return found("unknown", f"did not answer a 1-token request within {timeout_s:g} s, but the engine "
+                                    f"is stepping ({first:g} -> {second:g} steps): busy, not treated as drift")
+        if (first is None or second is None) and not _accepts(endpoint):
+            return found("unknown", f"cannot be reached (no TCP connection within {HEALTH_TIMEOUT_S:g} s): "
+                                    "nothing is known about the ranks")
+        engine = ("/metrics does not answer" if first is None or second is None
+                  else f"the engine's step counter stayed at {second:g}")
+        return found("drift", f"did not answer a 1-token request within {timeout_s:g} s and {engine}: "
+                              "a rank is dead or hung")
+    except HTTPException as error:
+        return found("drift", f"does not speak HTTP correctly ({error!r})")
+    except OSError as error:
+        return found("unknown", f"cannot be reached ({error}): nothing is known about the ranks")
+    verdict = judge_completion(reply.status, reply.headers, reply.body)
+    if isinstance(verdict, Failed):
+        return found("unknown" if verdict.reason in _NOT_DRIFT else "drift", f"{verdict.reason}: {verdict.message}")
+    pairs = ", ".join(f"{t.token!r} {t.logprob:.3f}" for t in verdict.logprobs)
+    return found("healthy", f"answers with real logprobs ({pairs})")
 
 
 class VerificationTimeout(Exception):

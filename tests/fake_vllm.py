@@ -50,6 +50,8 @@ class FakeVllm:
     health_status: int = 200
     models: Sequence[str] = ("fake-model",)
     port: int = 0
+    # What GET /metrics answers (called per request: a counter can advance); None: 404.
+    metrics: Callable[[], str] | None = None
     requests: list[Recorded] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -99,6 +101,8 @@ class FakeVllm:
                 elif self.path == "/v1/models":
                     data = [{"id": name, "object": "model"} for name in fake.models]
                     self._send(200, json.dumps({"object": "list", "data": data}).encode())
+                elif self.path == "/metrics" and fake.metrics is not None:
+                    self._send(200, fake.metrics().encode(), "text/plain; version=0.0.4")
                 else:
                     self._send(404, b'{"detail":"Not Found"}')
 

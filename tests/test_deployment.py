@@ -332,3 +332,10 @@ def test_every_node_checks_the_full_39_and_48_manifest_before_its_rank_starts(tw
         assert not missing, f"{node}: the visibility check skips {missing[:3]}"
         for i in wm.ENGRAM_SHARDS:
             assert wm.engram_shard_name(i) in check
+
+
+def test_live_ranks_probes_the_verified_endpoint_with_the_api_key_as_a_secret(two: recording.Recorded) -> None:
+    live, verifier = two.named("live-ranks"), two.named("verify")
+    assert (live.inputs["endpoint"], live.inputs["model"]) == (verifier.inputs["endpoint"], verifier.inputs["model"]), (
+        "the drift probe must ask the endpoint and model the verifier verified")
+    assert "api_key" in live.secret_paths(), "serve.apiKey reaches LiveRanks only as a secret, like the ssh key"

@@ -1,14 +1,18 @@
-"""LiveRanks: a rank found not running on a preview or up replaces every rank; a healthy one changes nothing."""
+"""LiveRanks: a rank found not running, or an endpoint without real logprobs, on a preview or up replaces every
+rank; a healthy deployment changes nothing."""
 
 from __future__ import annotations
 
+import json
+import time
 from typing import Any
 
 import pytest
 
-from components import live_ranks
+from components import live_ranks, verify
 from components.gates import GateRank
 from components.rank_watch import ContainerState, SourceError
+from tests.fake_vllm import NAN_STREAM_ERROR, FakeVllm, Reply, chat_body, free_port, good_items, logprob_item
 
 RANKS = [GateRank(rank=0, node="head", host="10.0.0.1", port=22, user="me", container="c-head"),
          GateRank(rank=1, node="worker", host="10.0.0.2", port=22, user="me", container="c-worker")]
@@ -63,3 +67,131 @@ def test_new_ssh_settings_update_in_place(world: dict[int, Any]) -> None:
     news = {**PROPS, "ssh_known_hosts_file": "/etc/ssh/known"}
     diff = live_ranks.LiveRanksProvider().diff("live-1", PROPS, news)
     assert diff.changes and not diff.replaces
+
+
+# ---------------------------------------------------------------------------------------------
+# Every rank runs, but does the endpoint still compute? One 1-token completion, the verifier's rules.
+
+MODEL = "fake-model"
+KEY = "sk-probe-secret-0123"
+
+
+def probed(fake: FakeVllm, key: str | None = None) -> dict[str, Any]:
+    return {**PROPS, "endpoint": fake.url, "model": MODEL, "api_key": key}
+
+
+@pytest.fixture
+def warnings(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    said: list[str] = []
+    monkeypatch.setattr(live_ranks.pulumi.log, "warn", lambda msg, *_a, **_k: said.append(str(msg)))
+    return said
+
+
+def test_a_healthy_endpoint_costs_one_tiny_completion_and_changes_nothing(world: dict[int, Any],
+                                                                           warnings: list[str]) -> None:
+    with FakeVllm(Reply(body=chat_body(good_items()).encode())) as fake:
+        props = probed(fake, KEY)
+        diff = live_ranks.LiveRanksProvider().diff("live-1", props, props)
+        sent = fake.completion_requests()
+    assert not diff.changes and not diff.replaces and not warnings, warnings
+    assert len(sent) == 1, "one probe per preview or up"
+    body = sent[0].body
+    assert (body["max_tokens"], body["temperature"], body["logprobs"], body["top_logprobs"]) == (1, 0, True, 1)
+    assert sent[0].headers.get("Authorization") == f"Bearer {KEY}"
+
+
+@pytest.mark.parametrize(("reply", "seen"), [
+    (Reply(status=400, body=json.dumps({"error": {"message": NAN_STREAM_ERROR, "type": "BadRequestError",
+                                                  "code": 400}}).encode()), "NaN"),
+    (Reply(body=chat_body([logprob_item("Paris", -9999.0)]).encode()), "-9999.0"),
+    (Reply(body=chat_body([logprob_item("Paris", None)]).encode()), "null"),
+    (Reply(status=500, body=b'{"error":{"message":"EngineCore encountered an issue"}}'), "HTTP 500"),
+])
+def test_an_endpoint_without_real_logprobs_replaces_every_rank(world: dict[int, Any], warnings: list[str],
+                                                               reply: Reply, seen: str) -> None:
+    with FakeVllm(reply) as fake:
+        props = probed(fake)
+        diff = live_ranks.LiveRanksProvider().diff("live-1", props, props)
+    assert diff.changes and diff.replaces == ["observed"], "the replacement is what replaces every rank"
+    assert any(seen in w and "every rank is replaced" in w for w in warnings), warnings
+
+
+def test_a_refused_connection_while_every_rank_runs_is_drift(world: dict[int, Any], warnings: list[str]) -> None:
+    props = {**PROPS, "endpoint": f"http://127.0.0.1:{free_port()}/v1", "model": MODEL, "api_key": None}
+    diff = live_ranks.LiveRanksProvider().diff("live-1", props, props)
+    assert diff.replaces == ["observed"] and any("refuses connections" in w for w in warnings), warnings
+
+
+@pytest.fixture
+def short_probe(monkeypatch: pytest.MonkeyPatch) -> float:
+    monkeypatch.setattr(live_ranks, "PROBE_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(verify, "BUSY_CHECK_GAP_S", 0.3)
+    return 0.5
+
+
+def test_a_hung_endpoint_with_a_frozen_engine_is_drift_within_the_bound(world: dict[int, Any], warnings: list[str],
+                                                                         short_probe: float) -> None:
+    frozen = 'vllm:iteration_tokens_total_count{engine="0"} 42.0\n'
+    with FakeVllm(Reply(hang_s=30), metrics=lambda: frozen) as fake:
+        props = probed(fake)
+        started = time.monotonic()
+        diff = live_ranks.LiveRanksProvider().diff("live-1", props, props)
+        took = time.monotonic() - started
+    assert diff.replaces == ["observed"], warnings
+    assert any("a rank is dead or hung" in w and "stayed at 42" in w for w in warnings), warnings
+    assert took < verify.probe_worst_case_seconds(short_probe), f"the probe must be bounded, took {took:.1f} s"
+
+
+def test_a_busy_engine_that_keeps_stepping_is_not_drift(world: dict[int, Any], warnings: list[str],
+                                                        short_probe: float) -> None:
+    steps = iter(range(100, 10_000, 7))
+    with FakeVllm(Reply(hang_s=30), metrics=lambda: f"vllm:iteration_tokens_total_count {next(steps)}\n") as fake:
+        props = probed(fake)
+        diff = live_ranks.LiveRanksProvider().diff("live-1", props, props)
+    assert not diff.replaces, "a serving deployment is never replaced on a guess"
+    assert any("busy, not treated as drift" in w for w in warnings), warnings
+
+
+def test_a_refused_key_is_reported_not_drift_and_never_shown(world: dict[int, Any], warnings: list[str]) -> None:
+    echo = json.dumps({"error": {"message": f"Unauthorized: bad key {KEY}", "code": 401}}).encode()
+    with FakeVllm(Reply(status=401, body=echo)) as fake:
+        props = probed(fake, KEY)
+        diff = live_ranks.LiveRanksProvider().diff("live-1", props, props)
+    assert not diff.replaces and warnings, warnings
+    assert not any(KEY in w for w in warnings), "the API key never reaches the output"
+
+
+def test_no_probe_when_a_rank_is_down(world: dict[int, Any], warnings: list[str]) -> None:
+    world[1] = ContainerState(status="exited", exit_code=1)
+    with FakeVllm(Reply(body=chat_body(good_items()).encode())) as fake:
+        props = probed(fake)
+        diff = live_ranks.LiveRanksProvider().diff("live-1", props, props)
+        assert diff.replaces == ["observed"] and not fake.completion_requests()
+
+
+def test_the_deployed_endpoint_is_probed_not_the_configured_one(world: dict[int, Any], warnings: list[str]) -> None:
+    with FakeVllm(Reply(body=chat_body(good_items()).encode())) as deployed:
+        olds = probed(deployed, KEY)
+        news = {**olds, "endpoint": f"http://127.0.0.1:{free_port()}/v1", "api_key": "sk-next"}
+        diff = live_ranks.LiveRanksProvider().diff("live-1", olds, news)
+        assert len(deployed.completion_requests()) == 1
+    assert not diff.replaces and diff.changes, "the new endpoint is stored in place; the containers follow"
+
+
+def test_refresh_reports_what_the_endpoint_answers(world: dict[int, Any]) -> None:
+    nan = json.dumps({"error": {"message": NAN_STREAM_ERROR, "code": 400}}).encode()
+    with FakeVllm(Reply(status=400, body=nan)) as fake:
+        read = live_ranks.LiveRanksProvider().read("live-1", probed(fake))
+    assert "NaN" in read.outs["endpoint_observed"], read.outs
+
+
+def test_no_answer_and_no_tcp_connection_is_unreachable_not_drift(world: dict[int, Any], warnings: list[str],
+                                                                  short_probe: float,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    with FakeVllm(Reply(hang_s=30)) as fake:  # no /metrics either
+        props = probed(fake)
+        hung = live_ranks.LiveRanksProvider().diff("live-1", props, props)
+        assert hung.replaces == ["observed"] and any("/metrics does not answer" in w for w in warnings), warnings
+        monkeypatch.setattr(verify, "_accepts", lambda _endpoint: False)  # a route that drops packets
+        dropped = live_ranks.LiveRanksProvider().diff("live-1", props, props)
+    assert not dropped.replaces and "cannot be reached" in warnings[-1], warnings

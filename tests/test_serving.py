@@ -87,6 +87,13 @@ def test_roce_devices_gpu_and_docker_run_shape() -> None:
         assert i["restart"] == "no", "a rank restarted alone would block at rendezvous forever"
 
 
+def test_a_rank_that_exits_at_once_is_kept_for_the_gates_to_read() -> None:
+    for c in run(nodes(2)).of_type(CONTAINER):
+        assert c.inputs.get("mustRun") is False, (
+            f"{c.name}: with must_run the docker provider deletes a container that exits at once, and vLLM's "
+            "own error (a bad flag) with it; kept, the rendezvous gate shows its exit code and last lines")
+
+
 def test_container_memlock_limit_comes_from_config() -> None:
     raw = {**nodes(2), "container": {"memlockBytes": 8_388_608}}
     for c in run(raw).of_type(CONTAINER):

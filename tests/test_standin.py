@@ -43,7 +43,7 @@ from components.rank_watch import (
     SystemClock,
 )
 from components.verdict import DECODE_PROBE_PROMPTS, VERIFY_PROMPT, Failed, Reason
-from components.verify import DecodeMeasurement, Passed, measure_decode, verify_endpoint
+from components.verify import DecodeMeasurement, Passed, measure_decode, probe_endpoint, verify_endpoint
 
 REPO = Path(__file__).resolve().parents[1]
 STANDIN_DIR = REPO / "sim" / "standin"
@@ -966,3 +966,24 @@ def test_the_rendered_chat_template_is_what_the_sim_image_carries() -> None:
     build = (REPO / "sim" / "image" / "build.sh").read_text()
     assert '"$ctx/opt/dsv41/chat_template.jinja"' in build
     assert (REPO / "sim" / "image" / "chat_template.jinja").is_file()
+
+
+def test_a_runtime_fault_file_breaks_a_verified_head_and_clearing_it_heals(launch: Callable[..., Cluster],
+                                                                           tmp_path: Path) -> None:
+    """What LiveRanks must catch: a deployment that verified, then answers NaN or hangs (SIM_FAULT_FILE)."""
+    switch = tmp_path / "fault"
+    cluster = launch(cluster_settings(extra_env={"SIM_FAULT_FILE": str(switch), "SIM_DECODE_TOKENS_PER_SECOND": "100"}))
+    run_gates(cluster)
+    assert isinstance(verify_endpoint(cluster.endpoint, cluster.model, timeout_s=10), Passed)
+    switch.write_text("nan-logits\n")
+    outcome = verify_endpoint(cluster.endpoint, cluster.model, timeout_s=10)
+    assert isinstance(outcome, Failed) and outcome.reason is Reason.NAN, outcome
+    assert probe_endpoint(cluster.endpoint, cluster.model, timeout_s=5).state == "drift"
+    switch.write_text("hang\n")
+    hung = verify_endpoint(cluster.endpoint, cluster.model, timeout_s=1.5)
+    assert isinstance(hung, Failed) and hung.reason is Reason.HUNG_RANK, hung
+    probe = probe_endpoint(cluster.endpoint, cluster.model, timeout_s=1)
+    assert probe.state == "drift" and "step counter stayed" in probe.seen, probe
+    switch.unlink()
+    assert isinstance(verify_endpoint(cluster.endpoint, cluster.model, timeout_s=10), Passed)
+    assert probe_endpoint(cluster.endpoint, cluster.model, timeout_s=5).state == "healthy"

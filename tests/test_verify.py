@@ -23,6 +23,8 @@ from components.verdict import (
     Verified,
     completion_request,
     decode_sample,
+    drift_probe_request,
+    engine_steps,
     judge_completion,
     sse_payloads,
 )
@@ -755,3 +757,25 @@ def test_verifier_resource_carries_the_warm_up_bound() -> None:
     inputs = verify.VerifierInputs.from_props(props)
     assert inputs.warmup_timeout_s == 300.0 and inputs.to_props()["warmup_timeout_s"] == 300.0
     assert verify.worst_case_seconds(120, 300, 0, 300) == 300 + 300 + 120 + verify.HEALTH_TIMEOUT_S
+
+
+def test_engine_steps_reads_vllms_step_histogram_count_over_every_engine() -> None:
+    metrics = "\n".join([
+        "# TYPE vllm:iteration_tokens_total histogram",
+        'vllm:iteration_tokens_total_bucket{engine="0",le="1.0"} 3.0',
+        'vllm:iteration_tokens_total_count{engine="0",model_name="m"} 120.0',
+        'vllm:iteration_tokens_total_count{engine="1",model_name="m"} 5.0',
+        'vllm:iteration_tokens_total_sum{engine="0",model_name="m"} 9000.0',
+        'vllm:generation_tokens_total{engine="0"} 77.0',
+    ])
+    assert engine_steps(metrics) == 125.0
+
+
+def test_engine_steps_falls_back_to_the_token_counters_and_is_none_without_either() -> None:
+    assert engine_steps('vllm:prompt_tokens_total 10\nvllm:generation_tokens_total{engine="0"} 4\n') == 14.0
+    assert engine_steps("# nothing\nprocess_cpu_seconds_total 3.5\n") is None
+
+
+def test_drift_probe_request_is_the_recipe_request_cut_to_one_token() -> None:
+    body = drift_probe_request("m")
+    assert body == {**completion_request("m"), "max_tokens": 1}

@@ -8,8 +8,8 @@ the verifier judges. The "model" is tiny and deterministic: its numbers come fro
 files' bytes, and for every token the head adds partial logits that each worker computes over
 the rendezvous connection, so a dead worker hangs completions exactly as a lost rank does.
 
-Environment knobs (see README.md): SIM_FAULT, SIM_LOAD_SECONDS, SIM_GRAPH_SECONDS, SIM_DECODE_TOKENS_PER_SECOND,
-SIM_RENDEZVOUS_TIMEOUT_S, and vLLM's own VLLM_API_KEY, VLLM_HOST_IP,
+Environment knobs (see README.md): SIM_FAULT, SIM_FAULT_FILE, SIM_LOAD_SECONDS, SIM_GRAPH_SECONDS,
+SIM_DECODE_TOKENS_PER_SECOND, SIM_RENDEZVOUS_TIMEOUT_S, and vLLM's own VLLM_API_KEY, VLLM_HOST_IP,
 VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS.
 """
 
@@ -48,6 +48,10 @@ EXIT_FAILURE = 1
 EXIT_SIGTERM = 143  # what docker reports for a process ended by SIGTERM
 CLAMPED_LOGPROB = -9999.0  # vLLM's max(x, -9999.0) at every output site
 FAULTS = ("nan-logits", "worker-exit-after-load", "rank-never-joins", "stall-after-load", "wrong-answer")
+# Faults a serving head takes on at run time, from SIM_FAULT_FILE: a verified deployment that breaks later.
+# `hang`: every model step blocks (completions never return, /health and /metrics still answer).
+RUNTIME_FAULTS = ("nan-logits", "wrong-answer", "hang")
+DEFAULT_FAULT_FILE = "/tmp/sim-fault"
 # vLLM's serving_chat.py refusal of a request with `tools` (tool_choice "auto" is the default then).
 AUTO_TOOL_CHOICE_MESSAGE = '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
 NAN_MESSAGE = "Out of range float values are not JSON compliant"
@@ -352,6 +356,7 @@ class SimEnv:
     execute_model_timeout_s: float = 300.0
     host_ip: str | None = None
     api_key: str | None = field(default=None, repr=False)
+    fault_file: str = DEFAULT_FAULT_FILE
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> SimEnv:
@@ -385,7 +390,17 @@ class SimEnv:
             ),
             host_ip=environ.get("VLLM_HOST_IP") or None,
             api_key=environ.get("VLLM_API_KEY") or None,
+            fault_file=environ.get("SIM_FAULT_FILE", "").strip() or DEFAULT_FAULT_FILE,
         )
+
+
+def runtime_fault(path: str) -> str | None:
+    """The fault named in the control file (re-read on every model step, like the hub's switch), if any."""
+    try:
+        name = Path(path).read_text().strip()
+    except OSError:
+        return None
+    return name if name in RUNTIME_FAULTS else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -989,11 +1004,17 @@ class Engine:
         self.steps = 0
         self.running = 0
 
+    def fault(self) -> str | None:
+        return runtime_fault(self.env.fault_file) or self.env.fault
+
     def logits(self, prompt: str, generated: Sequence[int]) -> list[float]:
         key = hashlib.sha256(json.dumps([prompt, list(generated)]).encode()).hexdigest()
-        nan = self.env.fault == "nan-logits"
-        total = structure(self.weights, prompt, generated, wrong=self.env.fault == "wrong-answer")
+        fault = self.fault()
+        nan = fault == "nan-logits"
+        total = structure(self.weights, prompt, generated, wrong=fault == "wrong-answer")
         with self._lock:  # one model step at a time, like the engine loop
+            while self.fault() == "hang":  # a hung step: the engine loop stops, the API server does not
+                time.sleep(0.2)
             if self.dead:
                 raise EngineDead()
             self._step_id += 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -215,10 +216,13 @@ def test_a_rank_stopped_after_a_verified_up_is_seen_and_the_next_up_restores_eve
               for n in deployed.sim["nodes"]}
     assert docker_on(worker["index"], "stop", "-t", "5", deployed.container(worker)).returncode == 0
 
-    deployed.preview()
+    preview = deployed.preview()
     for n in deployed.sim["nodes"]:
         assert "replace" in deployed.ops.get(f"serving-node-{n['index']}", set()), (
             f"the preview must show every rank replaced after one stopped: {deployed.ops}")
+    # With --diff the CLI writes warnings to stderr.
+    assert f"node-{worker['index']} is exited" in preview.stderr, (
+        f"the preview names the stopped rank:\n{preview.stderr}")
     assert "verify" in deployed.ops, deployed.ops
 
     assert_verified(deployed, deployed.up().outputs)
@@ -228,6 +232,72 @@ def test_a_rank_stopped_after_a_verified_up_is_seen_and_the_next_up_restores_eve
         assert status == "running" and new_id != before[n["index"]], (n, state)
     again = deployed.up()
     assert set(again.summary.resource_changes or {}) == {"same"}, "once restored, an up is a no-op again"
+
+
+def rank_ids(d: Deployment) -> dict[int, str]:
+    return {n["index"]: docker_on(n["index"], "inspect", "-f", "{{.Id}}", d.container(n)).stdout.strip()
+            for n in d.sim["nodes"]}
+
+
+# What LiveRanks' probe says about each runtime fault of the stand-in (sim/standin, SIM_FAULT_FILE).
+DRIFT_SEEN = {"nan-logits": "the model produced NaN", "hang": "a rank is dead or hung"}
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("fault", sorted(DRIFT_SEEN))
+def test_an_endpoint_that_stops_answering_with_real_logprobs_is_seen_and_the_next_up_restores_it(
+        deployed: Deployment, fault: str) -> None:
+    assert_verified(deployed, deployed.up().outputs)
+    before = rank_ids(deployed)
+    head = deployed.sim["nodes"][0]
+    # Every container keeps running; only the head's answers break (the stand-in re-reads this file every step).
+    switch = docker_on(head["index"], "exec", deployed.container(head), "sh", "-c", f"echo {fault} > /tmp/sim-fault")
+    assert switch.returncode == 0, switch.stderr
+
+    started = time.monotonic()
+    preview = deployed.preview()
+    detected_s = time.monotonic() - started
+    out = "\n".join(deployed.lines) + preview.stderr  # with --diff the CLI writes warnings to stderr
+    for n in deployed.sim["nodes"]:
+        assert "replace" in deployed.ops.get(f"serving-node-{n['index']}", set()), (
+            f"the preview must show every rank replaced when the endpoint {fault}s: {deployed.ops}\n{out}")
+    assert "verify" in deployed.ops, deployed.ops
+    assert DRIFT_SEEN[fault] in out, f"the preview must say what the probe saw:\n{out}"
+    print(f"\n[drift {fault}] preview that saw it: {detected_s:.1f} s")
+
+    # `pulumi refresh` reports it too (LiveRanks alone: the other resources' reads are not under test here).
+    live = next(r["urn"] for r in deployed.stack.export_stack().deployment["resources"]
+                if r["urn"].endswith("::live-ranks"))
+    deployed.stack.refresh(target=[live], on_output=lambda _line: None, color="never")
+    state = next(r for r in deployed.stack.export_stack().deployment["resources"] if r["urn"] == live)
+    assert DRIFT_SEEN[fault] in (state["outputs"].get("endpoint_observed") or ""), state["outputs"]
+
+    started = time.monotonic()
+    assert_verified(deployed, deployed.up().outputs)
+    print(f"[drift {fault}] up back to a verified endpoint: {time.monotonic() - started:.1f} s")
+    after = rank_ids(deployed)
+    assert all(after[i] != before[i] for i in before), f"every rank must be new: {before} -> {after}"
+    again = deployed.up()
+    assert set(again.summary.resource_changes or {}) == {"same"}, "once restored, an up is a no-op again"
+
+
+@pytest.mark.timeout(900)
+def test_a_rank_that_exits_at_once_shows_vllms_own_error_then_the_stack_recovers(deployed: Deployment) -> None:
+    healthy = deployed.config
+    cfg = json.loads(json.dumps(healthy))
+    cfg["serve"]["extraArgs"] = [*cfg["serve"]["extraArgs"], "--no-such-flag"]
+    deployed.write_config(cfg)
+    try:
+        message, _ = deployed.up_fails()
+        # Kept (must_run=False), the exited container's own log reaches the gate's message. (The pinned docker
+        # provider no longer deletes a must_run container that exits at once, so this guards, it does not
+        # tell must_run apart; test_serving pins the input.)
+        assert "vllm serve: error: unrecognized arguments: --no-such-flag" in message, message
+        assert "exit code 2" in message and "(node node-" in message, message
+        assert "container exited immediately" not in message, message
+    finally:
+        deployed.write_config(healthy)
+        assert_verified(deployed, deployed.up().outputs)
 
 
 WEATHER_TOOL = {"type": "function", "function": {
