@@ -144,7 +144,8 @@ def deploy(loaded: Loaded, stack: str) -> dict[str, Any]:
                 sample_interval_s=s.watchdog.sample_seconds,
                 consecutive_samples=s.watchdog.consecutive_samples,
                 restart_on=[serving.containers[n.name].id],
-                peers=[WatchdogPeer(node_name=m.name, host=m.host, port=m.port, user=m.user) for m in peers],
+                peers=[WatchdogPeer(node_name=m.name, host=m.host, port=m.port, user=m.user,
+                                    host_key=pins[m.name].key.line()) for m in peers],
                 peer_public_keys={m.name: keys[m.name].public_key for m in peers},
             ), opts=pulumi.ResourceOptions(depends_on=[serving.containers[n.name]]))
 

@@ -16,7 +16,8 @@ the node, the private key never leaves it). Every node's `~/.ssh/authorized_keys
 peers' public keys with a forced command (`restrict,command=...`): that key can do one thing
 only, run the node's peer-stop script, which logs who asked and stops this stack's serving
 container there. A tripped watchdog ssh-es to each peer (the SSH address of the stack config,
-BatchMode, a host key pinned on first use in its own known_hosts file) and so stops every rank
+BatchMode, and only the peer's host key the operator's machine pinned, written to the watchdog's own
+known_hosts file with StrictHostKeyChecking=yes) and so stops every rank
 of the group. The default floor (1.5 GiB) sits below what a healthy head reaches (about 4 GiB
 in normal serving, ~2.1 GiB at the end of a 601k prefill), as the upstream launcher's own guard.
 
@@ -65,10 +66,15 @@ class WatchdogPeer:
     host: str
     port: int = 22
     user: str
+    # The peer's SSH host key as the operator's machine pinned it (`type base64`): the watchdog trusts
+    # exactly that key, never a first use on the node.
+    host_key: str
 
     def __post_init__(self) -> None:
         if not _NODE_NAME.match(self.node_name):
             raise ValueError(f"watchdog peer node_name {self.node_name!r} must match [A-Za-z0-9][A-Za-z0-9._-]*")
+        if not re.fullmatch(r"(ssh|ecdsa|sk)-[A-Za-z0-9@.-]+ [A-Za-z0-9+/]+={0,3}", self.host_key):
+            raise ValueError(f"watchdog peer {self.node_name}: host_key {self.host_key!r} is not `type base64`")
         for what, value in (("host", self.host), ("user", self.user)):
             if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._:-]*", value):
                 raise ValueError(f"watchdog peer {self.node_name}: {what} {value!r} is not a plain host or user name")
@@ -155,6 +161,11 @@ class WatchdogSettings:
         return f"dsv41-exl3-watchdog:{self.container_name}"
 
 
+def known_hosts_text(peers: Sequence[WatchdogPeer]) -> str:
+    """The watchdog's known_hosts: each peer's pinned key under the name ssh looks up (`[host]:port` off 22)."""
+    return "".join(f"{p.host if p.port == 22 else f'[{p.host}]:{p.port}'} {p.host_key}\n" for p in peers)
+
+
 def _peer_lines(s: WatchdogSettings) -> str:
     """`stop_peers` body: one bounded ssh per peer; the peer's forced command does the stop."""
     lines = []
@@ -220,7 +231,7 @@ memory_holders() {{
 stop_peer() {{
   if [ ! -s "$KEY" ]; then say "cannot stop rank on $1: no watchdog key at $KEY"; return 0; fi
   if out=$(timeout "$STOP_TIMEOUT" $SSH -i "$KEY" -p "$4" -o BatchMode=yes -o IdentitiesOnly=yes \\
-      -o StrictHostKeyChecking=accept-new -o UserKnownHostsFile="$STATE_DIR/watchdog-known_hosts" \\
+      -o StrictHostKeyChecking=yes -o UserKnownHostsFile="$KNOWN_HOSTS" \\
       -o ConnectTimeout=10 "$2@$3" "stop-from $NODE" 2>&1); then
     say "peer $1 ($2@$3:$4): $(printf '%s' "$out" | tr '\\n' ' ')"
   else
@@ -231,6 +242,10 @@ stop_peers() {{
 {_peer_lines(s)}
 }}
 
+# The peers' host keys as the operator pinned them; rewritten on every start so a re-pinned key follows.
+KNOWN_HOSTS="$STATE_DIR/watchdog-known_hosts"
+cat > "$KNOWN_HOSTS" <<'DSV41_KNOWN_HOSTS'
+{known_hosts_text(s.peers)}DSV41_KNOWN_HOSTS
 echo $$ > "$PIDFILE"
 trap 'say "watchdog stopping (signal)"; rm -f "$PIDFILE"; exit 0' TERM INT HUP
 say "watchdog started pid=$$ floor_kib=$FLOOR_KIB samples=$SAMPLES interval_s=$INTERVAL meminfo=$MEMINFO"

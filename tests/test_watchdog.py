@@ -29,6 +29,7 @@ from components.watchdog import (
     render_watchdog_script,
 )
 from tests import recording
+from tests.conftest import fake_host_key
 
 GIB_KIB = 1024 * 1024
 FLOOR_KIB = 5 * GIB_KIB
@@ -326,8 +327,10 @@ def test_args_validate_at_program_time() -> None:
 
 # --- issue 10: a trip stops every rank and records the memory holders --------------------------------------
 
-PEERS = (WatchdogPeer(node_name="spark-a", host="10.0.0.1", port=2201, user="me"),
-         WatchdogPeer(node_name="spark-c", host="10.0.0.3", user="ops"))
+HOST_KEY_A = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHostKeyOfSparkA"
+HOST_KEY_C = "ecdsa-sha2-nistp256 AAAAE2VjZHNhLXNoYTItbmlzdHAyNTYHostKeyOfSparkC="
+PEERS = (WatchdogPeer(node_name="spark-a", host="10.0.0.1", port=2201, user="me", host_key=HOST_KEY_A),
+         WatchdogPeer(node_name="spark-c", host="10.0.0.3", user="ops", host_key=HOST_KEY_C))
 FAKE_SSH = ('#!/bin/sh\necho "$*" >> "$WD_TEST_DIR/ssh.calls"\n'
             '[ -z "${WD_SSH_FAIL:-}" ] || exit 255\necho "stopped rank"\n')
 PEER_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPeerKeyOfSparkA"
@@ -360,12 +363,19 @@ class TestStopsEveryRank:
         assert len(ssh_calls) == 2
         for call, (port, target) in zip(ssh_calls, (("2201", "me@10.0.0.1"), ("22", "ops@10.0.0.3")), strict=True):
             assert call.startswith(f"-i {key} -p {port} -o BatchMode=yes -o IdentitiesOnly=yes")
-            assert "StrictHostKeyChecking=accept-new" in call and "watchdog-known_hosts" in call
+            # Only the key the operator pinned: a node never trusts a peer's key on first use.
+            assert "StrictHostKeyChecking=yes" in call and "accept-new" not in call
+            assert f"UserKnownHostsFile={node['HOME']}/.local/state/dsv41-exl3-dev/watchdog-known_hosts" in call
             assert call.endswith(f"{target} stop-from spark-b")
         lines = log.splitlines()
         stopped = next(i for i, ln in enumerate(lines) if "stopped dsv41-rank1" in ln)
         peer_a = next(i for i, ln in enumerate(lines) if "peer spark-a (me@10.0.0.1:2201): stopped rank" in ln)
         assert stopped < peer_a and any("peer spark-c (ops@10.0.0.3:22): stopped rank" in ln for ln in lines)
+
+    def test_the_watchdog_trusts_exactly_the_peers_pinned_host_keys(self, node: dict[str, str]) -> None:
+        _trip(node)
+        known = Path(node["HOME"]) / ".local/state/dsv41-exl3-dev/watchdog-known_hosts"
+        assert known.read_text().splitlines() == [f"[10.0.0.1]:2201 {HOST_KEY_A}", f"10.0.0.3 {HOST_KEY_C}"]
 
     def test_a_trip_records_memavailable_and_the_top_memory_holders(self, node: dict[str, str]) -> None:
         _, _, log = _trip(node)
@@ -460,3 +470,5 @@ def test_deployment_gives_every_watchdog_the_other_ranks_and_their_keys() -> Non
             assert f"stop_peer spark-{j} me 10.0.0.{j + 1} 22" in create
             assert f"dsv41-exl3-watchdog:dsv41-exl3-dev-spark-{i}:from-spark-{j}" in create
         assert f"stop_peer spark-{i} " not in create, "a node does not ssh to itself"
+        pinned = [f"10.0.0.{j + 1} {fake_host_key(f'10.0.0.{j + 1}', 22).line()}" for j in {0, 1, 2, 3} - {i}]
+        assert all(line in create for line in pinned), "each peer's pinned host key, as the operator's machine saw it"
