@@ -32,8 +32,8 @@ from pulumi import automation as auto
 
 from bench import report
 from bench.report import SPECS
-from components import weights_manifest as wm
-from components.rank_watch import ReadySettings
+from components.gates.rank_watch import ReadySettings
+from components.weights import manifest as wm
 from sim import checkpoint, cluster
 from sim.deploy import Deployment, assert_verified, docker_on, new_deployment, program_env, remove_deployment
 

@@ -14,20 +14,21 @@ from typing import Any
 
 import pulumi
 
-from components import host_keys, serve_spec, stack_names
+from components import host_keys, stack_names
+from components.access.node_access import NodeAccess, NodeAccessArgs
+from components.access.stack_keys import StackKeys, StackKeysArgs
 from components.config import Loaded, Settings
-from components.gates import GateRank, ReadyGate, ReadyGateArgs, RendezvousGate, RendezvousGateArgs
-from components.image_check import checked_image_ids
-from components.live_ranks import LiveRanks, LiveRanksArgs
-from components.node_access import NodeAccess, NodeAccessArgs
-from components.node_image import NodeImage, NodeImageArgs
-from components.preflight import Preflight, PreflightArgs
-from components.serving import RankInputs, ServingCluster, ServingClusterArgs
+from components.gates.gates import GateRank, ReadyGate, ReadyGateArgs, RendezvousGate, RendezvousGateArgs
+from components.gates.live_ranks import LiveRanks, LiveRanksArgs
+from components.image.image_check import checked_image_ids
+from components.image.node_image import NodeImage, NodeImageArgs
+from components.preflight.preflight import Preflight, PreflightArgs
+from components.serving import spec as serve_spec
+from components.serving.serving import RankInputs, ServingCluster, ServingClusterArgs
 from components.ssh import KeyDirError, stack_dir
-from components.stack_keys import StackKeys, StackKeysArgs
-from components.verify import Verifier, VerifierArgs
-from components.watchdog import MemoryWatchdog, MemoryWatchdogArgs, WatchdogKey, WatchdogKeyArgs, WatchdogPeer
-from components.weight_store import WeightNode, WeightStore, WeightStoreArgs
+from components.verify.verifier import Verifier, VerifierArgs
+from components.watchdog.watchdog import MemoryWatchdog, MemoryWatchdogArgs, WatchdogKey, WatchdogKeyArgs, WatchdogPeer
+from components.weights.weight_store import WeightNode, WeightStore, WeightStoreArgs
 
 
 def _node_spec_hash(loaded: Loaded, generation: str, name: str) -> str:

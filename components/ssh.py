@@ -14,7 +14,7 @@ Two lifetimes:
   without exit handlers are removed by the next run.
 - per stack (`stack_dir` set: the docker providers): their stored `sshOpts` name the file, and destroy
   and refresh do not run the program, so the file stays under $XDG_STATE_HOME (survives a reboot)
-  until the stack is destroyed (`components/stack_keys.py` removes the directory).
+  until the stack is destroyed (`components/access/stack_keys.py` removes the directory).
 """
 
 from __future__ import annotations

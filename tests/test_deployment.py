@@ -12,10 +12,10 @@ import pulumi
 import pytest
 import yaml
 
-from components import serve_spec
-from components import weights_manifest as wm
 from components.config import parse
 from components.deployment import deploy
+from components.serving import spec as serve_spec
+from components.weights import manifest as wm
 from tests import recording
 from tests.conftest import fake_host_key
 from tests.test_config import two_sparks

@@ -16,8 +16,8 @@ import pytest
 from pulumi.dynamic.dynamic import serialize_provider
 from pulumi.runtime import rpc
 
-from components import gates
-from components.gates import (
+from components.gates import gates
+from components.gates.gates import (
     GateRank,
     ReadyGate,
     ReadyGateArgs,
@@ -26,7 +26,7 @@ from components.gates import (
     RendezvousGateArgs,
     RendezvousGateProvider,
 )
-from components.rank_watch import GateFailure
+from components.gates.rank_watch import GateFailure
 from tests import recording
 from tests.test_rank_watch import KEY, _canned, install_fake_ssh, serve_models
 
@@ -237,13 +237,13 @@ class TestReadyProvider:
 @pytest.mark.parametrize("provider", [RendezvousGateProvider(), ReadyGateProvider()])
 def test_providers_pickle_by_reference(provider: pulumi.dynamic.ResourceProvider) -> None:
     blob = base64.b64decode(serialize_provider(provider))
-    assert b"components.gates" in blob and len(blob) < 400, "pickled by value: the class body went into the state"
+    assert b"components.gates.gates" in blob and len(blob) < 400, "pickled by value: the class body went into the state"
     again = dill.loads(blob)
     assert type(again) is type(provider) and vars(again) == {}
 
 
 def test_module_imports_without_side_effects() -> None:
-    code = "import components.gates, components.rank_watch; print('ok')"
+    code = "import components.gates.gates, components.gates.rank_watch; print('ok')"
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
                           check=False)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr

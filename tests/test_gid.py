@@ -1,4 +1,4 @@
-"""The RoCE GID decision (components/gid.py) run with sh against fixture sysfs trees.
+"""The RoCE GID decision (components/preflight/gid.py) run with sh against fixture sysfs trees.
 
 Each tree under tests/fixtures/sysfs/<case>/class/infiniband/ is a small copy of what a GB10
 node shows: four HCAs (rocep1s0f0, rocep1s0f1, roceP2p1s0f0, roceP2p1s0f1), port states
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from components.gid import check_gid_wanted, check_hca_name, ipv4_mapped_gid, render_gid_check
+from components.preflight.gid import check_gid_wanted, check_hca_name, ipv4_mapped_gid, render_gid_check
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sysfs"
 FABRIC_IP = "192.168.100.1"

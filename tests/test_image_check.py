@@ -9,7 +9,7 @@ import pytest
 
 from components.config import parse
 from components.deployment import deploy
-from components.image_check import ImageMismatch, PulledImage, checked_image_ids, mismatch
+from components.image.image_check import ImageMismatch, PulledImage, checked_image_ids, mismatch
 from tests import recording
 from tests.test_deployment import CONTAINER, FIXTURES, config
 

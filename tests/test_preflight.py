@@ -22,8 +22,8 @@ import pulumi
 import pytest
 from pulumi_command import remote
 
-from components.preflight import Preflight, PreflightArgs
-from components.preflight_script import (
+from components.preflight.preflight import Preflight, PreflightArgs
+from components.preflight.spec import (
     INSPECT_FORMAT,
     PreflightSpec,
     format_report,

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from components import rank_watch as rw
-from components.rank_watch import (
+from components.gates import rank_watch as rw
+from components.gates.rank_watch import (
     ContainerState,
     GateFailure,
     LogLine,

@@ -8,8 +8,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from components import serve_spec
 from components.config import Settings, parse
+from components.serving import spec as serve_spec
 from tests.test_config import two_sparks
 
 

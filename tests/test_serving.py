@@ -6,9 +6,9 @@ from typing import Any
 
 import pulumi_docker as docker
 
-from components import serve_spec
 from components.config import Settings, parse
-from components.serving import RankInputs, ServingCluster, ServingClusterArgs
+from components.serving import spec as serve_spec
+from components.serving.serving import RankInputs, ServingCluster, ServingClusterArgs
 from tests import recording
 from tests.test_config import two_sparks
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from components.access.stack_keys import StackKeysProvider
 from components.ssh import (
     KeyDirError,
     SshTarget,
@@ -22,7 +23,6 @@ from components.ssh import (
     ssh_options,
     stack_dir,
 )
-from components.stack_keys import StackKeysProvider
 
 KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nAAAA\n-----END OPENSSH PRIVATE KEY-----"
 

@@ -29,9 +29,9 @@ from typing import Any
 
 import pytest
 
-from components import rank_watch, serve_spec
 from components.config import Settings, parse
-from components.rank_watch import (
+from components.gates import rank_watch
+from components.gates.rank_watch import (
     PHASES,
     ContainerState,
     GateFailure,
@@ -42,8 +42,9 @@ from components.rank_watch import (
     RendezvousSettings,
     SystemClock,
 )
-from components.verdict import DECODE_PROBE_PROMPTS, VERIFY_PROMPT, Failed, Reason
-from components.verify import DecodeMeasurement, Passed, measure_decode, probe_endpoint, verify_endpoint
+from components.serving import spec as serve_spec
+from components.verify.verdict import DECODE_PROBE_PROMPTS, VERIFY_PROMPT, Failed, Reason
+from components.verify.verifier import DecodeMeasurement, Passed, measure_decode, probe_endpoint, verify_endpoint
 
 REPO = Path(__file__).resolve().parents[1]
 STANDIN_DIR = REPO / "sim" / "standin"
@@ -79,7 +80,7 @@ def free_port() -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-# A tiny checkpoint in the layout components/weights_manifest.py stages
+# A tiny checkpoint in the layout components/weights/manifest.py stages
 
 
 def write_checkpoint(root: Path, salt: str = "") -> Path:

@@ -14,8 +14,8 @@ from typing import Any
 import dill
 import pytest
 
-from components import verify
-from components.verdict import (
+from components.verify import verifier as verify
+from components.verify.verdict import (
     DECODE_PROBE_PROMPTS,
     Failed,
     Reason,
@@ -28,7 +28,7 @@ from components.verdict import (
     judge_completion,
     sse_payloads,
 )
-from components.verify import (
+from components.verify.verifier import (
     Passed,
     VerificationFailed,
     VerificationTimeout,
@@ -541,16 +541,17 @@ def test_provider_pickles_by_reference_as_the_sdk_does() -> None:
     restored = dill.loads(raw)
     assert type(restored) is VerifierProvider, "the class must be the importable one, not a copy"
     # By reference: the module path is recorded, the code is not.
-    assert b"components.verify" in raw
+    assert b"components.verify.verifier" in raw
     assert b"verify_endpoint" not in raw and b"co_code" not in raw
     assert len(raw) < 500
 
 
 def test_module_imports_without_side_effects() -> None:
-    code = "import threading, components.verify as v; print(threading.active_count(), v.VerifierProvider.__module__)"
+    code = ("import threading, components.verify.verifier as v; "
+            "print(threading.active_count(), v.VerifierProvider.__module__)")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["1", "components.verify"] and done.stderr == ""
+    assert done.stdout.split() == ["1", "components.verify.verifier"] and done.stderr == ""
 
 
 def test_verifier_resource_registers_inputs_and_a_pickled_provider() -> None:

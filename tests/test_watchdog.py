@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from pulumi_command import remote
 
-from components.watchdog import (
+from components.watchdog.watchdog import (
     MemoryWatchdog,
     MemoryWatchdogArgs,
     WatchdogPeer,

@@ -22,8 +22,8 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
-from components import stage_weights as sw
-from components import weights_manifest as wm
+from components.weights import manifest as wm
+from components.weights import stage_weights as sw
 
 PYTHON = sys.executable  # the venv's python: stands for the staging container's python3
 SCRIPT = Path(wm.__file__).with_name("stage_weights.py")
@@ -665,7 +665,7 @@ def _mocked_program(share: str, *, workers: int = 1, token: str | None = TOKEN) 
     from pulumi.runtime import mocks
     from pulumi_command import remote
 
-    from components.weight_store import WeightNode, WeightStore, WeightStoreArgs
+    from components.weights.weight_store import WeightNode, WeightStore, WeightStoreArgs
 
     class Mocks(pulumi.runtime.Mocks):
         def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
@@ -805,7 +805,7 @@ def test_nfs_share_mounts_worker_volumes_with_options() -> None:
 def test_nfs_without_worker_docker_provider_is_rejected() -> None:
     from pulumi_command import remote
 
-    from components.weight_store import WeightNode, WeightStore, WeightStoreArgs
+    from components.weights.weight_store import WeightNode, WeightStore, WeightStoreArgs
 
     conn = remote.ConnectionArgs(host="127.0.0.1", user="u")
     args = WeightStoreArgs(head=WeightNode(name="h", connection=conn, fabric_ip="10.0.0.1"),

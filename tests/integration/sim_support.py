@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from components import weights_manifest as wm
+from components.weights import manifest as wm
 from sim import checkpoint, cluster
 
 REPO = Path(__file__).resolve().parents[2]

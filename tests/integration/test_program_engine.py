@@ -14,7 +14,7 @@ import pulumi
 import pytest
 from pulumi import automation as auto
 
-from components.verify import Verifier, VerifierArgs
+from components.verify.verifier import Verifier, VerifierArgs
 from tests.fake_vllm import FakeVllm, Reply, chat_body, good_items, with_literal
 
 pytestmark = pytest.mark.engine

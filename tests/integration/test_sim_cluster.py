@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 from sim_support import STEP_TIMEOUT, on_node, stage_on_head
 
-from components import weights_manifest as wm
+from components.weights import manifest as wm
 from sim import checkpoint, cluster, hub
 
 REPO = Path(__file__).resolve().parents[2]
@@ -132,7 +132,8 @@ def test_staging_script_verifies_every_file_against_the_hub_stand_in(local_hub: 
     url, _ = local_hub
     plan = wm.staging_plan(model_repo=MODEL_REPO, engram_repo=BASE_REPO, revision="main")
     root = tmp_path / "root"
-    proc = subprocess.run([sys.executable, str(REPO / "components" / "stage_weights.py"), "--plan", json.dumps(plan),
+    script = REPO / "components" / "weights" / "stage_weights.py"
+    proc = subprocess.run([sys.executable, str(script), "--plan", json.dumps(plan),
                            "--dest-root", str(root), "--host-root", str(root)],
                           env=client_env(url, tmp_path / "hf-home"), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from components.stage_weights import MANIFEST_MARKER
+from components.weights.stage_weights import MANIFEST_MARKER
 
 MODEL_DIR = "model"
 ENGRAM_DIR = "engram-src"

@@ -7,7 +7,7 @@ Three ways in, one logic (and a fourth, smaller one: `probe_endpoint`, LiveRanks
   it re-verifies whenever a serving container is replaced (`rerun_on`);
 - `python -m components.verify --endpoint URL --model NAME`: the operator's one-line check.
 
-Judging the answer itself is pure and lives in `components.verdict`. This module creates no
+Judging the answer itself is pure and lives in `components.verify.verdict`. This module creates no
 resources at import: Pulumi pickles the provider class by reference and re-imports this module
 in the provider process.
 """
@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 import pulumi
 import pulumi.dynamic
 
-from components.verdict import (
+from components.verify.verdict import (
     DECODE_PROBE_MAX_TOKENS,
     DECODE_PROBE_PROMPTS,
     DecodeSample,
@@ -855,7 +855,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILED
     print(_format_passed(endpoint, options.model, outcome))
     return EXIT_VERIFIED
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """Preflight: one node is fit to take this stack's serving container, checked on the node itself.
 
-One remote.Command per node runs the script from components/preflight_script.py over SSH.
+One remote.Command per node runs the script from components/preflight/spec.py over SSH.
 It runs when the lead's triggers change (exactly when the node's container is created or
 replaced), refuses on the node with every problem named, and otherwise reports the
 measured MemAvailable and the RoCE v2 GID index the container's NCCL env must use.
@@ -14,7 +14,7 @@ from typing import Literal
 import pulumi
 from pulumi_command import remote
 
-from components.preflight_script import (
+from components.preflight.spec import (
     PreflightResult,
     PreflightSpec,
     format_report,

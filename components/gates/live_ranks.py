@@ -30,9 +30,9 @@ from typing import Any
 import pulumi
 import pulumi.dynamic
 
-from components.gates import GateRank, _ranks_from_prop, _secret_or_none, _source, _unwrap_secret, changed_inputs
-from components.rank_watch import ContainerState, SourceError
-from components.verify import (
+from components.gates.gates import GateRank, _ranks_from_prop, _secret_or_none, _source, _unwrap_secret, changed_inputs
+from components.gates.rank_watch import ContainerState, SourceError
+from components.verify.verifier import (
     GUARD_MARGIN_S,
     Probe,
     VerificationTimeout,

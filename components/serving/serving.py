@@ -13,8 +13,8 @@ from typing import Literal
 import pulumi
 import pulumi_docker as docker
 
-from components import serve_spec
 from components.config import Node, Settings
+from components.serving import spec as serve_spec
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,6 +1,6 @@
 """The rendezvous gate and the ready gate: Pulumi dynamic resources that block `pulumi up`.
 
-The logic lives in `components/rank_watch.py`; this module only turns resource properties into
+The logic lives in `components/gates/rank_watch.py`; this module only turns resource properties into
 its inputs and its results into outputs. It must import without side effects and create no
 resources at import: Pulumi pickles the provider classes by reference and re-imports this
 module in the provider process. Providers hold no sessions or clients as attributes.
@@ -21,7 +21,7 @@ import pulumi
 import pulumi.dynamic
 from pulumi.runtime import rpc
 
-from components.rank_watch import (
+from components.gates.rank_watch import (
     ModelsEndpoint,
     RankSpec,
     ReadySettings,

@@ -2,7 +2,7 @@
 
 Self-contained on purpose (stdlib + huggingface_hub only): the program ships this file's text to the
 node and runs it with the image's python3. The plan (which repos, which files, which count rules)
-comes as JSON from `components/weights_manifest.py`; this script only enforces it.
+comes as JSON from `components/weights/manifest.py`; this script only enforces it.
 
 Per repo: resolve the revision to its commit, list the files at that commit with their sizes and
 content ids (the LFS sha256 of large files, the git blob id of small ones), select the planned ones

@@ -16,7 +16,7 @@ import pulumi
 import pulumi_docker as docker
 from pulumi_command import remote
 
-from components import weights_manifest as wm
+from components.weights import manifest as wm
 
 
 @dataclass(frozen=True, kw_only=True)

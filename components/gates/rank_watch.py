@@ -1,6 +1,6 @@
 """Watching the serving ranks from the operator's machine: pure gate logic plus the real SSH source.
 
-No Pulumi resources here. The gates in `components/gates.py` wrap `wait_for_rendezvous` and
+No Pulumi resources here. The gates in `components/gates/gates.py` wrap `wait_for_rendezvous` and
 `wait_for_ready`; tests drive the same functions with a fake `RankSource` and a fake `Clock`.
 
 vLLM's wording changes between releases and the recipe image runs a patched vLLM, so every

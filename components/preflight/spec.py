@@ -2,7 +2,7 @@
 
 Pure logic: no resources. Every pass/fail decision is made by the script ON THE NODE, so a
 refusal exits non-zero and the remote command records nothing (the next `up` checks
-again); see components/gid.py for why the GID decision lives there too. The program only
+again); see components/preflight/gid.py for why the GID decision lives there too. The program only
 parses the one JSON line the script prints on success.
 
 What the script does, in order (all problems are reported together, not the first only):
@@ -32,8 +32,8 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from components import serve_spec
-from components.gid import GidWanted, check_gid_wanted, check_hca_name, ipv4_mapped_gid, render_gid_check
+from components.preflight.gid import GidWanted, check_gid_wanted, check_hca_name, ipv4_mapped_gid, render_gid_check
+from components.serving import spec as serve_spec
 
 STACK_LABEL_KEY = serve_spec.STACK_LABEL
 CONFIG_LABEL_KEY = serve_spec.CONFIG_LABEL
