@@ -14,7 +14,7 @@ from typing import Any
 
 import pulumi
 
-from components import host_keys, stack_names
+from components import host_keys, labels
 from components.access.node_access import NodeAccess, NodeAccessArgs
 from components.access.stack_keys import StackKeys, StackKeysArgs
 from components.config import Loaded, Settings
@@ -44,7 +44,7 @@ def deploy(loaded: Loaded, stack: str) -> dict[str, Any]:
     # Everything this stack names on a node (export file, staging/check containers, watchdog files) carries
     # it, so two stacks on one head never collide. The rank containers keep their names (renaming would
     # replace running ranks): they were already per stack.
-    prefix = stack_names.stack_prefix(pulumi.get_project(), stack)
+    prefix = labels.stack_prefix(pulumi.get_project(), stack)
     generation = serve_spec.cluster_generation(s)
     pins, keys_dir = pin_nodes(s, stack)
     stack_keys = StackKeys("stack-keys", StackKeysArgs(directory=str(keys_dir)))
@@ -104,7 +104,7 @@ def deploy(loaded: Loaded, stack: str) -> dict[str, Any]:
     # What runs now: a rank found not running, or an endpoint without real logprobs, on a later preview or up
     # replaces every rank (issue: drift).
     live = LiveRanks("live-ranks", LiveRanksArgs(
-        ranks=gate_ranks(s, {n.name: serve_spec.container_name(stack, n) for n in s.nodes}),
+        ranks=gate_ranks(s, {n.name: labels.container_name(stack, n.name) for n in s.nodes}),
         ssh_private_key=_private_key(s), ssh_agent_socket=s.ssh.agent_socket,
         ssh_known_hosts_file=s.ssh.known_hosts_file,
         endpoint=endpoint_of(s), model=s.serve.served_model_name, api_key=_api_key(s)))

@@ -12,6 +12,7 @@ import pulumi
 import pytest
 import yaml
 
+from components import labels
 from components.config import parse
 from components.deployment import deploy
 from components.serving import spec as serve_spec
@@ -238,7 +239,7 @@ def test_every_rank_is_replaced_together_when_live_ranks_finds_one_down(two: rec
         assert c.replacement_trigger == "live-ranks-id", (
             f"{c.name} must be replaced whenever LiveRanks is (a rank found not running)")
     assert [r["container"] for r in live.inputs["ranks"]] == [
-        serve_spec.container_name("dev", n) for n in parse(config()).settings.nodes]
+        labels.container_name("dev", n.name) for n in parse(config()).settings.nodes]
     assert "ssh_private_key" in live.secret_paths()
 
 

@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from components import labels
 from components.config import Settings, parse
 from components.serving import spec as serve_spec
 from tests.test_config import two_sparks
@@ -115,7 +116,7 @@ def test_rotating_the_api_key_is_a_new_generation_but_nothing_rendered_reveals_i
     assert len(a) == 16 and a != serve_spec.cluster_generation(settings())
     # The key reaches the container by environment only: never argv, labels or the generation's inputs.
     rendered = json.dumps([serve_spec.rank_command(s, r) for r in (0, 1)]
-                          + [serve_spec.labels("dev", a, a, 0), serve_spec.node_env(s, s.head, 3)])
+                          + [labels.container_labels("dev", a, a, 0), serve_spec.node_env(s, s.head, 3)])
     assert key not in rendered
 
 

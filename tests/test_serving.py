@@ -7,6 +7,7 @@ from typing import Any
 import pulumi_docker as docker
 
 from components.config import Settings, parse
+from components.labels import CONFIG_LABEL, GENERATION_LABEL, RANK_LABEL, STACK_LABEL
 from components.serving import spec as serve_spec
 from components.serving.serving import RankInputs, ServingCluster, ServingClusterArgs
 from tests import recording
@@ -134,9 +135,9 @@ def test_all_ranks_carry_the_same_generation_label() -> None:
     labels = [
         {x["label"]: x["value"] for x in c.inputs["labels"]} for c in rec.of_type(CONTAINER)
     ]
-    assert labels[0][serve_spec.GENERATION_LABEL] == labels[1][serve_spec.GENERATION_LABEL]
-    assert labels[0][serve_spec.GENERATION_LABEL] == rec.outputs["generation"]
-    assert {lab[serve_spec.RANK_LABEL] for lab in labels} == {"0", "1"}
+    assert labels[0][GENERATION_LABEL] == labels[1][GENERATION_LABEL]
+    assert labels[0][GENERATION_LABEL] == rec.outputs["generation"]
+    assert {lab[RANK_LABEL] for lab in labels} == {"0", "1"}
 
 
 def test_a_gid_resolved_differently_on_one_node_changes_every_ranks_generation() -> None:
@@ -178,5 +179,5 @@ def test_head_and_worker_containers_render_the_launchers_command_env_and_labels(
         assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
         assert env["VLLM_ENGINE_READY_TIMEOUT_S"] == str(serve_spec.engine_ready_timeout_s(s))
         labels = {x["label"]: x["value"] for x in c.inputs["labels"]}
-        assert labels[serve_spec.RANK_LABEL] == str(rank) and labels[serve_spec.STACK_LABEL] == "dev"
-        assert labels[serve_spec.CONFIG_LABEL] == "g1"
+        assert labels[RANK_LABEL] == str(rank) and labels[STACK_LABEL] == "dev"
+        assert labels[CONFIG_LABEL] == "g1"

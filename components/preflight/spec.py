@@ -32,11 +32,11 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
+from components import labels
 from components.preflight.gid import GidWanted, check_gid_wanted, check_hca_name, ipv4_mapped_gid, render_gid_check
-from components.serving import spec as serve_spec
 
-STACK_LABEL_KEY = serve_spec.STACK_LABEL
-CONFIG_LABEL_KEY = serve_spec.CONFIG_LABEL
+STACK_LABEL_KEY = labels.STACK_LABEL
+CONFIG_LABEL_KEY = labels.CONFIG_LABEL
 MEMINFO_ENV = "DSV41_MEMINFO"
 DEV_ROOT_ENV = "DSV41_DEV_ROOT"
 

@@ -13,6 +13,7 @@ from typing import Literal
 import pulumi
 import pulumi_docker as docker
 
+from components import labels
 from components.config import Node, Settings
 from components.serving import spec as serve_spec
 
@@ -93,12 +94,12 @@ class ServingCluster(pulumi.ComponentResource):
         after: list[docker.Container],
     ) -> docker.Container:
         s, node, shape = args.settings, r.node, serve_spec.DOCKER_RUN
-        cname = serve_spec.container_name(args.stack, node)
+        cname = labels.container_name(args.stack, node.name)
         caches = [
             docker.Volume(
                 f"{name}-{node.name}-{cache}-cache",
                 name=f"{cname}-{cache}-cache",
-                labels=[docker.VolumeLabelArgs(label=serve_spec.STACK_LABEL, value=args.stack)],
+                labels=[docker.VolumeLabelArgs(label=labels.STACK_LABEL, value=args.stack)],
                 opts=pulumi.ResourceOptions(parent=self, provider=r.provider),
             )
             for cache in serve_spec.CACHE_VOLUMES
@@ -137,7 +138,7 @@ class ServingCluster(pulumi.ComponentResource):
             mounts=mounts,
             labels=generation.apply(lambda g: [
                 docker.ContainerLabelArgs(label=k, value=v)
-                for k, v in serve_spec.labels(args.stack, args.generation, g, rank).items()
+                for k, v in labels.container_labels(args.stack, args.generation, g, rank).items()
             ]),
             # A crashed rank must stay down: restarted alone it would block at rendezvous forever.
             restart="no",

@@ -13,13 +13,6 @@ from dataclasses import dataclass
 
 from components.config import LONG_PREFILL_HEADROOM_TOKENS, Node, Settings
 
-STACK_LABEL = "dsv41-exl3.stack"
-GENERATION_LABEL = "dsv41-exl3.generation"
-# The config-only part of the generation: known before anything runs, so the preflight can tell
-# "this node already serves what the update asks for" from "this node is about to be replaced".
-CONFIG_LABEL = "dsv41-exl3.config"
-RANK_LABEL = "dsv41-exl3.rank"
-
 MODEL_MOUNT = "/model"
 ENGRAM_MOUNT = "/engram-src"
 # JIT caches survive restarts: they save the JIT part of a 20-25 minute cold boot.
@@ -242,13 +235,6 @@ def runtime_generation(config_generation: str, per_node: list[object]) -> str:
         :16
     ]
 
-
-def container_name(stack: str, node: Node) -> str:
-    return f"dsv41-exl3-{stack}-{node.name}"
-
-
-def labels(stack: str, config_generation: str, generation: str, rank: int) -> dict[str, str]:
-    return {STACK_LABEL: stack, CONFIG_LABEL: config_generation, GENERATION_LABEL: generation, RANK_LABEL: str(rank)}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -8,7 +8,7 @@ processes held the memory (the top of the process list by RSS, and MemAvailable)
 tensor-parallel group with one rank gone hangs forever while `/health` says 200. Everything
 goes to `~/.local/state/<stack prefix>/watchdog.log` (and syslog through `logger -t
 dsv41-exl3-watchdog` when available). Every file lives in directories named by the stack's prefix
-(`stack_names.stack_prefix`, e.g. `~/.local/share/dsv41-exl3-dev/`), so two stacks on one node keep
+(`labels.stack_prefix`, e.g. `~/.local/share/dsv41-exl3-dev/`), so two stacks on one node keep
 their own script, pidfile, key and log and never stop or delete each other's.
 
 Stopping the other ranks: each node has its own watchdog key pair (`WatchdogKey`, generated on
@@ -89,7 +89,7 @@ class WatchdogSettings:
     node_name: str
     container_name: str
     stack_prefix: str
-    """Names this stack's directories on the node (`stack_names.stack_prefix`)."""
+    """Names this stack's directories on the node (`labels.stack_prefix`)."""
     floor_gib: float = DEFAULT_FLOOR_GIB
     sample_interval_s: int = 5
     consecutive_samples: int = 3
@@ -105,7 +105,7 @@ class WatchdogSettings:
                              "(it names the watchdog's files)")
         if not _STACK_PREFIX.match(self.stack_prefix):
             raise ValueError(f"watchdog stack_prefix {self.stack_prefix!r} on {self.node_name} is not a safe directory "
-                             "name; derive it with components.stack_names.stack_prefix")
+                             "name; derive it with components.labels.stack_prefix")
         if not _CONTAINER_NAME.match(self.container_name):
             raise ValueError(f"watchdog container_name {self.container_name!r} on {self.node_name} is not a valid "
                              "docker container name ([a-zA-Z0-9][a-zA-Z0-9_.-]*)")

@@ -6,7 +6,7 @@
 - the visibility check run from each node's side,
 - parsing the staging output back into a manifest.
 
-Everything named on a node carries the stack's prefix (`stack_names.stack_prefix`): two stacks on one
+Everything named on a node carries the stack's prefix (`labels.stack_prefix`): two stacks on one
 head keep their own export file and containers, and an export change touches only this stack's entries
 (`exportfs -o` / `exportfs -u`, never `exportfs -ra`, which would re-sync every export on the host).
 """
@@ -49,7 +49,7 @@ _PREFIX = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,39}$")
 def _checked_prefix(stack_prefix: str) -> str:
     if not _PREFIX.match(stack_prefix):
         raise ValueError(f"stack_prefix={stack_prefix!r} is not a safe node-side name; "
-                         "derive it with components.stack_names.stack_prefix")
+                         "derive it with components.labels.stack_prefix")
     return stack_prefix
 
 

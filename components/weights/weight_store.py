@@ -51,7 +51,7 @@ class WeightStoreArgs:
     """Mirror or hub stand-in (HF_ENDPOINT)."""
     stage_timeout_s: int
     stack_prefix: str
-    """This stack's names on the nodes (`stack_names.stack_prefix`): export file, staging and check containers."""
+    """This stack's names on the nodes (`labels.stack_prefix`): export file, staging and check containers."""
     check_timeout_s: int = 600
 
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from components.stack_names import MAX_PREFIX, stack_prefix
+from components.labels import MAX_PREFIX, stack_prefix
 
 
 def test_a_safe_project_and_stack_give_the_plain_name() -> None:

@@ -1,4 +1,7 @@
-"""Per-stack names on the nodes: pure logic, no resources.
+"""Names and labels every layer agrees on: pure logic, no resources.
+
+The rank containers' names and docker labels (the preflight reads them to tell this stack's ranks from
+others'; serving sets them), and the per-stack prefix of everything else named on a node.
 
 Two stacks deployed to the same head (or the same worker) must not share an export file, a staging or
 check container, or the watchdog's files: each would overwrite, stop or delete the other's. Everything a
@@ -13,6 +16,13 @@ import re
 
 # Room for the suffixes the layers add (`-stage-weights`, `.exports`) inside docker's and a file name's limits.
 MAX_PREFIX = 40
+
+STACK_LABEL = "dsv41-exl3.stack"
+GENERATION_LABEL = "dsv41-exl3.generation"
+# The config-only part of the generation: known before anything runs, so the preflight can tell
+# "this node already serves what the update asks for" from "this node is about to be replaced".
+CONFIG_LABEL = "dsv41-exl3.config"
+RANK_LABEL = "dsv41-exl3.rank"
 _SAFE = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 
 
@@ -28,3 +38,12 @@ def stack_prefix(project: str, stack: str) -> str:
     safe = re.sub(r"[^a-z0-9_.-]+", "-", raw.lower()).strip("-._") or "stack"
     digest = hashlib.sha256(raw.encode()).hexdigest()[:8]
     return f"{safe[:MAX_PREFIX - 9].rstrip('-._')}-{digest}"
+
+
+def container_name(stack: str, node_name: str) -> str:
+    """A rank's container (named before stack prefixes existed; renaming would replace running ranks)."""
+    return f"dsv41-exl3-{stack}-{node_name}"
+
+
+def container_labels(stack: str, config_generation: str, generation: str, rank: int) -> dict[str, str]:
+    return {STACK_LABEL: stack, CONFIG_LABEL: config_generation, GENERATION_LABEL: generation, RANK_LABEL: str(rank)}
