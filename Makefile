@@ -47,6 +47,8 @@ env:
 
 lint: venv
 	$(VENV)/bin/ruff check .
+	@scripts=$$(find components -name '*.sh' | sort); echo "shellcheck $$(echo $$scripts | wc -w) node scripts"; \
+	  [ -z "$$scripts" ] || $(VENV)/bin/shellcheck --shell=sh --severity=style $$scripts
 
 typecheck: venv
 	$(VENV)/bin/mypy
