@@ -3,7 +3,7 @@
 import pulumi
 
 from components.config import ConfigError, from_stack
-from components.deployment import deploy
+from components.deployment import Deployment
 
 try:
     loaded = from_stack()
@@ -11,5 +11,6 @@ except ConfigError as err:
     # Before any resource or connection: the whole list, no traceback.
     raise pulumi.RunError(str(err)) from None
 
-for key, value in deploy(loaded, pulumi.get_stack()).items():
+deployment = Deployment("deployment", loaded, pulumi.get_stack())
+for key, value in deployment.outputs.items():
     pulumi.export(key, value)

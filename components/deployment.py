@@ -36,8 +36,35 @@ def _node_spec_hash(loaded: Loaded, generation: str, name: str) -> str:
     return hashlib.sha256(json.dumps([generation, node.model_dump(mode="json")]).encode()).hexdigest()[:16]
 
 
+class Deployment(pulumi.ComponentResource):
+    """The whole deployment as one resource: `pulumi stack` shows every layer under it."""
+
+    outputs: dict[str, Any]
+    """The stack outputs (endpoint, model, containers, generation, verification)."""
+
+    def __init__(self, name: str, loaded: Loaded, stack: str, opts: pulumi.ResourceOptions | None = None) -> None:
+        # Host keys first: a refused key ends the run before anything, this component included, registers.
+        pins, keys_dir = pin_nodes(loaded.settings, stack)
+        super().__init__("dsv41-exl3:index:Deployment", name, None, opts)
+        self.outputs = _wire(loaded, stack, pins=pins, keys_dir=keys_dir, root=self)
+        self.register_outputs(self.outputs)
+
+
 def deploy(loaded: Loaded, stack: str) -> dict[str, Any]:
-    """Build every layer; return the stack outputs."""
+    """Build every layer under one Deployment; return the stack outputs."""
+    return Deployment("deployment", loaded, stack).outputs
+
+
+def under(root: pulumi.Resource, opts: pulumi.ResourceOptions | None = None) -> pulumi.ResourceOptions:
+    """A layer under the root Deployment. Stacks deployed before it existed hung every layer off the stack:
+    the alias keeps those resources (and, inherited, all their children) instead of replacing them."""
+    return pulumi.ResourceOptions.merge(
+        pulumi.ResourceOptions(parent=root, aliases=[pulumi.Alias(parent=pulumi.ROOT_STACK_RESOURCE)]), opts)
+
+
+def _wire(loaded: Loaded, stack: str, *, pins: Mapping[str, host_keys.Pin], keys_dir: str,
+          root: pulumi.Resource) -> dict[str, Any]:
+    """Build every layer under `root`; return the stack outputs."""
     s = loaded.settings
     for warning in loaded.warnings:
         pulumi.log.warn(warning)
@@ -46,15 +73,15 @@ def deploy(loaded: Loaded, stack: str) -> dict[str, Any]:
     # replace running ranks): they were already per stack.
     prefix = labels.stack_prefix(pulumi.get_project(), stack)
     generation = serve_spec.cluster_generation(s)
-    pins, keys_dir = pin_nodes(s, stack)
-    stack_keys = StackKeys("stack-keys", StackKeysArgs(directory=str(keys_dir)))
+    stack_keys = StackKeys("stack-keys", StackKeysArgs(directory=str(keys_dir)), opts=under(root))
     access = {n.name: NodeAccess(f"access-{n.name}", NodeAccessArgs(
-        node=n, ssh=s.ssh, host_key=pins[n.name].key.line(), stack_dir=str(keys_dir), stack_keys=stack_keys))
+        node=n, ssh=s.ssh, host_key=pins[n.name].key.line(), stack_dir=str(keys_dir), stack_keys=stack_keys),
+        opts=under(root))
         for n in s.nodes}
     images = {
         n.name: NodeImage(f"image-{n.name}", NodeImageArgs(
             image=s.image, provider=access[n.name].docker_provider,
-            pull_timeout_minutes=s.image_pull_timeout_minutes))
+            pull_timeout_minutes=s.image_pull_timeout_minutes), opts=under(root))
         for n in s.nodes
     }
     preflights = {
@@ -74,7 +101,7 @@ def deploy(loaded: Loaded, stack: str) -> dict[str, Any]:
             generation=generation,
             # Re-run exactly when this node's container will be created or replaced.
             triggers=[generation, _node_spec_hash(loaded, generation, n.name)],
-        ))
+        ), opts=under(root))
         for n in s.nodes
     }
 
@@ -96,7 +123,7 @@ def deploy(loaded: Loaded, stack: str) -> dict[str, Any]:
         hf_endpoint=s.weights.hf_endpoint,
         stage_timeout_s=s.weights.stage_timeout_minutes * 60,
         stack_prefix=prefix,
-    ), opts=pulumi.ResourceOptions(depends_on=[preflights[s.head.name]]))
+    ), opts=under(root, pulumi.ResourceOptions(depends_on=[preflights[s.head.name]])))
 
     # Every rank must run the same build of the mutable tag: compared after the pulls, before any container.
     image_ids = checked_image_ids(s.image, {n.name: images[n.name].image_id for n in s.nodes},
@@ -107,7 +134,7 @@ def deploy(loaded: Loaded, stack: str) -> dict[str, Any]:
         ranks=gate_ranks(s, {n.name: labels.container_name(stack, n.name) for n in s.nodes}),
         ssh_private_key=_private_key(s), ssh_agent_socket=s.ssh.agent_socket,
         ssh_known_hosts_file=s.ssh.known_hosts_file,
-        endpoint=endpoint_of(s), model=s.serve.served_model_name, api_key=_api_key(s)))
+        endpoint=endpoint_of(s), model=s.serve.served_model_name, api_key=_api_key(s)), opts=under(root))
     serving = ServingCluster("serving", ServingClusterArgs(
         settings=s,
         stack=stack,
@@ -126,13 +153,13 @@ def deploy(loaded: Loaded, stack: str) -> dict[str, Any]:
             )
             for n in s.nodes
         ],
-    ))
+    ), opts=under(root))
 
     if s.watchdog.enabled:
         # A trip on one node stops every rank: each node's key may stop the others' containers, nothing else.
         keys = {n.name: WatchdogKey(f"watchdog-key-{n.name}", WatchdogKeyArgs(
             node_name=n.name, connection=access[n.name].connection, container_name=serving.container_names[n.name],
-            stack_prefix=prefix))
+            stack_prefix=prefix), opts=under(root))
             for n in s.nodes}
         for n in s.nodes:
             peers = [m for m in s.nodes if m is not n]
@@ -148,10 +175,10 @@ def deploy(loaded: Loaded, stack: str) -> dict[str, Any]:
                 peers=[WatchdogPeer(node_name=m.name, host=m.host, port=m.port, user=m.user,
                                     host_key=pins[m.name].key.line()) for m in peers],
                 peer_public_keys={m.name: keys[m.name].public_key for m in peers},
-            ), opts=pulumi.ResourceOptions(depends_on=[serving.containers[n.name]]))
+            ), opts=under(root, pulumi.ResourceOptions(depends_on=[serving.containers[n.name]])))
 
     verifier = verify_after(s, container_names=serving.container_names, container_ids=serving.container_ids,
-                            after=list(serving.containers.values()))
+                            after=list(serving.containers.values()), root=root)
     outputs: dict[str, Any] = {
         "endpoint": endpoint_of(s),
         "model": s.serve.served_model_name,
@@ -212,6 +239,7 @@ def verify_after(
     container_names: Mapping[str, str],
     container_ids: pulumi.Input[Sequence[pulumi.Input[str]]],
     after: Sequence[pulumi.Resource],
+    root: pulumi.Resource,
 ) -> Verifier:
     """The rendezvous gate after every container, the ready gate after it, the verifier last.
 
@@ -229,7 +257,7 @@ def verify_after(
         ssh_known_hosts_file=s.ssh.known_hosts_file,
         rendezvous_timeout_s=s.gates.rendezvous_timeout_seconds,
         rerun_on=container_ids,
-    ), opts=pulumi.ResourceOptions(depends_on=list(after)))
+    ), opts=under(root, pulumi.ResourceOptions(depends_on=list(after))))
     ready = ReadyGate("ready", ReadyGateArgs(
         ranks=ranks,
         ssh_private_key=private_key,
@@ -241,7 +269,7 @@ def verify_after(
         ready_timeout_s=s.gates.ready_timeout_seconds,
         stall_s=s.gates.stall_seconds,
         rerun_on=container_ids,
-    ), opts=pulumi.ResourceOptions(depends_on=[rendezvous]))
+    ), opts=under(root, pulumi.ResourceOptions(depends_on=[rendezvous])))
     verifier = Verifier("verify", VerifierArgs(
         endpoint=endpoint,
         model=s.serve.served_model_name,
@@ -252,5 +280,5 @@ def verify_after(
         # The first request after a boot can spend minutes in JIT: warm up within the window, then judge.
         warmup_timeout_s=float(s.gates.verify_timeout_seconds),
         min_decode_tokens_per_second=s.gates.min_decode_tokens_per_second,
-    ), opts=pulumi.ResourceOptions(depends_on=[ready]))
+    ), opts=under(root, pulumi.ResourceOptions(depends_on=[ready])))
     return verifier
