@@ -1,0 +1,84 @@
+"""A stack deployed by the program before its layers moved under one root `Deployment` upgrades in place.
+
+The old program is this repository at the last commit where every layer hung off the stack; the stack is
+deployed with it, then previewed and updated with the program of this checkout. Aliases must carry every
+resource over: no replacement, no deletion, the same rank containers before and after.
+"""
+
+from __future__ import annotations
+
+import io
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from program_support import REPO, Deployment, assert_verified, docker_on, new_deployment, remove_deployment
+from pulumi import automation as auto
+
+pytestmark = [pytest.mark.sim, pytest.mark.engine]
+
+# main before the layout move (issue 13): components flat, every layer a child of the stack.
+OLD_LAYOUT = "2fb3e01f0658cd341488060fc67b0f3ca43ddf00"
+# What an upgrade must never plan for a resource that existed.
+DESTRUCTIVE = {"replace", "create-replacement", "delete-replaced", "delete", "discard"}
+
+
+def old_program(dest: Path) -> Path:
+    """The program files at OLD_LAYOUT, with this checkout's venv (the dependencies did not change)."""
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", OLD_LAYOUT,
+                              "__main__.py", "components", "Pulumi.yaml", "pyproject.toml"],
+                             capture_output=True, check=True, timeout=60).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(dest, filter="data")
+    (dest / "venv").symlink_to(REPO / "venv")
+    return dest
+
+
+@pytest.fixture(scope="module")
+def weights_root() -> Iterator[Path]:
+    root = Path(tempfile.mkdtemp(prefix="dsv41-upgrade-weights-", dir="/var/tmp"))
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def container_ids(d: Deployment) -> dict[int, str]:
+    return {n["index"]: docker_on(n["index"], "inspect", "--format", "{{.Id}}", d.container(n)).stdout.strip()
+            for n in d.sim["nodes"]}
+
+
+@pytest.mark.timeout(1500)
+def test_a_stack_deployed_before_the_layout_move_upgrades_without_replacing_anything(
+        sim: dict[str, Any], program_env: dict[str, str], pulumi_root: Path, weights_root: Path,
+        tmp_path: Path) -> None:
+    d = new_deployment(sim, f"upg-{uuid.uuid4().hex[:6]}", program_env, pulumi_root, weights_root=weights_root,
+                       port=18891, master_port=29624)
+    try:
+        old_dir = old_program(tmp_path / "old")
+        shutil.copy(REPO / f"Pulumi.{d.name}.yaml", old_dir / f"Pulumi.{d.name}.yaml")
+        old = auto.select_stack(d.name, work_dir=str(old_dir), opts=auto.LocalWorkspaceOptions(
+            work_dir=str(old_dir), pulumi_command=auto.PulumiCommand(root=str(pulumi_root)), env_vars=d.env))
+        lines: list[str] = []
+        assert_verified(d, old.up(on_output=lines.append, color="never").outputs)
+        assert "dsv41-exl3:index:Deployment" not in "\n".join(lines), "the old program has no root component"
+        before = container_ids(d)
+        assert all(before.values()), before
+
+        d.preview()
+        destructive = {name: ops & DESTRUCTIVE for name, ops in d.ops.items() if ops & DESTRUCTIVE}
+        assert not destructive, f"the upgrade would replace or delete: {destructive}\n" + "\n".join(d.lines[-60:])
+        created = sorted(name for name, ops in d.ops.items() if "create" in ops)
+        assert created == ["deployment"], f"only the root component is new, not {created}"
+
+        assert_verified(d, d.up().outputs)
+        assert container_ids(d) == before, "the same rank containers keep serving"
+        again = d.preview()
+        assert again.change_summary.get("same") and not {k for k in again.change_summary if k != "same"}, (
+            f"after the upgrade a preview is a no-op: {again.change_summary}")
+    finally:
+        remove_deployment(d)
