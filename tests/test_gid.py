@@ -1,4 +1,4 @@
-"""The RoCE GID decision (components/preflight/gid.py) run with sh against fixture sysfs trees.
+"""The RoCE GID decision (components/preflight/gid_check.sh, rendered by gid.py) run with sh against fixtures.
 
 Each tree under tests/fixtures/sysfs/<case>/class/infiniband/ is a small copy of what a GB10
 node shows: four HCAs (rocep1s0f0, rocep1s0f1, roceP2p1s0f0, roceP2p1s0f1), port states
@@ -29,7 +29,7 @@ class Decision:
 def decide(case: str, hcas: list[str], wanted: int | str = "auto", fabric_ip: str = FABRIC_IP) -> Decision:
     root = FIXTURES / case
     assert root.is_dir(), f"fixture tree {root} is missing"
-    script = render_gid_check(hcas=hcas, fabric_ip=fabric_ip, wanted=wanted) + "gid_check\n"  # type: ignore[arg-type]
+    script = render_gid_check(hcas=hcas, fabric_ip=fabric_ip, wanted=wanted)  # type: ignore[arg-type]
     proc = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=20,
                           env={**os.environ, "DSV41_SYSFS_ROOT": str(root)})
     assert proc.returncode == 0, f"gid_check itself broke: {proc.stderr}"
@@ -162,7 +162,7 @@ def test_a_fabric_ip_the_node_does_not_hold_is_refused() -> None:
 
 def test_missing_sysfs_root_fails_closed() -> None:
     # a node without any infiniband class: refused, not resolved
-    script = render_gid_check(hcas=["rocep1s0f1"], fabric_ip=FABRIC_IP, wanted="auto") + "gid_check\n"
+    script = render_gid_check(hcas=["rocep1s0f1"], fabric_ip=FABRIC_IP, wanted="auto")
     proc = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=20,
                           env={**os.environ, "DSV41_SYSFS_ROOT": str(FIXTURES / "no-such-tree")})
     assert proc.stdout.startswith("fail HCA rocep1s0f1 does not exist"), proc.stdout

@@ -22,6 +22,7 @@ import pulumi
 import pytest
 from pulumi_command import remote
 
+from components.preflight.gid import render_gid_check
 from components.preflight.preflight import Preflight, PreflightArgs
 from components.preflight.spec import (
     INSPECT_FORMAT,
@@ -542,10 +543,12 @@ def test_outer_timeout_bounds_a_hung_script() -> None:
 
 
 def test_script_is_posix_sh_and_uses_only_the_listed_tools() -> None:
-    script = render_script(make_spec(weights_root="/w", min_free_disk_gib=1))
-    assert subprocess.run(["sh", "-n", "-c", script]).returncode == 0
-    if shutil.which("bash"):
-        assert subprocess.run(["bash", "--posix", "-n", "-c", script]).returncode == 0
+    spec = make_spec(weights_root="/w", min_free_disk_gib=1)
+    for script in (render_script(spec), render_gid_check(hcas=spec.ib_hcas, fabric_ip=spec.fabric_ip,
+                                                         wanted=spec.gid_index)):
+        assert subprocess.run(["sh", "-n", "-c", script]).returncode == 0
+        if shutil.which("bash"):
+            assert subprocess.run(["bash", "--posix", "-n", "-c", script]).returncode == 0
 
 
 # --- parsing what the node printed ----------------------------------------------------------------
@@ -737,7 +740,8 @@ def test_bind_share_and_workers_do_not_check_the_export_path(node: FakeNode, tmp
     home.mkdir(mode=0o750)
     run = node.run(make_spec(weights_root=str(home / "w"), min_free_disk_gib=1))
     assert run.rc == 0, run.stderr
-    assert "CHECK_EXPORT=0\n" in render_script(make_spec(weights_root="/w", min_free_disk_gib=1))
+    # the one-line header assigns each value as ` NAME=value;`
+    assert " CHECK_EXPORT=0;" in render_script(make_spec(weights_root="/w", min_free_disk_gib=1))
     with pytest.raises(ValueError, match="check_export_path needs weights_root"):
         make_spec(check_export_path=True)
 
@@ -747,7 +751,7 @@ def test_the_head_checks_the_export_path_only_with_the_nfs_share() -> None:
     from components.deployment import deploy
     from tests.test_deployment import COMMAND, FIXTURES, config
 
-    for share, expected in (("nfs", "CHECK_EXPORT=1\n"), ("bind", "CHECK_EXPORT=0\n")):
+    for share, expected in (("nfs", " CHECK_EXPORT=1;"), ("bind", " CHECK_EXPORT=0;")):
         raw = config()
         raw["weights"]["share"] = share
         loaded = parse(raw)
@@ -755,4 +759,4 @@ def test_the_head_checks_the_export_path_only_with_the_nfs_share() -> None:
         head = next(c for c in rec.of_type(COMMAND) if c.name == "preflight-spark-0-check")
         worker = next(c for c in rec.of_type(COMMAND) if c.name == "preflight-spark-1-check")
         assert expected in head.inputs["create"]
-        assert "CHECK_EXPORT=0\n" in worker.inputs["create"]
+        assert " CHECK_EXPORT=0;" in worker.inputs["create"]

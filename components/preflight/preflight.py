@@ -1,6 +1,6 @@
 """Preflight: one node is fit to take this stack's serving container, checked on the node itself.
 
-One remote.Command per node runs the script from components/preflight/spec.py over SSH.
+One remote.Command per node runs components/preflight/preflight.sh (rendered by spec.py) over SSH.
 It runs when the lead's triggers change (exactly when the node's container is created or
 replaced), refuses on the node with every problem named, and otherwise reports the
 measured MemAvailable and the RoCE v2 GID index the container's NCCL env must use.

@@ -1,4 +1,4 @@
-"""The per-node preflight: the POSIX sh script run on a node over SSH, and the parser of its output.
+"""The per-node preflight: renders preflight.sh (beside this file), run on a node over SSH, and parses its output.
 
 Pure logic: no resources. Every pass/fail decision is made by the script ON THE NODE, so a
 refusal exits non-zero and the remote command records nothing (the next `up` checks
@@ -32,7 +32,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from components import labels
+from components import labels, scripts
 from components.preflight.gid import GidWanted, check_gid_wanted, check_hca_name, ipv4_mapped_gid, render_gid_check
 
 STACK_LABEL_KEY = labels.STACK_LABEL
@@ -131,230 +131,9 @@ class PreflightSpec:
             raise ValueError(f"preflight for node {self.node_name!r}: " + "; ".join(errors))
 
 
-_SCRIPT_BODY = r"""
-exec 3>&1 1>&2   # stdout carries only the final JSON line; everything else goes to stderr
-LC_ALL=C; export LC_ALL   # a '.' decimal point in awk's numbers and English tool messages
-MEMINFO="${DSV41_MEMINFO:-/proc/meminfo}"
-DEVROOT="${DSV41_DEV_ROOT:-/dev}"
-NL='
-'
-FAILURES=''
-FINDINGS=''
-STOPPED=''
-CURRENT=''
-GID_INDEX=''
-fail() { FAILURES="$FAILURES$1$NL"; }
-note() { FINDINGS="$FINDINGS$1$NL"; }
-# Progress on stderr: when the outer timeout kills the script, the last line says where it was.
-step() { echo "preflight $NODE: $1"; }
-ge() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a + 0 >= b + 0) }'; }
-last_line() { printf '%s\n' "$1" | awk 'NF { l = $0 } END { print l }'; }
-
-step "docker"
-if out=$(timeout "$DOCKER_T" docker version --format '{{.Server.Version}}' 2>&1); then
-  DOCKER_OK=1
-  note "docker server $(last_line "$out")"
-else
-  DOCKER_OK=0
-  fail "docker is not reachable ($(last_line "$out")); fix: start the daemon (sudo systemctl start docker)"\
-" and let user $(id -un) use it (docker group), then re-run"
-fi
-
-if [ "$DOCKER_OK" = 1 ]; then
-  step "stopping this stack's running containers (label $LABEL_KEY=$STACK_LABEL)"
-  # plain `docker ps` lists running, restarting and paused containers: all of them hold memory
-  if listed=$(timeout "$DOCKER_T" docker ps --filter "label=$LABEL_KEY=$STACK_LABEL" \
-           --format "{{.ID}} {{.Names}} {{.Label \"$CONFIG_LABEL_KEY\"}}" 2>&1); then
-    # A container already on the generation this update asks for is not being replaced: leave it
-    # serving, and skip the memory check (a running deployment legitimately leaves ~5 GiB).
-    own=$(printf '%s\n' "$listed" | awk -v g="$GENERATION" 'NF && (g == "" || $3 != g)')
-    CURRENT=$(printf '%s\n' "$listed" | awk -v g="$GENERATION" 'NF && g != "" && $3 == g { print $2 }')
-    if [ -n "$CURRENT" ]; then
-      note "$(printf '%s' "$CURRENT" | tr '\n' ' ')already serves generation $GENERATION:"\
-" left running, memory check skipped"
-    fi
-    if [ -n "$own" ]; then
-      ids=$(printf '%s\n' "$own" | awk 'NF { print $1 }')
-      names=$(printf '%s\n' "$own" | awk 'NF { printf "%s%s", (n++ ? " " : ""), $2 }')
-      # shellcheck disable=SC2086 # ids are hex words
-      if timeout $((STOP_T + DOCKER_T)) docker stop -t "$STOP_T" $ids >/dev/null; then
-        STOPPED=$(printf '%s\n' "$own" | awk 'NF { print $2 }')
-        note "stopped this stack's container(s): $names"
-      else
-        fail "could not stop this stack's container(s) $names; fix: run docker rm -f $names on $NODE, then re-run"
-      fi
-    fi
-  else
-    fail "docker ps failed ($(last_line "$listed")); fix: check the docker daemon on $NODE, then re-run"
-  fi
-fi
-
-step "MemAvailable"
-mem_gib() {  # kB in /proc/meminfo are KiB
-  awk '$1 == "MemAvailable:" { printf "%.2f", $2 / 1048576; found = 1 } END { exit !found }' "$MEMINFO" 2>/dev/null
-}
-if MEM=$(mem_gib); then
-  if [ -n "$STOPPED" ] && ! ge "$MEM" "$MIN_MEM"; then
-    # the stopped containers' unified memory comes back over a few seconds
-    deadline=$(( $(date +%s) + SETTLE_S ))
-    while ! ge "$MEM" "$MIN_MEM" && [ "$(date +%s)" -lt "$deadline" ]; do
-      sleep 1
-      MEM=$(mem_gib) || break
-    done
-  fi
-  if [ -z "$CURRENT" ] && ! ge "$MEM" "$MIN_MEM"; then
-    fail "MemAvailable is $MEM GiB, below the required $MIN_MEM GiB; fix: stop what holds memory on $NODE"\
-" (ps aux --sort=-rss | head; docker ps), or if it is page cache run as root:"\
-" sync; echo 3 > /proc/sys/vm/drop_caches"
-  fi
-else
-  MEM=''
-  fail "cannot read MemAvailable from $MEMINFO; fix: this preflight needs a Linux /proc/meminfo"
-fi
-
-if command -v systemctl >/dev/null 2>&1; then
-  step "user systemd units"
-  if [ -z "${XDG_RUNTIME_DIR:-}" ] && [ -d "/run/user/$(id -u)" ]; then
-    XDG_RUNTIME_DIR="/run/user/$(id -u)"; export XDG_RUNTIME_DIR
-  fi
-  if units=$(timeout "$DOCKER_T" systemctl --user list-unit-files --state=enabled --no-legend --no-pager 2>&1); then
-    bad=$(printf '%s\n' "$units" | awk 'tolower($1) ~ /vllm|sglang|ray/ { printf "%s%s", (n++ ? " " : ""), $1 }')
-    if [ -n "$bad" ]; then
-      fail "enabled user systemd units would start a competing server: $bad; fix: systemctl --user disable --now $bad"
-    fi
-  else
-    note "user systemd units not checked (systemctl --user: $(last_line "$units"))"
-  fi
-else
-  note "user systemd units not checked (no systemctl)"
-fi
-
-if [ "$DOCKER_OK" = 1 ]; then
-  step "other containers holding the GPU or RDMA devices"
-  if running=$(timeout "$DOCKER_T" docker ps -q 2>&1); then
-    if [ -n "$running" ]; then
-      # shellcheck disable=SC2086 # ids are hex words
-      if info=$(timeout "$DOCKER_T" docker inspect --format "$INSPECT_FORMAT" $running 2>&1); then
-        holders=$(printf '%s\n' "$info" | OWN="$STACK_LABEL" awk -F'|' '
-          NF >= 4 {
-            label = $4; for (j = 5; j <= NF; j++) label = label "|" $j
-            if (label == ENVIRON["OWN"]) next
-            what = ""
-            if ((" " $2) ~ / gpu( |$)/) what = "the GPU"
-            if ($3 ~ /\/dev\/infiniband/) what = what (what == "" ? "" : " and ") "/dev/infiniband"
-            name = $1; sub(/^\//, "", name)
-            if (what != "") print name "\t" what
-          }')
-        while IFS="$(printf '\t')" read -r name what; do
-          [ -n "$name" ] || continue
-          fail "container $name (not of this stack) holds $what; fix: stop it (docker stop $name)"\
-" or destroy the stack that owns it, then re-run"
-        done <<EOF
-$holders
-EOF
-      else
-        fail "docker inspect failed ($(last_line "$info")); fix: check the docker daemon on $NODE, then re-run"
-      fi
-    fi
-  else
-    fail "docker ps failed ($(last_line "$running")); fix: check the docker daemon on $NODE, then re-run"
-  fi
-fi
-
-case "$WEIGHTS_ROOT" in  # ~ means the SSH user's home on the node, as in the config
-  "~") WEIGHTS_ROOT="$HOME" ;;
-  "~/"*) WEIGHTS_ROOT="$HOME/${WEIGHTS_ROOT#"~/"}" ;;
-esac
-if [ -n "$WEIGHTS_ROOT" ]; then
-  step "disk at $WEIGHTS_ROOT"
-  d="$WEIGHTS_ROOT"
-  while [ ! -e "$d" ]; do d=$(dirname "$d"); done
-  free_k=$(df -Pk "$d" | awk 'NR == 2 { print $4 }')
-  staged_k=0
-  if [ -d "$WEIGHTS_ROOT" ]; then
-    staged_k=$(timeout "$DOCKER_T" du -sk "$WEIGHTS_ROOT" 2>/dev/null | awk '{ print $1 }')
-  fi
-  if [ -z "$free_k" ] || [ -z "$staged_k" ]; then
-    fail "cannot measure disk at $d (df/du failed); fix: check that $d is readable on $NODE"
-  else
-    disk=$(awk -v f="$free_k" -v s="$staged_k" \
-      'BEGIN { printf "%.1f %.1f %.1f", f / 1048576, s / 1048576, (f + s) / 1048576 }')
-    set -- $disk
-    if ge "$3" "$MIN_DISK"; then
-      note "disk: $1 GiB free at $d + $2 GiB staged in $WEIGHTS_ROOT"
-    else
-      fail "disk at $d has $1 GiB free + $2 GiB already staged in $WEIGHTS_ROOT = $3 GiB, below the"\
-" required $MIN_DISK GiB; fix: free space on that filesystem or point weights_root at a larger disk"
-    fi
-  fi
-fi
-
-if [ -n "$WEIGHTS_ROOT" ] && [ "$CHECK_EXPORT" = 1 ]; then
-  step "NFS export path under $WEIGHTS_ROOT traversable by others"
-  # The workers' root is squashed to nobody on the export: it needs o+x on every directory of the
-  # path. Checked from the leaves up; directories the staging has not created yet are skipped.
-  paths=''
-  for d in "$WEIGHTS_ROOT/model" "$WEIGHTS_ROOT/engram-src" "$WEIGHTS_ROOT"; do
-    [ -d "$d" ] && paths="$paths$d$NL"
-  done
-  d=$(dirname "$WEIGHTS_ROOT")
-  while :; do
-    [ -d "$d" ] && paths="$paths$d$NL"
-    [ "$d" = / ] && break
-    d=$(dirname "$d")
-  done
-  while IFS= read -r d; do
-    [ -n "$d" ] || continue
-    perm=$(ls -ld "$d" 2>/dev/null | awk '{ print $1; exit }')
-    case "$perm" in
-      ?????????[xt]*) ;;
-      '') fail "cannot read the mode of $d on the NFS export path; fix: check that $d exists and is readable" ;;
-      *) fail "directory $d on the NFS export path of weights.root ($WEIGHTS_ROOT) is not traversable by"\
-" others (mode $perm): the workers' root-squashed NFS mount cannot reach the export; fix: chmod o+x $d"\
-" (or set weights.root outside a 0750 home directory)" ;;
-    esac
-  done <<EOF
-$paths
-EOF
-fi
-
-if [ "$CHECK_RDMA" = 1 ]; then
-  step "RDMA: HCA ports and RoCE v2 GID index"
-  [ -e "$DEVROOT/infiniband" ] || fail "$DEVROOT/infiniband does not exist; fix: load the RDMA driver"\
-" (sudo modprobe mlx5_ib), or set check_rdma false for a node without RDMA"
-  decision=$(gid_check)
-  while IFS= read -r line; do
-    case "$line" in
-      "index "*) GID_INDEX=${line#index } ;;
-      "fail "*) fail "${line#fail }" ;;
-    esac
-  done <<EOF
-$decision
-EOF
-  if [ -z "$GID_INDEX" ] && [ -z "$FAILURES" ]; then
-    fail "the GID check printed no decision; fix: run the preflight script by hand on $NODE and read its stderr"
-  fi
-  [ -n "$GID_INDEX" ] && note "RoCE v2 GID index $GID_INDEX on $HCAS"
-fi
-
-if [ -n "$FAILURES" ]; then
-  printf '%s' "$FAILURES" | awk -v node="$NODE" 'NF { print "preflight refused on node " node ": " $0 }'
-  exit 1
-fi
-
-json_list() {  # newline-separated values -> JSON array of strings
-  printf '%s\n' "$1" | tr '\t\r' '  ' | sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' |
-    awk 'NF { printf "%s\"%s\"", (n++ ? "," : ""), $0 } END { printf "" }'
-}
-node_json=$(json_list "$NODE")
-printf '{"node":%s,"mem_available_gib":%s,"gid_index":%s,"stopped":[%s],"findings":[%s]}\n' \
-  "$node_json" "$MEM" "${GID_INDEX:-null}" "$(json_list "$STOPPED")" "$(json_list "$FINDINGS")" >&3
-"""
-
-
 def render_script(spec: PreflightSpec) -> str:
-    """The full POSIX sh script for one node; values are quoted, never interpolated raw."""
-    values: dict[str, str] = {
+    """preflight.sh for one node under its one-line header of quoted values."""
+    return scripts.render("preflight/preflight.sh", {
         "NODE": spec.node_name,
         "STACK_LABEL": spec.stack_label,
         "LABEL_KEY": STACK_LABEL_KEY,
@@ -367,24 +146,28 @@ def render_script(spec: PreflightSpec) -> str:
         "CHECK_RDMA": "1" if spec.check_rdma else "0",
         "CHECK_EXPORT": "1" if spec.check_export_path else "0",
         "HCAS": " ".join(spec.ib_hcas),
-        "STOP_T": str(spec.stop_timeout_s),
-        "SETTLE_S": str(spec.mem_settle_s),
-        "DOCKER_T": str(spec.docker_timeout_s),
-    }
-    header = "\n".join(f"{k}={shlex.quote(v)}" for k, v in values.items())
-    gid = (render_gid_check(hcas=spec.ib_hcas, fabric_ip=spec.fabric_ip, wanted=spec.gid_index)
-           if spec.check_rdma else "")
-    return "set -u\n" + header + "\n" + gid + _SCRIPT_BODY
+        "STOP_TIMEOUT_S": spec.stop_timeout_s,
+        "MEM_SETTLE_S": spec.mem_settle_s,
+        "DOCKER_TIMEOUT_S": spec.docker_timeout_s,
+    })
 
 
-def wrap_in_timeout(script: str, timeout_s: int) -> str:
-    """The remote command text: the script under `timeout`, since Pulumi's timeouts do not stop it."""
-    return f"timeout -k {_KILL_AFTER_S} {int(timeout_s)} sh -c {shlex.quote(script)}"
+def wrap_in_timeout(script: str, timeout_s: int, *args: str) -> str:
+    """The remote command text: `sh -c script` under `timeout`, since Pulumi's timeouts do not stop it.
+
+    `args` become the script's $1...; $0 names the script as its header does.
+    """
+    command = f"timeout -k {_KILL_AFTER_S} {int(timeout_s)} sh -c {shlex.quote(script)}"
+    if args:
+        command += " " + " ".join(shlex.quote(a) for a in ("components/preflight/preflight.sh", *args))
+    return command
 
 
 def render_command(spec: PreflightSpec) -> str:
-    """What the remote.Command runs on the node."""
-    return wrap_in_timeout(render_script(spec), spec.command_timeout_s)
+    """What the remote.Command runs on the node: preflight.sh, given the rendered gid_check.sh as $1."""
+    gid = ([render_gid_check(hcas=spec.ib_hcas, fabric_ip=spec.fabric_ip, wanted=spec.gid_index)]
+           if spec.check_rdma else [])
+    return wrap_in_timeout(render_script(spec), spec.command_timeout_s, *gid)
 
 
 @dataclass(frozen=True, kw_only=True)
