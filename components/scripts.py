@@ -51,3 +51,13 @@ def render(layer_file: str, values: Mapping[str, str | int | float]) -> str:
 
 def all_scripts() -> list[Path]:
     return sorted(p for p in COMPONENTS.rglob("*.sh"))
+
+
+def text_value(text: str) -> str:
+    """A multi-line text (data, or a whole rendered script passed to another) as one header value.
+
+    Backslashes are doubled and newlines written `\\n`, so the script gets the text back byte for byte with
+    `printf '%b' "$VALUE"`; the text stays readable in the command (a preview diff shows it)."""
+    if "\0" in text:
+        raise ValueError("a text header value cannot hold a NUL")
+    return text.replace("\\", "\\\\").replace("\n", "\\n")

@@ -49,3 +49,19 @@ def test_the_header_is_one_line_and_refuses_values_that_are_not() -> None:
 def test_header_names_are_upper_case_and_not_ours(name: str) -> None:
     with pytest.raises(ValueError, match="upper case"):
         scripts.header("a/b.sh", {name: "v"})
+
+
+def header_value(text: str, name: str, *, as_text: bool = False) -> str:
+    """What a rendered script's header sets `name` to, as the node's shell reads it (`as_text`: a
+    `scripts.text_value`, written back with printf '%b')."""
+    fmt = "%b" if as_text else "%s"
+    done = run_sh(text.split("\n", 1)[0] + f'\nprintf {fmt} "${name}"\n')
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_a_text_value_comes_back_byte_for_byte() -> None:
+    text = "line 1 'q' \"d\" $HOME `id`\n\\n \\c \\0101 %s\n\nlast"
+    assert header_value(scripts.header("a/b.sh", {"T": scripts.text_value(text)}), "T", as_text=True) == text
+    assert run_sh(scripts.header("a/b.sh", {"T": scripts.text_value(text)}) + 'printf %b "$T"\n',
+                  shell="bash").stdout == text

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -30,6 +31,7 @@ from components.watchdog.watchdog import (
 )
 from tests import recording
 from tests.conftest import fake_host_key
+from tests.test_scripts import header_value
 
 GIB_KIB = 1024 * 1024
 FLOOR_KIB = 5 * GIB_KIB
@@ -67,9 +69,11 @@ class TestRendering:
         script = render_watchdog_script(_settings(consecutive_samples=4, sample_interval_s=7))
         assert "$1 == \"MemAvailable:\"" in script
         assert "MemFree" not in script and "free -" not in script and "used" not in script.replace('"used"', "")
-        assert f"FLOOR_KIB={FLOOR_KIB}\n" in script and "SAMPLES=4\n" in script
-        assert 'INTERVAL="${DSV41_WATCHDOG_INTERVAL_S:-7}"' in script
-        assert "CONTAINER='dsv41-rank1'" in script and "logger -t dsv41-exl3-watchdog" in script
+        assert header_value(script, "FLOOR_KIB") == str(FLOOR_KIB) and header_value(script, "SAMPLES") == "4"
+        assert header_value(script, "SAMPLE_INTERVAL_S") == "7"
+        assert 'INTERVAL="${DSV41_WATCHDOG_INTERVAL_S:-$SAMPLE_INTERVAL_S}"' in script
+        assert header_value(script, "CONTAINER") == "dsv41-rank1"
+        assert header_value(script, "SYSLOG_TAG") == "dsv41-exl3-watchdog" and 'logger -t "$SYSLOG_TAG"' in script
 
     def test_every_remote_command_is_bounded_by_timeout(self) -> None:
         assert render_install_command(_settings()).startswith("timeout 60 sh -c ")
@@ -254,11 +258,21 @@ class TestTwoStacksOnOneNode:
                 with contextlib.suppress(ProcessLookupError, ValueError):
                     os.kill(int(pid_b_file.read_text()), signal.SIGKILL)
 
-    def test_keys_and_forced_commands_are_per_stack(self) -> None:
+    def test_keys_and_forced_commands_are_per_stack(self, tmp_path: Path) -> None:
         a, b = _settings(), _settings(stack_prefix="dsv41-exl3-prod")
-        assert "/.local/state/dsv41-exl3-dev\"/watchdog-peer-key" in render_key_command(a)
-        assert "/.local/state/dsv41-exl3-prod\"/watchdog-peer-key" in render_key_remove_command(b)
-        assert "dsv41-exl3-dev/watchdog-peer-key" not in render_key_remove_command(b)
+        env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path)}
+        key_a = tmp_path / ".local/state/dsv41-exl3-dev/watchdog-peer-key"
+        key_b = tmp_path / ".local/state/dsv41-exl3-prod/watchdog-peer-key"
+        for key in (key_a, key_b):
+            key.parent.mkdir(parents=True)
+            key.write_text("private key stand-in\n")  # present: the key command makes none and reads its .pub
+            key.with_suffix(".pub").write_text("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIStandIn tag\n")
+        made = _sh(render_key_command(a), env)
+        assert made.returncode == 0, made.stderr
+        assert "DSV41_WATCHDOG_PUBKEY ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIStandIn" in made.stdout
+        assert header_value(shlex.split(render_key_command(a))[4], "STATE_DIR") == ".local/state/dsv41-exl3-dev"
+        assert _sh(render_key_remove_command(b), env).returncode == 0
+        assert not key_b.exists() and key_a.exists(), "removing B's key must leave A's"
         key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOperatorKeyForTests"
         assert "command=\"sh .local/share/dsv41-exl3-prod/memory-watchdog-spark-b-peer-stop.sh spark-a\"" in \
             authorized_key_line(b, "spark-a", key)
@@ -466,9 +480,14 @@ def test_deployment_gives_every_watchdog_the_other_ranks_and_their_keys() -> Non
     installs = {c.name: c.inputs["create"] for c in commands if c.name.endswith("-install")}
     for i in range(4):
         create = installs[f"watchdog-spark-{i}-install"]
+        install = shlex.split(create)[4]  # timeout N sh -c <the rendered install.sh>
+        watchdog = header_value(install, "WATCHDOG", as_text=True)
+        stopped = header_value(watchdog, "PEERS", as_text=True).splitlines()
+        assert sorted(stopped) == [f"spark-{j} me 10.0.0.{j + 1} 22" for j in sorted({0, 1, 2, 3} - {i})], (
+            "every other rank, through its SSH address; a node does not ssh to itself")
+        authorized = header_value(install, "AUTHORIZED_KEYS", as_text=True)
         for j in {0, 1, 2, 3} - {i}:
-            assert f"stop_peer spark-{j} me 10.0.0.{j + 1} 22" in create
-            assert f"dsv41-exl3-watchdog:dsv41-exl3-dev-spark-{i}:from-spark-{j}" in create
-        assert f"stop_peer spark-{i} " not in create, "a node does not ssh to itself"
+            assert f"dsv41-exl3-watchdog:dsv41-exl3-dev-spark-{i}:from-spark-{j}" in authorized
         pinned = [f"10.0.0.{j + 1} {fake_host_key(f'10.0.0.{j + 1}', 22).line()}" for j in {0, 1, 2, 3} - {i}]
-        assert all(line in create for line in pinned), "each peer's pinned host key, as the operator's machine saw it"
+        known = header_value(watchdog, "KNOWN_HOSTS", as_text=True).splitlines()
+        assert sorted(known) == sorted(pinned), "each peer's pinned host key, as the operator's machine saw it"

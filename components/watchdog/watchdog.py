@@ -27,8 +27,10 @@ would be a second, untested path. After a reboot the serving containers are gone
 `pulumi up --refresh` recreates them, and since the watchdog's triggers carry the containers'
 ids it is reinstalled and restarted with them.
 
-Rendering is pure (tested by running the script locally); `MemoryWatchdog` only wires it into
-`pulumi_command.remote.Command`.
+The node scripts are files beside this module (`watchdog.sh`, `peer_stop.sh`, `install.sh`, `key.sh`),
+rendered with `components.scripts` (a header of quoted values; the watchdog and peer-stop scripts reach the
+node as text values of the install script). Rendering is pure (tested by running the scripts locally);
+`MemoryWatchdog` only wires it into `pulumi_command.remote.Command`.
 """
 
 from __future__ import annotations
@@ -41,15 +43,15 @@ from dataclasses import dataclass, field
 import pulumi
 from pulumi_command import remote
 
+from components import scripts
+
 SYSLOG_TAG = "dsv41-exl3-watchdog"
 # Where versions before per-stack names kept every stack's watchdog files (migrated on install).
-_LEGACY_STATE_DIR = '"$HOME/.local/state/dsv41-exl3"'
-_LEGACY_SHARE_DIR = '"$HOME/.local/share/dsv41-exl3"'
+_LEGACY_STATE_DIR = ".local/state/dsv41-exl3"
+_LEGACY_SHARE_DIR = ".local/share/dsv41-exl3"
 _STACK_PREFIX = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,39}$")
 _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _CONTAINER_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]*$")
-_HEREDOC_END = "DSV41_WATCHDOG_SCRIPT_END"
-_PEER_STOP_END = "DSV41_WATCHDOG_PEER_STOP_END"
 KEY_NAME = "watchdog-peer-key"
 PUBKEY_MARKER = "DSV41_WATCHDOG_PUBKEY"
 _PUBKEY = re.compile(r"^ssh-ed25519 [A-Za-z0-9+/=]+( [^\s\"]*)?$")
@@ -127,21 +129,21 @@ class WatchdogSettings:
 
     @property
     def state_dir(self) -> str:
-        """sh word: this stack's state directory (pidfile, key, log) on the node."""
-        return f'"$HOME/.local/state/{self.stack_prefix}"'
+        """This stack's state directory (pidfile, key, log) on the node, relative to the SSH user's home."""
+        return f".local/state/{self.stack_prefix}"
 
     @property
     def share_dir(self) -> str:
-        """sh word: this stack's scripts on the node."""
-        return f'"$HOME/.local/share/{self.stack_prefix}"'
+        """This stack's scripts on the node, relative to the SSH user's home (sshd runs a forced command there)."""
+        return f".local/share/{self.stack_prefix}"
 
     @property
     def log_path(self) -> str:
-        return f"~/.local/state/{self.stack_prefix}/watchdog.log"
+        return f"~/{self.state_dir}/watchdog.log"
 
     @property
     def script_path(self) -> str:
-        return f"~/.local/share/{self.stack_prefix}/{self.script_name}"
+        return f"~/{self.share_dir}/{self.script_name}"
 
     @property
     def script_name(self) -> str:
@@ -166,153 +168,31 @@ def known_hosts_text(peers: Sequence[WatchdogPeer]) -> str:
     return "".join(f"{p.host if p.port == 22 else f'[{p.host}]:{p.port}'} {p.host_key}\n" for p in peers)
 
 
-def _peer_lines(s: WatchdogSettings) -> str:
-    """`stop_peers` body: one bounded ssh per peer; the peer's forced command does the stop."""
-    lines = []
-    for p in s.peers:
-        lines.append(
-            f"  stop_peer {shlex.quote(p.node_name)} {shlex.quote(p.user)} {shlex.quote(p.host)} {p.port}"
-        )
-    return "\n".join(lines) if lines else "  :"
+def peers_text(peers: Sequence[WatchdogPeer]) -> str:
+    """The watchdog's PEERS value: one `node user host port` line per other rank (each word validated plain)."""
+    return "".join(f"{p.node_name} {p.user} {p.host} {p.port}\n" for p in peers)
 
 
 def render_watchdog_script(s: WatchdogSettings) -> str:
-    """The loop that runs on the node. Env overrides (configuration, e.g. for a node without
-    /proc or a docker behind sudo): DSV41_WATCHDOG_MEMINFO, DSV41_WATCHDOG_DOCKER,
-    DSV41_WATCHDOG_INTERVAL_S."""
-    return f"""#!/bin/sh
-# dsv41-exl3 memory watchdog for node {s.node_name} (rendered by the Pulumi program; edits are overwritten).
-# Stops container {s.container_name} when MemAvailable stays below {s.floor_gib:g} GiB for
-# {s.consecutive_samples} consecutive samples. MemAvailable, never "used": on GB10 the weights are not
-# charged to any RSS and a large resident footprint is normal.
-set -u
-NODE='{s.node_name}'
-CONTAINER='{s.container_name}'
-FLOOR_KIB={s.floor_kib}
-SAMPLES={s.consecutive_samples}
-STOP_TIMEOUT={s.stop_timeout_s}
-INTERVAL="${{DSV41_WATCHDOG_INTERVAL_S:-{s.sample_interval_s}}}"
-MEMINFO="${{DSV41_WATCHDOG_MEMINFO:-{s.meminfo_path}}}"
-DOCKER="${{DSV41_WATCHDOG_DOCKER:-docker}}"
-SSH="${{DSV41_WATCHDOG_SSH:-ssh}}"
-STATE_DIR={s.state_dir}
-KEY="$STATE_DIR/{KEY_NAME}"
-LOG="$STATE_DIR/watchdog.log"
-PIDFILE="$STATE_DIR/{s.pid_name}"
-
-mkdir -p "$STATE_DIR"
-say() {{
-  line="$(date -u +%Y-%m-%dT%H:%M:%SZ) node=$NODE container=$CONTAINER $*"
-  printf '%s\\n' "$line" >> "$LOG"
-  if command -v logger >/dev/null 2>&1; then logger -t {SYSLOG_TAG} -- "$line" 2>/dev/null || true; fi
-}}
-stop_container() {{
-  if command -v timeout >/dev/null 2>&1; then timeout "$STOP_TIMEOUT" $DOCKER stop "$CONTAINER"
-  else $DOCKER stop "$CONTAINER"; fi
-}}
-# Who held the memory at the moment of the trip: MemAvailable and the top of the process list by RSS
-# (the weights are in no RSS, so this names what else grew: often an unrelated host process).
-memory_holders() {{
-  mem=$(awk '$1 == "MemAvailable:" || $1 == "MemTotal:" || $1 == "Cached:" {{ printf "%s %s kB; ", $1, $2 }}' \\
-    "$MEMINFO" 2>/dev/null)
-  say "memory at stop: $mem"
-  procs=$(ps -eo pid,rss,comm --sort=-rss 2>/dev/null | head -n {TOP_HOLDERS + 1})
-  if [ -z "$procs" ]; then
-    procs=$(for f in /proc/[0-9]*/status; do
-      awk '$1 == "Name:" {{ n = $2 }} $1 == "Pid:" {{ p = $2 }} $1 == "VmRSS:" {{ r = $2 }}
-           END {{ if (r) print p, r, n }}' "$f" 2>/dev/null
-    done | sort -k2 -n -r | head -n {TOP_HOLDERS})
-  fi
-  printf '%s\\n' "$procs" | while IFS= read -r line; do
-    [ -n "$line" ] && say "holder (pid rss_kib command): $line"
-  done
-}}
-# Another rank's node: its forced-command key stops its serving container (nothing else is allowed).
-stop_peer() {{
-  if [ ! -s "$KEY" ]; then say "cannot stop rank on $1: no watchdog key at $KEY"; return 0; fi
-  if out=$(timeout "$STOP_TIMEOUT" $SSH -i "$KEY" -p "$4" -o BatchMode=yes -o IdentitiesOnly=yes \\
-      -o StrictHostKeyChecking=yes -o UserKnownHostsFile="$KNOWN_HOSTS" \\
-      -o ConnectTimeout=10 "$2@$3" "stop-from $NODE" 2>&1); then
-    say "peer $1 ($2@$3:$4): $(printf '%s' "$out" | tr '\\n' ' ')"
-  else
-    say "peer $1 ($2@$3:$4): stop FAILED (exit $?): $(printf '%s' "$out" | tr '\\n' ' '); stop it by hand"
-  fi
-}}
-stop_peers() {{
-{_peer_lines(s)}
-}}
-
-# The peers' host keys as the operator pinned them; rewritten on every start so a re-pinned key follows.
-KNOWN_HOSTS="$STATE_DIR/watchdog-known_hosts"
-cat > "$KNOWN_HOSTS" <<'DSV41_KNOWN_HOSTS'
-{known_hosts_text(s.peers)}DSV41_KNOWN_HOSTS
-echo $$ > "$PIDFILE"
-trap 'say "watchdog stopping (signal)"; rm -f "$PIDFILE"; exit 0' TERM INT HUP
-say "watchdog started pid=$$ floor_kib=$FLOOR_KIB samples=$SAMPLES interval_s=$INTERVAL meminfo=$MEMINFO"
-low=0
-recent=""
-unreadable=0
-while :; do
-  avail=$(awk '$1 == "MemAvailable:" {{ print $2; exit }}' "$MEMINFO" 2>/dev/null)
-  case "$avail" in
-    ''|*[!0-9]*)
-      # never act on a reading we do not have; say so once
-      if [ "$unreadable" = 0 ]; then say "cannot read MemAvailable from $MEMINFO; not guarding"; fi
-      unreadable=1; low=0; recent="" ;;
-    *)
-      unreadable=0
-      if [ "$avail" -lt "$FLOOR_KIB" ]; then
-        low=$((low + 1)); recent="$recent $avail"
-        if [ "$low" -ge "$SAMPLES" ]; then
-          say "STOP: MemAvailable below $FLOOR_KIB KiB in $low consecutive samples (KiB:$recent); docker stop"
-          memory_holders
-          if stop_container >/dev/null 2>&1; then say "stopped $CONTAINER"
-          else say "docker stop $CONTAINER failed (exit $?)"; fi
-          # the rest of the tensor-parallel group: one rank gone leaves the others hanging forever
-          stop_peers
-          low=0; recent=""
-        fi
-      else
-        low=0; recent=""
-      fi ;;
-  esac
-  # background + wait: a TERM is handled at once instead of after the sleep
-  sleep "$INTERVAL" &
-  wait $!
-done
-"""
+    """The loop that runs on the node (`watchdog.sh`). Env overrides (configuration, e.g. for a node without
+    /proc or a docker behind sudo): DSV41_WATCHDOG_MEMINFO, DSV41_WATCHDOG_DOCKER, DSV41_WATCHDOG_INTERVAL_S."""
+    return scripts.render("watchdog/watchdog.sh", {
+        "NODE": s.node_name, "CONTAINER": s.container_name, "FLOOR_KIB": s.floor_kib,
+        "SAMPLES": s.consecutive_samples, "STOP_TIMEOUT": s.stop_timeout_s,
+        "SAMPLE_INTERVAL_S": s.sample_interval_s, "MEMINFO_PATH": s.meminfo_path, "STATE_DIR": s.state_dir,
+        "KEY_NAME": KEY_NAME, "PID_NAME": s.pid_name, "SYSLOG_TAG": SYSLOG_TAG, "TOP_HOLDERS": TOP_HOLDERS,
+        "PEERS": scripts.text_value(peers_text(s.peers)),
+        "KNOWN_HOSTS": scripts.text_value(known_hosts_text(s.peers)),
+    })
 
 
 def render_peer_stop_script(s: WatchdogSettings) -> str:
-    """The forced command of the peers' watchdog keys on this node: log who asked, stop the container.
-
-    Its one argument names the peer; it comes from this node's authorized_keys line, not from the
-    connecting side, so a key can only ever stop this container and say whose key it was."""
-    return f"""#!/bin/sh
-# dsv41-exl3: run by sshd for a peer's watchdog key (authorized_keys forced command); nothing else.
-set -u
-NODE='{s.node_name}'
-CONTAINER='{s.container_name}'
-DOCKER="${{DSV41_WATCHDOG_DOCKER:-docker}}"
-STATE_DIR={s.state_dir}
-LOG="$STATE_DIR/watchdog.log"
-from="${{1:-unknown}}"
-mkdir -p "$STATE_DIR"
-line="$(date -u +%Y-%m-%dT%H:%M:%SZ) node=$NODE container=$CONTAINER STOP requested by the watchdog of $from"\\
-" (its MemAvailable stayed below the floor): the tensor-parallel group cannot go on without that rank; docker stop"
-printf '%s\\n' "$line" >> "$LOG"
-if command -v logger >/dev/null 2>&1; then logger -t {SYSLOG_TAG} -- "$line" 2>/dev/null || true; fi
-if timeout {s.stop_timeout_s} $DOCKER stop "$CONTAINER" >/dev/null 2>&1; then
-  printf '%s\\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ) node=$NODE container=$CONTAINER stopped (asked by $from)" >> "$LOG"
-  echo "stopped $CONTAINER on $NODE"
-else
-  rc=$?
-  printf '%s\\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ) node=$NODE container=$CONTAINER docker stop failed (exit $rc)" \\
-    >> "$LOG"
-  echo "docker stop $CONTAINER failed on $NODE (exit $rc)"
-  exit 1
-fi
-"""
+    """The forced command of the peers' watchdog keys on this node (`peer_stop.sh`): log who asked, stop
+    the container. Its one argument names the peer; it comes from this node's authorized_keys line."""
+    return scripts.render("watchdog/peer_stop.sh", {
+        "NODE": s.node_name, "CONTAINER": s.container_name, "STATE_DIR": s.state_dir,
+        "STOP_TIMEOUT": s.stop_timeout_s, "SYSLOG_TAG": SYSLOG_TAG,
+    })
 
 
 def authorized_key_line(s: WatchdogSettings, peer_node: str, public_key: str) -> str:
@@ -321,39 +201,27 @@ def authorized_key_line(s: WatchdogSettings, peer_node: str, public_key: str) ->
     if not _PUBKEY.match(key) or not _NODE_NAME.match(peer_node):
         raise ValueError(f"watchdog on {s.node_name}: peer {peer_node!r} public key {public_key[:40]!r} is not an "
                          "ssh-ed25519 key line")
-    command = f"sh .local/share/{s.stack_prefix}/{s.peer_stop_name} {peer_node}"
+    command = f"sh {s.share_dir}/{s.peer_stop_name} {peer_node}"
     return f'restrict,command="{command}" {key} {s.key_tag}:from-{peer_node}'
 
 
-def _authorized_keys(s: WatchdogSettings, lines: Sequence[str]) -> str:
-    """sh that replaces this container's lines in ~/.ssh/authorized_keys with `lines` (none: removes)."""
-    body = "".join(f"printf '%s\\n' {shlex.quote(line)} >> \"$tmp\"\n" for line in lines)
-    # A temp file of its own: two stacks' watchdogs may rewrite the same file at once.
-    return f"""mkdir -p "$HOME/.ssh" && chmod 700 "$HOME/.ssh"
-ak="$HOME/.ssh/authorized_keys"
-touch "$ak"
-tmp=$(mktemp "$ak.XXXXXX")
-grep -v -F {shlex.quote(s.key_tag + ":")} "$ak" > "$tmp" || true
-{body}chmod 600 "$tmp"
-mv -f "$tmp" "$ak"
-"""
+def _bounded(timeout_s: int, text: str) -> str:
+    """A remote command: the rendered script run by `sh -c`, bounded by `timeout`."""
+    return f"timeout {timeout_s} sh -c {shlex.quote(text)}"
+
+
+def _key_script(s: WatchdogSettings, action: str) -> str:
+    return scripts.render("watchdog/key.sh", {"ACTION": action, "STATE_DIR": s.state_dir, "KEY_NAME": KEY_NAME,
+                                               "KEY_TAG": s.key_tag, "PUBKEY_MARKER": PUBKEY_MARKER})
 
 
 def render_key_command(s: WatchdogSettings, *, timeout_s: int = 30) -> str:
     """Creates this node's watchdog key pair once (kept on the node) and prints the public key."""
-    body = f"""set -eu
-mkdir -p {s.state_dir}
-key={s.state_dir}/{KEY_NAME}
-if [ ! -s "$key" ]; then ssh-keygen -q -t ed25519 -N '' -C {shlex.quote(s.key_tag)} -f "$key" </dev/null; fi
-echo "{PUBKEY_MARKER} $(cut -d' ' -f1,2 "$key.pub")"
-"""
-    return f"timeout {timeout_s} sh -c {shlex.quote(body)}"
+    return _bounded(timeout_s, _key_script(s, "create"))
 
 
 def render_key_remove_command(s: WatchdogSettings, *, timeout_s: int = 30) -> str:
-    d = s.state_dir
-    body = f"rm -f {d}/{KEY_NAME} {d}/{KEY_NAME}.pub {d}/watchdog-known_hosts"
-    return f"timeout {timeout_s} sh -c {shlex.quote(body)}"
+    return _bounded(timeout_s, _key_script(s, "remove"))
 
 
 def parse_public_key(stdout: str, node_name: str) -> str:
@@ -366,34 +234,17 @@ def parse_public_key(stdout: str, node_name: str) -> str:
                      f"(output: {stdout[-200:]!r}); check that ssh-keygen exists there")
 
 
-def _stop_pidfile(pidfile: str) -> str:
-    # "ours": alive and still a watchdog script (not a recycled pid; a zombie's cmdline is empty)
-    return f"""pidfile={pidfile}
-ours() {{ kill -0 "$1" 2>/dev/null && grep -q memory-watchdog "/proc/$1/cmdline" 2>/dev/null; }}
-if [ -s "$pidfile" ]; then
-  old=$(cat "$pidfile")
-  if ours "$old"; then
-    kill "$old"
-    i=0; while ours "$old" && [ "$i" -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
-  fi
-  rm -f "$pidfile"
-fi
-"""
-
-
-def _stop_running(s: WatchdogSettings) -> str:
-    """sh that stops this stack's running watchdog on this node, if any (checked by pid and command line)."""
-    return _stop_pidfile(f"{s.state_dir}/{s.pid_name}")
-
-
-def _stop_legacy(s: WatchdogSettings) -> str:
-    """sh that retires the copy an earlier version installed at the shared fixed paths, only when that
-    copy guards THIS stack's container (its script names it); another stack's copy is left alone."""
-    legacy_script = f"{_LEGACY_SHARE_DIR}/{s.script_name}"
-    return f"""if grep -qxF {shlex.quote(f"CONTAINER='{s.container_name}'")} {legacy_script} 2>/dev/null; then
-{_stop_pidfile(f"{_LEGACY_STATE_DIR}/{s.pid_name}")}  rm -f {legacy_script} {_LEGACY_SHARE_DIR}/{s.peer_stop_name}
-fi
-"""
+def _install_script(s: WatchdogSettings, *, action: str, manage_peers: bool, authorized: Sequence[str] = (),
+                    watchdog: str = "", peer_stop: str = "") -> str:
+    return scripts.render("watchdog/install.sh", {
+        "ACTION": action, "NODE": s.node_name, "CONTAINER": s.container_name, "STATE_DIR": s.state_dir,
+        "SHARE_DIR": s.share_dir, "SCRIPT_NAME": s.script_name, "PID_NAME": s.pid_name,
+        "PEER_STOP_NAME": s.peer_stop_name, "LOG_PATH": s.log_path, "KEY_TAG": s.key_tag,
+        "MANAGE_PEERS": "1" if manage_peers else "",
+        "AUTHORIZED_KEYS": scripts.text_value("".join(f"{line}\n" for line in authorized)),
+        "WATCHDOG": scripts.text_value(watchdog), "PEER_STOP": scripts.text_value(peer_stop),
+        "LEGACY_STATE_DIR": _LEGACY_STATE_DIR, "LEGACY_SHARE_DIR": _LEGACY_SHARE_DIR,
+    })
 
 
 def render_install_command(
@@ -403,45 +254,15 @@ def render_install_command(
 
     `peer_keys`: (peer node, its watchdog public key); each may then stop this node's container."""
     lines = [authorized_key_line(s, peer, key) for peer, key in peer_keys]
-    peer_part = ""
-    if s.peers or lines:
-        peer_part = f"""cat > {s.share_dir}/{s.peer_stop_name}.tmp <<'{_PEER_STOP_END}'
-{render_peer_stop_script(s)}{_PEER_STOP_END}
-chmod 755 {s.share_dir}/{s.peer_stop_name}.tmp
-mv -f {s.share_dir}/{s.peer_stop_name}.tmp {s.share_dir}/{s.peer_stop_name}
-{_authorized_keys(s, lines)}"""
-    body = f"""set -eu
-mkdir -p {s.share_dir} {s.state_dir}
-script={s.share_dir}/{s.script_name}
-{_stop_legacy(s)}{_stop_running(s)}{peer_part}cat > "$script.tmp" <<'{_HEREDOC_END}'
-{render_watchdog_script(s)}{_HEREDOC_END}
-chmod 755 "$script.tmp"
-mv -f "$script.tmp" "$script"
-if command -v setsid >/dev/null 2>&1; then
-  setsid nohup sh "$script" >/dev/null 2>&1 </dev/null &
-else
-  nohup sh "$script" >/dev/null 2>&1 </dev/null &
-fi
-i=0; while [ ! -s "$pidfile" ] && [ "$i" -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
-pid=$(cat "$pidfile" 2>/dev/null || true)
-if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
-  echo "memory watchdog for {s.container_name} running on {s.node_name}: pid $pid, log {s.log_path}"
-else
-  echo "memory watchdog on {s.node_name} did not start; see {s.log_path}" >&2
-  exit 1
-fi
-"""
-    return f"timeout {timeout_s} sh -c {shlex.quote(body)}"
+    manage = bool(s.peers or lines)
+    return _bounded(timeout_s, _install_script(
+        s, action="install", manage_peers=manage, authorized=lines, watchdog=render_watchdog_script(s),
+        peer_stop=render_peer_stop_script(s) if manage else ""))
 
 
 def render_remove_command(s: WatchdogSettings, *, timeout_s: int = 30) -> str:
     """Stops the watchdog and removes its script; the log stays (it may explain a past stop)."""
-    peers = f"rm -f {s.share_dir}/{s.peer_stop_name}\n{_authorized_keys(s, [])}" if s.peers else ""
-    body = f"""set -eu
-{_stop_running(s)}rm -f {s.share_dir}/{s.script_name}
-{peers}echo "memory watchdog removed from {s.node_name}; log kept at {s.log_path}"
-"""
-    return f"timeout {timeout_s} sh -c {shlex.quote(body)}"
+    return _bounded(timeout_s, _install_script(s, action="remove", manage_peers=bool(s.peers)))
 
 
 @dataclass(frozen=True, kw_only=True)
