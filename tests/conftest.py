@@ -6,8 +6,6 @@ ssh-keyscan stand-in that answers every host with a fixed key derived from its a
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -16,12 +14,7 @@ from pathlib import Path
 import pytest
 
 from components import host_keys
-
-
-def fake_host_key(host: str, port: int) -> host_keys.HostKey:
-    blob = base64.b64encode(b"\x00\x00\x00\x0bssh-ed25519\x00\x00\x00\x20"
-                            + hashlib.sha256(f"{host}:{port}".encode()).digest()).decode()
-    return host_keys.HostKey(kind="ssh-ed25519", blob=blob)
+from tests.support.host_keys import fake_host_key
 
 
 @pytest.fixture(autouse=True, scope="session")

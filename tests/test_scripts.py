@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 
 from components import scripts
-
-
-def run_sh(text: str, shell: str = "sh") -> subprocess.CompletedProcess[str]:
-    return subprocess.run([shell, "-c", text], capture_output=True, text=True, timeout=10, check=False)
-
+from tests.support.scripts import header_value, run_sh
 
 BODY = "#!/bin/sh\nset -eu\n[ \"$WHO\" = \"it's me\" ] || exit 9\nfail \"${LINENO:-}\" \"boom for $WHO\" 7\n"
 
@@ -49,15 +43,6 @@ def test_the_header_is_one_line_and_refuses_values_that_are_not() -> None:
 def test_header_names_are_upper_case_and_not_ours(name: str) -> None:
     with pytest.raises(ValueError, match="upper case"):
         scripts.header("a/b.sh", {name: "v"})
-
-
-def header_value(text: str, name: str, *, as_text: bool = False) -> str:
-    """What a rendered script's header sets `name` to, as the node's shell reads it (`as_text`: a
-    `scripts.text_value`, written back with printf '%b')."""
-    fmt = "%b" if as_text else "%s"
-    done = run_sh(text.split("\n", 1)[0] + f'\nprintf {fmt} "${name}"\n')
-    assert done.returncode == 0, done.stderr
-    return done.stdout
 
 
 def test_a_text_value_comes_back_byte_for_byte() -> None:

@@ -15,7 +15,7 @@ import pytest
 from pulumi import automation as auto
 
 from components.verify.verifier import Verifier, VerifierArgs
-from tests.fake_vllm import FakeVllm, Reply, chat_body, good_items, with_literal
+from tests.support.fake_vllm import FakeVllm, Reply, chat_body, good_items, with_literal
 
 pytestmark = pytest.mark.engine
 

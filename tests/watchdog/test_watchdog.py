@@ -29,9 +29,9 @@ from components.watchdog.watchdog import (
     render_remove_command,
     render_watchdog_script,
 )
-from tests import recording
-from tests.conftest import fake_host_key
-from tests.test_scripts import header_value
+from tests.support import recording
+from tests.support.host_keys import fake_host_key
+from tests.support.scripts import header_value
 
 GIB_KIB = 1024 * 1024
 FLOOR_KIB = 5 * GIB_KIB
@@ -472,7 +472,7 @@ class TestPeerAuthorization:
 def test_deployment_gives_every_watchdog_the_other_ranks_and_their_keys() -> None:
     from components.config import parse
     from components.deployment import deploy
-    from tests.test_deployment import FIXTURES, config
+    from tests.support.graph import FIXTURES, config
 
     rec = recording.run(lambda: deploy(parse(config(4)), "dev"), FIXTURES)
     assert len(rec.of_type("dsv41-exl3:watchdog:WatchdogKey")) == 4

@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import os
 import socket
 import stat
-import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -31,6 +26,7 @@ from components.gates.rank_watch import (
     SshRankSource,
     SystemClock,
 )
+from tests.support.fake_ssh import KEY, ModelsServer, canned, install_fake_ssh, serve_models
 
 HEAD = RankSpec(rank=0, node="spark-a", host="127.0.0.2", port=2222, user="root", container="dsv41-rank0")
 WORKER = RankSpec(rank=1, node="spark-b", host="127.0.0.3", port=2222, user="root", container="dsv41-rank1")
@@ -462,46 +458,6 @@ class TestReady:
 
 # --- /v1/models probe against a loopback server -------------------------------------------------------
 
-@dataclass
-class ModelsServer:
-    base: str
-    seen: list[dict[str, str]]
-    plan: dict[str, object]
-
-
-@contextmanager
-def serve_models(ids: list[str], api_key: str | None = None) -> Iterator[ModelsServer]:
-    """A loopback stand-in for vLLM's /v1/models; answers 401 when api_key is set and not presented."""
-    seen: list[dict[str, str]] = []
-    plan: dict[str, object] = {"status": 200, "ids": ids}
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
-            seen.append({"path": self.path, "auth": self.headers.get("Authorization", "")})
-            ids = plan["ids"]
-            assert isinstance(ids, list)
-            body = json.dumps({"object": "list", "data": [{"id": i, "object": "model"} for i in ids]})
-            status = int(str(plan["status"]))
-            if api_key and self.headers.get("Authorization") != f"Bearer {api_key}":
-                status = 401
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.end_headers()
-            self.wfile.write(body.encode())
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield ModelsServer(f"http://127.0.0.1:{server.server_address[1]}", seen, plan)
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
 @pytest.fixture
 def models_server() -> Iterator[ModelsServer]:
     with serve_models(["DeepSeek-v4.1-Flash-EXL3"]) as server:
@@ -538,56 +494,14 @@ class TestModelsEndpoint:
 
 # --- the SSH source, through a fake `ssh` on PATH ------------------------------------------------------
 
-FAKE_SSH = r"""#!/bin/sh
-# Records its argv, answers from canned files chosen by the remote command (the last argument).
-d="$FAKE_SSH_DIR"
-for a in "$@"; do printf '%s\n' "$a"; done >> "$d/argv.log"
-printf '%s\n' '---' >> "$d/argv.log"
-for last in "$@"; do :; done
-printf '%s\n' "$last" >> "$d/remote.log"
-case "$last" in
-  *"docker inspect"*) kind=inspect ;;
-  *"docker logs"*) kind=logs ;;
-  *) kind=other ;;
-esac
-n=$(cat "$d/$kind.n" 2>/dev/null || echo 0); n=$((n + 1)); echo "$n" > "$d/$kind.n"
-f="$d/$kind.$n"; [ -f "$f.rc" ] || f="$d/$kind"
-cat "$f.out" 2>/dev/null
-cat "$f.err" >&2 2>/dev/null
-exit "$(cat "$f.rc" 2>/dev/null || echo 0)"
-"""
-
-KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nSECRETKEYMATERIAL0123456789\n-----END OPENSSH PRIVATE KEY-----\n"
-
-
-def install_fake_ssh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Put the canned `ssh` first on PATH; return the directory of its canned answers and logs."""
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    ssh = bindir / "ssh"
-    ssh.write_text(FAKE_SSH)
-    ssh.chmod(0o755)
-    data = tmp_path / "ssh-data"
-    data.mkdir()
-    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("FAKE_SSH_DIR", str(data))
-    return data  # key files go to the session's private XDG_RUNTIME_DIR (tests/conftest.py)
-
-
 @pytest.fixture
 def fake_ssh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return install_fake_ssh(tmp_path, monkeypatch)
 
 
-def _canned(d: Path, name: str, out: str = "", rc: int = 0, err: str = "") -> None:
-    (d / f"{name}.out").write_text(out)
-    (d / f"{name}.rc").write_text(str(rc))
-    (d / f"{name}.err").write_text(err)
-
-
 class TestSshRankSource:
     def test_state_parses_docker_inspect_and_the_key_never_reaches_argv(self, fake_ssh: Path) -> None:
-        _canned(fake_ssh, "inspect", "running 0 2026-09-22T10:00:00.123456789Z\n")
+        canned(fake_ssh, "inspect", "running 0 2026-09-22T10:00:00.123456789Z\n")
         src = SshRankSource(RANKS, private_key=KEY)
         assert src.state(1) == ContainerState("running", 0, "2026-09-22T10:00:00.123456789Z")
         argv = (fake_ssh / "argv.log").read_text().split("---\n")[0].splitlines()
@@ -599,16 +513,16 @@ class TestSshRankSource:
                             "'{{.State.Status}} {{.State.ExitCode}} {{.State.StartedAt}}' dsv41-rank1")
 
     def test_exited_and_missing_containers(self, fake_ssh: Path) -> None:
-        _canned(fake_ssh, "inspect.1", "exited 137 2026-09-22T10:00:00Z\n")
-        _canned(fake_ssh, "inspect.2", "", rc=1, err="Error: No such object: dsv41-rank1\n")
+        canned(fake_ssh, "inspect.1", "exited 137 2026-09-22T10:00:00Z\n")
+        canned(fake_ssh, "inspect.2", "", rc=1, err="Error: No such object: dsv41-rank1\n")
         src = SshRankSource(RANKS)
         assert src.state(1) == ContainerState("exited", 137, "2026-09-22T10:00:00Z")
         assert src.state(1).status == "missing"
 
     def test_ssh_failure_and_garbage_raise_source_error(self, fake_ssh: Path) -> None:
-        _canned(fake_ssh, "inspect.1", "", rc=255, err="ssh: connect to host 127.0.0.3 port 2222: Connection refused\n")
-        _canned(fake_ssh, "inspect.2", "permission denied while trying to connect\n")
-        _canned(fake_ssh, "inspect.3", "", rc=124)
+        canned(fake_ssh, "inspect.1", "", rc=255, err="ssh: connect to host 127.0.0.3 port 2222: Connection refused\n")
+        canned(fake_ssh, "inspect.2", "permission denied while trying to connect\n")
+        canned(fake_ssh, "inspect.3", "", rc=124)
         src = SshRankSource(RANKS)
         with pytest.raises(SourceError, match="ssh root@127.0.0.3:2222 failed: .*Connection refused"):
             src.state(1)
@@ -618,13 +532,13 @@ class TestSshRankSource:
             src.state(1)
 
     def test_logs_start_at_container_start_then_continue_without_duplicates(self, fake_ssh: Path) -> None:
-        _canned(fake_ssh, "inspect", "running 0 2026-09-22T10:00:00.5Z\n")
-        _canned(fake_ssh, "logs.1",
+        canned(fake_ssh, "inspect", "running 0 2026-09-22T10:00:00.5Z\n")
+        canned(fake_ssh, "logs.1",
                 "2026-09-22T10:00:01.000000001Z first\n"
                 "2026-09-22T10:00:02.1Z second\r\n"
                 "2026-09-22T10:00:03.25Z bar 10%\rbar 100%\n"
                 "2026-09-22T10:00:03.25Z same instant\n")
-        _canned(fake_ssh, "logs.2",
+        canned(fake_ssh, "logs.2",
                 "2026-09-22T10:00:03.25Z bar 100%\n"
                 "2026-09-22T10:00:03.25Z same instant\n"
                 "2026-09-22T10:00:04Z third\n")
@@ -639,8 +553,8 @@ class TestSshRankSource:
         assert remote[2] == "timeout 10 docker logs --timestamps --since 2026-09-22T10:00:03.25Z dsv41-rank0 2>&1"
 
     def test_logs_failure_is_a_source_error(self, fake_ssh: Path) -> None:
-        _canned(fake_ssh, "inspect", "running 0 2026-09-22T10:00:00Z\n")
-        _canned(fake_ssh, "logs", "Error response from daemon: No such container: dsv41-rank0\n", rc=1)
+        canned(fake_ssh, "inspect", "running 0 2026-09-22T10:00:00Z\n")
+        canned(fake_ssh, "logs", "Error response from daemon: No such container: dsv41-rank0\n", rc=1)
         with pytest.raises(SourceError, match="docker logs dsv41-rank0 failed: Error response"):
             SshRankSource(RANKS).new_lines(0)
 

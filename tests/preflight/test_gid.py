@@ -1,6 +1,6 @@
 """The RoCE GID decision (components/preflight/gid_check.sh, rendered by gid.py) run with sh against fixtures.
 
-Each tree under tests/fixtures/sysfs/<case>/class/infiniband/ is a small copy of what a GB10
+Each tree under tests/support/fixtures/sysfs/<case>/class/infiniband/ is a small copy of what a GB10
 node shows: four HCAs (rocep1s0f0, rocep1s0f1, roceP2p1s0f0, roceP2p1s0f1), port states
 and GID tables with their RoCE types.
 """
@@ -16,7 +16,7 @@ import pytest
 
 from components.preflight.gid import check_gid_wanted, check_hca_name, ipv4_mapped_gid, render_gid_check
 
-FIXTURES = Path(__file__).parent / "fixtures" / "sysfs"
+FIXTURES = Path(__file__).parents[1] / "support" / "fixtures" / "sysfs"
 FABRIC_IP = "192.168.100.1"
 
 

@@ -27,10 +27,10 @@ from components.gates.gates import (
     RendezvousGateProvider,
 )
 from components.gates.rank_watch import GateFailure
-from tests import recording
-from tests.test_rank_watch import KEY, _canned, install_fake_ssh, serve_models
+from tests.support import recording
+from tests.support.fake_ssh import KEY, canned, install_fake_ssh, serve_models
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 MODEL = "DeepSeek-v4.1-Flash-EXL3"
 API_KEY = "sk-gate-test-0123456789"
 
@@ -146,9 +146,9 @@ def _cluster(d: Path, head: str, worker: str, worker_state: str = "running 0 202
     script.write_text(text)
     for sub, logs, state in (("rank0", head, "running 0 2026-09-22T10:00:00Z"), ("rank1", worker, worker_state)):
         (d / sub).mkdir(exist_ok=True)
-        _canned(d / sub, "inspect", state + "\n")
-        _canned(d / sub, "logs.1", logs)
-        _canned(d / sub, "logs", "")
+        canned(d / sub, "inspect", state + "\n")
+        canned(d / sub, "logs.1", logs)
+        canned(d / sub, "logs", "")
 
 
 @pytest.fixture

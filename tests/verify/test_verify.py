@@ -37,7 +37,7 @@ from components.verify.verifier import (
     run_bounded,
     verify_endpoint,
 )
-from tests.fake_vllm import (
+from tests.support.fake_vllm import (
     GOOD_TOKENS,
     FakeVllm,
     Reply,
@@ -50,7 +50,7 @@ from tests.fake_vllm import (
     with_literal,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODEL = "fake-model"
 pytestmark = pytest.mark.timeout(10)
 

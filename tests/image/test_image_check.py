@@ -10,8 +10,8 @@ import pytest
 from components.config import parse
 from components.deployment import deploy
 from components.image.image_check import ImageMismatch, PulledImage, checked_image_ids, mismatch
-from tests import recording
-from tests.test_deployment import CONTAINER, FIXTURES, config
+from tests.support import recording
+from tests.support.graph import CONTAINER, FIXTURES, config
 
 IMAGE = "ghcr.io/miaai-lab/deepseek-v4.1-flash-exl3-2x-dgx-sparks:2.9bpw"
 REMOTE_IMAGE = "docker:index/remoteImage:RemoteImage"

@@ -11,7 +11,7 @@ from typing import Any
 from components import labels
 from components.config import Settings, parse
 from components.serving import spec as serve_spec
-from tests.test_config import two_sparks
+from tests.support.configs import two_sparks
 
 
 def settings(**overrides: Any) -> Settings:

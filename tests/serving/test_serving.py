@@ -10,8 +10,8 @@ from components.config import Settings, parse
 from components.labels import CONFIG_LABEL, GENERATION_LABEL, RANK_LABEL, STACK_LABEL
 from components.serving import spec as serve_spec
 from components.serving.serving import RankInputs, ServingCluster, ServingClusterArgs
-from tests import recording
-from tests.test_config import two_sparks
+from tests.support import recording
+from tests.support.configs import two_sparks
 
 CONTAINER = "docker:index/container:Container"
 

@@ -33,9 +33,9 @@ from components.preflight.spec import (
     render_script,
     wrap_in_timeout,
 )
-from tests import recording
+from tests.support import recording
 
-FIXTURES = Path(__file__).parent / "fixtures" / "sysfs"
+FIXTURES = Path(__file__).parents[1] / "support" / "fixtures" / "sysfs"
 GIB_KIB = 1024 * 1024
 
 # The utilities the script may use on a node besides docker and systemctl.
@@ -749,7 +749,7 @@ def test_bind_share_and_workers_do_not_check_the_export_path(node: FakeNode, tmp
 def test_the_head_checks_the_export_path_only_with_the_nfs_share() -> None:
     from components.config import parse
     from components.deployment import deploy
-    from tests.test_deployment import COMMAND, FIXTURES, config
+    from tests.support.graph import COMMAND, FIXTURES, config
 
     for share, expected in (("nfs", " CHECK_EXPORT=1;"), ("bind", " CHECK_EXPORT=0;")):
         raw = config()
