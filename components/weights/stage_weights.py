@@ -288,12 +288,30 @@ def load_records(manifest: Path) -> dict[str, dict[str, Any]]:
     return {str(k): v for k, v in files.items() if isinstance(v, dict)}
 
 
+def load_repos(manifest: Path) -> dict[str, Any]:
+    """The repos an earlier run recorded (each updated as this run stages it), so a run that changes
+    nothing writes back the same record."""
+    try:
+        raw = json.loads(manifest.read_text())
+    except (OSError, ValueError):
+        return {}
+    repos = raw.get("repos") if isinstance(raw, dict) else None
+    return {str(k): v for k, v in repos.items() if isinstance(v, dict)} if isinstance(repos, dict) else {}
+
+
 def save_records(manifest: Path, records: Mapping[str, Mapping[str, Any]], repos: Mapping[str, Any]) -> None:
-    """Written whole and renamed into place: an interrupted run leaves the previous record, never half of one."""
+    """Written whole and renamed into place: an interrupted run leaves the previous record, never half of one.
+    An unchanged record is not rewritten: a run that staged nothing leaves the weights root as it found it."""
     body = {"format": MANIFEST_FORMAT, "written_by": "dsv41-exl3 stage_weights.py", "repos": dict(repos),
             "files": {k: dict(v) for k, v in sorted(records.items())}}
+    text = json.dumps(body, indent=1, sort_keys=True) + "\n"
+    try:
+        if manifest.read_text() == text:
+            return
+    except OSError:
+        pass
     tmp = manifest.with_name(f".{manifest.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(body, indent=1, sort_keys=True) + "\n")
+    tmp.write_text(text)
     os.replace(tmp, manifest)
 
 
@@ -479,7 +497,7 @@ def run(plan_json: str, dest_root: Path, host_root: str) -> dict[str, Any]:
     endpoint = os.environ.get("HF_ENDPOINT") or None
     token = os.environ.pop("HF_TOKEN", "") or None  # empty means anonymous
     st = Staging(dest_root=dest_root, endpoint=endpoint, token=token, api=HfApi(endpoint=endpoint, token=token),
-                 records=load_records(dest_root / MANIFEST_FILE), repos={})
+                 records=load_records(dest_root / MANIFEST_FILE), repos=load_repos(dest_root / MANIFEST_FILE))
     digests: dict[str, str] = {}
     for repo_raw in raw["repos"]:
         digests.update(stage_repo(RepoPlan.from_json(repo_raw), revision, st))

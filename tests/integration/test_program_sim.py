@@ -194,8 +194,8 @@ def test_watchdog_floor_above_memavailable_stops_the_rank_and_records_why(deploy
     try:
         message, _ = deployed.up_fails()
         assert "exit 137" in message or "exit 143" in message, f"the gates must see the stopped rank:\n{message}"
-        # The sim's nodes share this machine's home directory, where each node's watchdog logs.
-        log = (Path.home() / ".local" / "state" / "dsv41-exl3" / "watchdog.log").read_text()
+        # The sim's nodes share this machine's home directory, where each node's watchdog logs (per stack).
+        log = (Path.home() / ".local" / "state" / f"dsv41-exl3-{deployed.name}" / "watchdog.log").read_text()
         mine = [line for line in log.splitlines() if deployed.name in line]
         assert any("STOP: MemAvailable below" in line for line in mine), f"the watchdog logs why:\n{log[-3000:]}"
         assert any("holder (pid rss_kib command)" in line for line in mine), "and which processes held the memory"

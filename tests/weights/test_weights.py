@@ -308,6 +308,17 @@ def test_staging_records_name_size_sha256_and_revision_on_the_head(hub: FakeHub,
     assert staged.manifest_file == f"/host/root/{sw.MANIFEST_FILE}"
 
 
+def test_a_run_that_stages_nothing_leaves_every_file_on_the_head_untouched(hub: FakeHub, tmp_path: Path) -> None:
+    # The record included: `destroy` then `up` must not touch the weights root (the lifecycle e2e checks it).
+    root = tmp_path / "root"
+    assert run_stage(hub, root).returncode == 0
+    before = {p: p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file()}
+    hub.requests.clear()
+    assert run_stage(hub, root).returncode == 0
+    assert not hub.gets_of(".safetensors")
+    assert {p: p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file()} == before
+
+
 def test_same_name_same_size_file_of_another_revision_is_downloaded_again(hub: FakeHub, tmp_path: Path) -> None:
     root = tmp_path / "root"
     assert run_stage(hub, root).returncode == 0
