@@ -12,6 +12,6 @@ case "$ACTION" in
     if [ ! -s "$key" ]; then ssh-keygen -q -t ed25519 -N '' -C "$KEY_TAG" -f "$key" </dev/null; fi
     echo "$PUBKEY_MARKER $(cut -d' ' -f1,2 "$key.pub")" ;;
   remove)
-    rm -f "$key" "$key.pub" "$state/watchdog-known_hosts" ;;
+    rm -f "$key" "$key.pub" "$state/watchdog-known_hosts" "$state"/watchdog-known_hosts-* ;;
   *) fail "${LINENO:-}" "ACTION=$ACTION: expected create or remove" ;;
 esac

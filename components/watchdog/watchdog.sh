@@ -70,7 +70,8 @@ DSV41_PEERS
 }
 
 # The peers' host keys as the operator pinned them; rewritten on every start so a re-pinned key follows.
-KNOWN_HOSTS_FILE="$STATE/watchdog-known_hosts"
+# Per node: nodes sharing one home (NFS homes, the simulated cluster) must not overwrite each other's.
+KNOWN_HOSTS_FILE="$STATE/watchdog-known_hosts-$NODE"
 printf '%b' "$KNOWN_HOSTS" > "$KNOWN_HOSTS_FILE"
 echo $$ > "$PIDFILE"
 trap 'say "watchdog stopping (signal)"; rm -f "$PIDFILE"; exit 0' TERM INT HUP

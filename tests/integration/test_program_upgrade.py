@@ -80,5 +80,8 @@ def test_a_stack_deployed_before_the_layout_move_upgrades_without_replacing_anyt
         again = d.preview()
         assert again.change_summary.get("same") and not {k for k in again.change_summary if k != "same"}, (
             f"after the upgrade a preview is a no-op: {again.change_summary}")
+        # Resources unchanged by the upgrade keep their providers pickled under the old module paths.
+        d.stack.destroy(on_output=lambda _l: None, color="never")
+        assert all(not ids for ids in container_ids(d).values()), "destroy after the upgrade removes every rank"
     finally:
         remove_deployment(d)

@@ -379,7 +379,8 @@ class TestStopsEveryRank:
             assert call.startswith(f"-i {key} -p {port} -o BatchMode=yes -o IdentitiesOnly=yes")
             # Only the key the operator pinned: a node never trusts a peer's key on first use.
             assert "StrictHostKeyChecking=yes" in call and "accept-new" not in call
-            assert f"UserKnownHostsFile={node['HOME']}/.local/state/dsv41-exl3-dev/watchdog-known_hosts" in call
+            # Per node: two nodes sharing one home (NFS homes, the simulated cluster) keep their own.
+            assert f"UserKnownHostsFile={node['HOME']}/.local/state/dsv41-exl3-dev/watchdog-known_hosts-spark-b" in call
             assert call.endswith(f"{target} stop-from spark-b")
         lines = log.splitlines()
         stopped = next(i for i, ln in enumerate(lines) if "stopped dsv41-rank1" in ln)
@@ -388,7 +389,7 @@ class TestStopsEveryRank:
 
     def test_the_watchdog_trusts_exactly_the_peers_pinned_host_keys(self, node: dict[str, str]) -> None:
         _trip(node)
-        known = Path(node["HOME"]) / ".local/state/dsv41-exl3-dev/watchdog-known_hosts"
+        known = Path(node["HOME"]) / ".local/state/dsv41-exl3-dev/watchdog-known_hosts-spark-b"
         assert known.read_text().splitlines() == [f"[10.0.0.1]:2201 {HOST_KEY_A}", f"10.0.0.3 {HOST_KEY_C}"]
 
     def test_a_trip_records_memavailable_and_the_top_memory_holders(self, node: dict[str, str]) -> None:
