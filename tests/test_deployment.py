@@ -18,6 +18,7 @@ from components.weights import manifest as wm
 from tests.support import recording
 from tests.support.graph import COMMAND, CONTAINER, FIXTURES, FULL_MANIFEST, GIDS, config, run
 from tests.support.host_keys import fake_host_key
+from tests.support.scripts import header_value
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRETS = ["-----BEGIN OPENSSH PRIVATE KEY-----", "sk-deploy-secret", "hf_token_secret"]
@@ -251,10 +252,13 @@ def test_everything_named_on_a_node_is_per_stack_and_rank_names_are_unchanged() 
         commands = {c.name: c for c in rec.of_type(COMMAND)}
         prefix = f"dsv41-exl3-{stack}"
         export = commands["weights-nfs-export"]
-        assert f"/{prefix}.exports" in export.inputs["create"] and "exportfs -ra" not in export.inputs["create"]
-        assert "exportfs -u" in export.inputs["delete"] and "exportfs -ra" not in export.inputs["delete"]
-        assert f"--name {prefix}-stage-weights " in commands["weights-stage"].inputs["create"]
-        assert f"--name {prefix}-weights-check " in commands["weights-visible-spark-1"].inputs["create"]
+        for action in ("create", "delete"):
+            assert header_value(export.inputs[action], "EXPORTS_FILE") == f"/etc/exports.d/{prefix}.exports"
+            assert "exportfs -ra" not in export.inputs[action]
+        assert "exportfs -u" in export.inputs["delete"]
+        assert header_value(commands["weights-stage"].inputs["create"], "CONTAINER") == f"{prefix}-stage-weights"
+        check = commands["weights-visible-spark-1"].inputs["create"]
+        assert header_value(check, "CONTAINER") == f"{prefix}-weights-check"
         assert f".local/share/{prefix}" in commands["watchdog-spark-0-install"].inputs["create"]
         assert f".local/state/{prefix}" in commands["watchdog-key-spark-0-keygen"].inputs["create"]
         names = sorted(c.inputs["name"] for c in rec.of_type(CONTAINER))

@@ -1,7 +1,8 @@
 """What the weight store stages and how it checks it: pure logic, no resources.
 
 - which files are expected (the staging plan `stage_weights.py` enforces on the head),
-- the shell run on the head to stage them (token on stdin, never argv),
+- the scripts run on a node (stage.sh, export.sh, unexport.sh, check.sh + size_check.sh beside this
+  file), rendered with `components.scripts`: the token reaches staging on stdin, never argv,
 - the NFS export and the docker volume options a worker mounts,
 - the visibility check run from each node's side,
 - parsing the staging output back into a manifest.
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from components import scripts
 from components.weights.stage_weights import MANIFEST_MARKER
 
 MODEL_DIR = "model"
@@ -64,18 +66,6 @@ def stage_container(stack_prefix: str) -> str:
 
 def check_container(stack_prefix: str) -> str:
     return f"{_checked_prefix(stack_prefix)}-weights-check"
-
-
-def _refuse_whole_root(node: str) -> str:
-    """sh: refuse a `$root` (already resolved with `pwd -P`) that is `/` or the SSH user's home itself.
-    The weights root must be a directory of its own: it is exported, and staging removes files it staged there."""
-    return f"""home=$(cd "${{HOME:-/nonexistent}}" 2>/dev/null && pwd -P) || home="${{HOME:-}}"
-if [ "$root" = / ] || [ "$root" = "$home" ]; then
-  echo "weights root $root on "{shlex.quote(node)}" is / or the home directory of $(id -un) itself;" \
-    "use a directory of its own, e.g. ~/dsv41-exl3 (weights.root)" >&2
-  exit 1
-fi
-"""
 
 
 def stage_script_source() -> str:
@@ -123,6 +113,16 @@ def root_shell_expr(root: str) -> str:
     raise ValueError(f"weights root={root!r} must be absolute or start with '~/' (e.g. '~/dsv41-exl3')")
 
 
+def root_value(root: str) -> str:
+    """`root` as stage.sh's WEIGHTS_ROOT: validated (as root_shell_expr), trailing slashes dropped; the script
+    expands `~` itself, on the node."""
+    root_shell_expr(root)
+    if root == "~" or root.startswith("~/"):
+        rest = root[2:].rstrip("/")
+        return f"~/{rest}" if rest else "~"
+    return root.rstrip("/") or "/"
+
+
 def validate_ip(what: str, value: str) -> str:
     try:
         return str(ipaddress.ip_address(value))
@@ -139,45 +139,18 @@ def stage_stdin(token: str | None, script: str) -> str:
 
 def render_stage_command(*, root: str, image: str, plan: Mapping[str, Any], hf_endpoint: str | None,
                          with_token: bool, timeout_s: int, stack_prefix: str) -> str:
-    """Shell run on the head: read the token from stdin, then the script, run it in a throwaway container.
+    """stage.sh, rendered: read the token from stdin, then the script, run it in a throwaway container.
 
-    The token only ever lives in this shell's environment and reaches docker as `-e HF_TOKEN` (by name).
+    The token only ever lives in that shell's environment and reaches docker as `-e HF_TOKEN` (by name).
     """
     if timeout_s <= 0:
         raise ValueError(f"stage_timeout_s={timeout_s} must be positive (hours on real hardware)")
-    env = ["-e HF_TOKEN"] if with_token else []
-    if hf_endpoint:
-        env.append(f"-e HF_ENDPOINT={shlex.quote(hf_endpoint)}")
-    # The serving image may bake in HF_HUB_OFFLINE=1 (vLLM runs offline) or hf_transfer: staging needs neither.
-    # Xet's chunk cache would fill the head's temp dir; HF_HOME lives in the throwaway stage dir.
-    env += ["-e HF_HOME=/stage/hf-home", "-e HF_HUB_OFFLINE=0", "-e HF_HUB_ENABLE_HF_TRANSFER=0",
-            "-e HF_XET_CHUNK_CACHE_SIZE_BYTES=0", "-e HF_HUB_DISABLE_PROGRESS_BARS=1",
-            "-e HF_HUB_DISABLE_TELEMETRY=1"]
-    token_line = ('IFS= read -r HF_TOKEN || true\nexport HF_TOKEN' if with_token
-                  else 'IFS= read -r _unused || true')
-    plan_json = json.dumps(plan, sort_keys=True, separators=(",", ":"))
-    name = stage_container(stack_prefix)
-    return f"""set -eu
-{token_line}
-root={root_shell_expr(root)}
-mkdir -p "$root"
-root=$(cd "$root" && pwd -P)
-{_refuse_whole_root("the head")}mkdir -p "$root/{MODEL_DIR}" "$root/{ENGRAM_DIR}"
-stage=$(mktemp -d)
-trap 'rm -rf "$stage"' EXIT
-cat > "$stage/stage_weights.py"
-docker rm -f {name} >/dev/null 2>&1 || true
-rc=0
-timeout --kill-after=60 {timeout_s} docker run --rm --name {name} --network host --user "$(id -u):$(id -g)" \\
-  {' '.join(env)} \\
-  -v "$root":/weights -v "$stage":/stage --entrypoint python3 {shlex.quote(image)} \\
-  /stage/stage_weights.py --plan {shlex.quote(plan_json)} --dest-root /weights --host-root "$root" || rc=$?
-if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
-  docker rm -f {name} >/dev/null 2>&1 || true
-  echo "weights staging timed out after {timeout_s}s on the head; raise stage_timeout_s and re-run (it resumes)" >&2
-fi
-exit "$rc"
-"""
+    return scripts.render("weights/stage.sh", {
+        "WEIGHTS_ROOT": root_value(root), "MODEL_DIR": MODEL_DIR, "ENGRAM_DIR": ENGRAM_DIR,
+        "WITH_TOKEN": 1 if with_token else 0, "HF_ENDPOINT": hf_endpoint or "", "IMAGE": image,
+        "CONTAINER": stage_container(stack_prefix), "PLAN": json.dumps(plan, sort_keys=True, separators=(",", ":")),
+        "TIMEOUT_S": timeout_s,
+    })
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -253,73 +226,28 @@ def legacy_exports(abs_root: str, worker_ips: Sequence[str]) -> str:
     return f'# managed by dsv41-exl3 (pulumi): the weights, read-only, to the workers\n"{abs_root}" {line}\n'
 
 
-_AS_ROOT = '''PATH="$PATH:/usr/sbin:/sbin"
-SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo -n"'''
-
-
-def _exports_file(stack_prefix: str, exports_dir: str) -> str:
-    return f"""exports_dir={shlex.quote(exports_dir)}
-file="$exports_dir/{exports_name(stack_prefix)}"
-"""
-
-
 def render_export_command(*, head_name: str, abs_root: str, worker_ips: Sequence[str], stack_prefix: str,
                           exports_dir: str = EXPORTS_DIR) -> str:
-    """Install this stack's exports file and export exactly its entries; idempotent. Needs root or
-    passwordless sudo on the head. Other exports on the host are never re-synced (no `exportfs -ra`)."""
-    exports = render_exports(abs_root, worker_ips)
+    """export.sh, rendered: install this stack's exports file and export exactly its entries; idempotent. Needs
+    root or passwordless sudo on the head. Other exports on the host are never re-synced (no `exportfs -ra`)."""
     clients = _export_clients(abs_root, worker_ips)
-    add = "".join(f'$SUDO exportfs -o {EXPORT_OPTIONS} {ip}:"$root"\n' for ip in clients)
-    return f"""set -eu
-{_AS_ROOT}
-if ! command -v exportfs >/dev/null 2>&1; then
-  echo "exportfs not found on head {head_name}: install nfs-kernel-server, or use share=bind" >&2; exit 1
-fi
-if command -v systemctl >/dev/null 2>&1 && ! systemctl is-active --quiet nfs-server; then
-  echo "nfs-server is not running on head {head_name}: run 'sudo systemctl enable --now nfs-server'" >&2; exit 1
-fi
-root={shlex.quote(abs_root)}
-resolved=$(cd "$root" && pwd -P)
-[ "$resolved" = "$root" ] || {{ echo "weights root $root on head {head_name} resolves to $resolved;" \
-  "re-run staging" >&2; exit 1; }}
-{_refuse_whole_root(f"head {head_name}")}{_exports_file(stack_prefix, exports_dir)}tmp=$(mktemp)
-trap 'rm -f "$tmp" "$tmp.legacy"' EXIT
-cat > "$tmp" <<'DSV41_EXPORTS'
-{exports}DSV41_EXPORTS
-# What this stack exported before and exports no more (a worker left, the root moved): withdraw just that.
-if [ -f "$file" ]; then
-  sed -n 's/^{_EXPORT_ENTRY}//p' "$file" | while IFS=' ' read -r client path; do
-    if ! grep -qxF "{_EXPORT_ENTRY}$client $path" "$tmp"; then $SUDO exportfs -u "$client:$path" || true; fi
-  done
-fi
-$SUDO mkdir -p "$exports_dir"
-$SUDO install -m 0644 "$tmp" "$file"
-{add}# Earlier versions wrote one fixed-name file for every stack: drop it only when it holds exactly this export.
-legacy="$exports_dir/{LEGACY_EXPORTS_NAME}"
-cat > "$tmp.legacy" <<'DSV41_EXPORTS'
-{legacy_exports(abs_root, worker_ips)}DSV41_EXPORTS
-if [ "$legacy" != "$file" ] && [ -f "$legacy" ] && cmp -s "$tmp.legacy" "$legacy"; then $SUDO rm -f "$legacy"; fi
-"""
+    return scripts.render("weights/export.sh", {
+        "HEAD_NAME": head_name, "WEIGHTS_ROOT": abs_root, "CLIENTS": " ".join(clients), "OPTIONS": EXPORT_OPTIONS,
+        "EXPORTS_DIR": exports_dir, "EXPORTS_FILE": f"{exports_dir}/{exports_name(stack_prefix)}",
+        "EXPORTS": scripts.text_value(render_exports(abs_root, worker_ips)), "EXPORT_ENTRY": _EXPORT_ENTRY,
+        "LEGACY_FILE": f"{exports_dir}/{LEGACY_EXPORTS_NAME}",
+        "LEGACY": scripts.text_value(legacy_exports(abs_root, worker_ips)),
+    })
 
 
 def render_unexport_command(*, abs_root: str, worker_ips: Sequence[str], stack_prefix: str,
                             exports_dir: str = EXPORTS_DIR) -> str:
-    """Withdraw this stack's export entries and its file (the weights themselves stay on the head)."""
+    """unexport.sh, rendered: withdraw this stack's export entries and its file (the weights stay on the head)."""
     fallback = "".join(f"{ip} {abs_root}\n" for ip in _export_clients(abs_root, worker_ips))
-    return f"""set -eu
-{_AS_ROOT}
-{_exports_file(stack_prefix, exports_dir)}entries=$(if [ -f "$file" ]; then sed -n 's/^{_EXPORT_ENTRY}//p' "$file"
-else cat <<'DSV41_EXPORTS'
-{fallback}DSV41_EXPORTS
-fi)
-if command -v exportfs >/dev/null 2>&1; then
-  printf '%s\n' "$entries" | while IFS=' ' read -r client path; do
-    [ -n "$client" ] || continue
-    $SUDO exportfs -u "$client:$path" || true
-  done
-fi
-$SUDO rm -f "$file"
-"""
+    return scripts.render("weights/unexport.sh", {
+        "EXPORTS_FILE": f"{exports_dir}/{exports_name(stack_prefix)}", "EXPORT_ENTRY": _EXPORT_ENTRY,
+        "FALLBACK": scripts.text_value(fallback),
+    })
 
 
 def nfs_volume_options(*, head_ip: str, device_path: str) -> dict[str, str]:
@@ -342,50 +270,25 @@ def volume_name(prefix: str, which: str, options: Mapping[str, str]) -> str:
 
 
 def render_size_check(*, node: str, root: str, files: Mapping[str, int], where: str) -> str:
-    """POSIX sh that stats every manifest file under `root` and fails naming the node and the bad files."""
+    """size_check.sh, rendered: stat every manifest file under `root`, fail naming the node and the bad files."""
     if not files:
         raise ValueError(f"no manifest files to check on node {node}; staging reported none")
     listing = "".join(f"{size} {path}\n" for path, size in sorted(files.items()))
-    q_node, q_where = shlex.quote(node), shlex.quote(where)
-    return f"""root={shlex.quote(root)}
-bad=""
-n=0
-while IFS=' ' read -r size path; do
-  [ -n "$path" ] || continue
-  n=$((n+1))
-  actual=$(stat -c %s "$root/$path" 2>/dev/null) || actual=missing
-  if [ "$actual" != "$size" ]; then
-    echo "  $path: expected $size bytes, found $actual" >&2
-    bad="$bad $path"
-  fi
-done <<'DSV41_FILES'
-{listing}DSV41_FILES
-if [ -n "$bad" ]; then
-  echo "weights not visible on node "{q_node}" ("{q_where}"): missing or wrong size:$bad;" \\
-    "check staging and this node's share of the head's weights" >&2
-  exit 1
-fi
-echo "weights visible on node "{q_node}": $n files"
-"""
+    return scripts.render("weights/size_check.sh", {
+        "NODE": node, "WEIGHTS_ROOT": root, "WHERE": where, "FILES": scripts.text_value(listing)})
 
 
-def _outer(inner: str, run: str, *, node: str, timeout_s: int, cleanup: str) -> str:
-    return f"""set -eu
-{cleanup}rc=0
-timeout --kill-after=30 {timeout_s} {run} <<'DSV41_CHECK' || rc=$?
-{inner}DSV41_CHECK
-if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
-  {cleanup}echo "weights check on node "{shlex.quote(node)}" timed out after {timeout_s}s:" \
-    "a hung share (NFS mount)?" >&2
-fi
-exit "$rc"
-"""
+def _check(*, node: str, mode: str, size_check: str, timeout_s: int, volume: Mapping[str, str]) -> str:
+    keys = ("CONTAINER", "IMAGE", "MODEL_VOLUME", "ENGRAM_VOLUME", "MOUNT", "MODEL_DIR", "ENGRAM_DIR")
+    return scripts.render("weights/check.sh", {
+        "NODE": node, "MODE": mode, "TIMEOUT_S": timeout_s, "SIZE_CHECK": scripts.text_value(size_check),
+        **{k: volume.get(k, "") for k in keys}})
 
 
 def render_bind_check(*, node: str, abs_root: str, files: Mapping[str, int], timeout_s: int = 300) -> str:
     """Check from the node's own filesystem (the head, or a worker that shares the head's filesystem)."""
     inner = render_size_check(node=node, root=abs_root, files=files, where=f"host path {abs_root}")
-    return _outer(inner, "sh -s", node=node, timeout_s=timeout_s, cleanup="")
+    return _check(node=node, mode="bind", size_check=inner, timeout_s=timeout_s, volume={})
 
 
 def render_volume_check(*, node: str, image: str, model_volume: str, engram_volume: str,
@@ -393,9 +296,6 @@ def render_volume_check(*, node: str, image: str, model_volume: str, engram_volu
     """Check through the node's docker volumes, exactly as the serving container will mount them."""
     inner = render_size_check(node=node, root=_MOUNT_IN_CHECK, files=files,
                               where=f"volumes {model_volume}, {engram_volume}")
-    name = check_container(stack_prefix)
-    run = (f"docker run --rm -i --name {name} --network none --entrypoint sh "
-           f"-v {shlex.quote(model_volume)}:{_MOUNT_IN_CHECK}/{MODEL_DIR}:ro "
-           f"-v {shlex.quote(engram_volume)}:{_MOUNT_IN_CHECK}/{ENGRAM_DIR}:ro {shlex.quote(image)} -s")
-    cleanup = f"docker rm -f {name} >/dev/null 2>&1 || true\n"
-    return _outer(inner, run, node=node, timeout_s=timeout_s, cleanup=cleanup)
+    return _check(node=node, mode="volume", size_check=inner, timeout_s=timeout_s, volume={
+        "CONTAINER": check_container(stack_prefix), "IMAGE": image, "MODEL_VOLUME": model_volume,
+        "ENGRAM_VOLUME": engram_volume, "MOUNT": _MOUNT_IN_CHECK, "MODEL_DIR": MODEL_DIR, "ENGRAM_DIR": ENGRAM_DIR})

@@ -24,6 +24,7 @@ import pytest
 
 from components.weights import manifest as wm
 from components.weights import stage_weights as sw
+from tests.support.scripts import header_value
 
 PYTHON = sys.executable  # the venv's python: stands for the staging container's python3
 SCRIPT = Path(wm.__file__).with_name("stage_weights.py")
@@ -481,18 +482,79 @@ def stage_command(**kw: Any) -> str:
     return wm.render_stage_command(**args)
 
 
-def test_stage_command_passes_token_by_name_and_is_bounded() -> None:
+@dataclass
+class Logged:
+    """What a rendered script ran, with docker and timeout stand-ins on PATH: one `timeout ...` / `docker ...`
+    line per call (argv joined by spaces), HF_TOKEN as each `docker run` saw it, and what it read on stdin."""
+
+    proc: subprocess.CompletedProcess[str]
+    argv: list[str]
+    docker_env: list[str]
+    docker_stdin: str
+
+    def line(self, start: str) -> str:
+        found = [ln for ln in self.argv if ln.startswith(start)]
+        assert len(found) == 1, f"expected one call starting {start!r}, got {self.argv}"
+        return found[0]
+
+
+def run_logged(cmd: str, tmp_path: Path, stdin: str = "", home: Path | None = None) -> Logged:
+    bin_dir, log, env_log, stdin_log = tmp_path / "log-bin", tmp_path / "argv", tmp_path / "env", tmp_path / "stdin"
+    bin_dir.mkdir(exist_ok=True)
+    for name, body in (
+            ("docker", f'echo "docker $*" >> {log}\n[ "$1" = run ] || exit 0\n'
+                       f'echo "HF_TOKEN=${{HF_TOKEN-unset}}" >> {env_log}\ncat > {stdin_log}\n'),
+            ("timeout", f'echo "timeout $*" >> {log}\nwhile case "$1" in -*) true;; *) false;; esac; do shift; done\n'
+                        'shift\nexec "$@"\n')):
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}")
+        (bin_dir / name).chmod(0o755)
+    if home is None:
+        home = tmp_path / "log-home"
+        home.mkdir(exist_ok=True)
+    proc = subprocess.run(["sh", "-c", cmd], input=stdin, capture_output=True, text=True, timeout=60,
+                          env={"PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(home)})
+    assert proc.returncode == 0, proc.stderr
+    read = lambda p: p.read_text() if p.exists() else ""  # noqa: E731
+    return Logged(proc, read(log).splitlines(), read(env_log).splitlines(), read(stdin_log))
+
+
+def test_stage_command_passes_token_by_name_and_is_bounded(tmp_path: Path) -> None:
     cmd = stage_command()
-    assert "IFS= read -r HF_TOKEN" in cmd and "export HF_TOKEN" in cmd
-    assert " -e HF_TOKEN " in cmd and "HF_TOKEN=" not in cmd.replace("read -r HF_TOKEN", "")
-    assert "timeout --kill-after=60 7200 docker run --rm" in cmd
-    assert "--network host" in cmd and "-e HF_ENDPOINT=http://127.0.0.1:9" in cmd
-    assert "--entrypoint python3 img:tag" in cmd
-    assert "-e HF_HUB_OFFLINE=0" in cmd, "the serving image's offline default must not break staging"
+    assert "HF_TOKEN=" not in cmd and TOKEN not in cmd and header_value(cmd, "WITH_TOKEN") == "1"
+    ran = run_logged(cmd, tmp_path, stdin=wm.stage_stdin(TOKEN, "script"))
+    bounded = ran.line("timeout ")
+    assert bounded.startswith("timeout --kill-after=60 7200 docker run --rm "), bounded
+    run = ran.line("docker run ")
+    assert " -e HF_TOKEN -e HF_ENDPOINT=http://127.0.0.1:9 " in run, "the token by name, never its value"
+    assert all(TOKEN not in line for line in ran.argv), "the token must never be in argv"
+    assert ran.docker_env == [f"HF_TOKEN={TOKEN}"], "the token read from stdin reaches docker's environment"
+    assert " --network host " in run and " --entrypoint python3 img:tag /stage/stage_weights.py " in run
+    assert " -e HF_HUB_OFFLINE=0 " in run, "the serving image's offline default must not break staging"
     anonymous = stage_command(with_token=False, hf_endpoint=None)
-    assert "HF_TOKEN" not in anonymous and "HF_ENDPOINT" not in anonymous
+    assert "HF_TOKEN" not in anonymous.split("\n", 1)[0] and header_value(anonymous, "WITH_TOKEN") == "0"
+    ran = run_logged(anonymous, _fresh(tmp_path / "anonymous"), stdin=wm.stage_stdin(None, "script"))
+    run = ran.line("docker run ")
+    assert "HF_TOKEN" not in run and "HF_ENDPOINT" not in run
+    assert ran.docker_env == ["HF_TOKEN=unset"], "anonymous staging exports no token"
     with pytest.raises(ValueError, match="stage_timeout_s=0"):
         stage_command(timeout_s=0)
+
+
+def _fresh(path: Path) -> Path:
+    path.mkdir()
+    return path
+
+
+@pytest.mark.parametrize(("root", "expected"), [
+    ("~/dsv41-exl3", "{home}/dsv41-exl3"), ("~/a b/", "{home}/a b"), ("{tmp}/srv/w/", "{tmp}/srv/w")])
+def test_stage_script_expands_tilde_to_the_remote_home(root: str, expected: str, tmp_path: Path) -> None:
+    home = _fresh(tmp_path / "remote-home").resolve()
+    cmd = stage_command(root=root.format(tmp=tmp_path))
+    ran = run_logged(cmd, tmp_path, stdin=wm.stage_stdin(None, "script"), home=home)
+    want = expected.format(home=home, tmp=tmp_path.resolve())
+    run = ran.line("docker run ")
+    assert f" -v {want}:/weights " in run and f" --host-root {want}" in run, run
+    assert (Path(want) / "model").is_dir() and (Path(want) / "engram-src").is_dir()
 
 
 def test_stage_stdin_is_token_line_then_script() -> None:
@@ -621,14 +683,18 @@ def test_bind_check_fails_naming_node_and_missing_files(tmp_path: Path) -> None:
     assert "found missing" in proc.stderr and "expected 5 bytes, found 1" in proc.stderr
 
 
-def test_volume_check_mounts_both_volumes_read_only_and_is_bounded() -> None:
+def test_volume_check_mounts_both_volumes_read_only_and_is_bounded(tmp_path: Path) -> None:
     cmd = wm.render_volume_check(node="w1", image="sha256:abc", model_volume="ws-w1-model-1",
                                  engram_volume="ws-w1-engram-src-2", files={"model/a": 1}, timeout_s=45,
                                  stack_prefix=PREFIX)
-    assert "timeout --kill-after=30 45 docker run --rm -i" in cmd
-    assert "-v ws-w1-model-1:/w/model:ro" in cmd and "-v ws-w1-engram-src-2:/w/engram-src:ro" in cmd
-    assert "--entrypoint sh" in cmd and "sha256:abc -s" in cmd
-    assert "1 model/a" in cmd
+    ran = run_logged(cmd, tmp_path)
+    bounded = ran.line("timeout ")
+    assert bounded.startswith("timeout --kill-after=30 45 docker run --rm -i "), bounded
+    assert " -v ws-w1-model-1:/w/model:ro " in bounded and " -v ws-w1-engram-src-2:/w/engram-src:ro " in bounded
+    assert " --entrypoint sh " in bounded and bounded.endswith(" sha256:abc -s")
+    inner = header_value(cmd, "SIZE_CHECK", as_text=True)
+    assert ran.docker_stdin == inner, "the size check reaches the container's sh on stdin"
+    assert header_value(inner, "FILES", as_text=True) == "1 model/a\n" and header_value(inner, "WEIGHTS_ROOT") == "/w"
 
 
 def test_volume_check_script_runs_inside_the_container_root(tmp_path: Path) -> None:
@@ -638,7 +704,7 @@ def test_volume_check_script_runs_inside_the_container_root(tmp_path: Path) -> N
     bin_dir.mkdir()
     (bin_dir / "docker").write_text(
         "#!/bin/sh\n[ \"$1\" = run ] || exit 0\n"
-        f"sed 's#^root=/w$#root={tmp_path}/head#' | sh -s\n")
+        f"sed 's# WEIGHTS_ROOT=/w;# WEIGHTS_ROOT={tmp_path}/head;#' | sh -s\n")
     (bin_dir / "docker").chmod(0o755)
     cmd = wm.render_volume_check(node="w1", image="img", model_volume="m", engram_volume="e", files=files,
                                  timeout_s=30, stack_prefix=PREFIX)
@@ -762,7 +828,9 @@ def test_anonymous_staging_sends_empty_token_line() -> None:
     stage = _by_name(run["monitor"])["ws-stage"]
     stdin = _field(stage, "stdin")
     assert isinstance(stdin, str) and stdin.startswith("\n") and "def main" in stdin
-    assert "HF_TOKEN" not in _field(stage, "create")
+    create = _field(stage, "create")
+    assert header_value(create, "WITH_TOKEN") == "0" and "HF_TOKEN" not in create.split("\n", 1)[0], \
+        "anonymous: stage.sh reads the empty line and passes no token to docker"
 
 
 def test_bind_share_gives_every_node_the_head_path() -> None:
@@ -777,7 +845,10 @@ def test_bind_share_gives_every_node_the_head_path() -> None:
     for node in ("head", "w1", "w2"):
         check = reqs[f"ws-visible-{node}"]
         assert any(d.endswith("::ws-stage") for d in check.dependencies), f"{node} check must wait for staging"
-        assert f"root={STAGED_ROOT}" in _field(check, "create") and "a.safetensors" in _field(check, "create")
+        inner = header_value(_field(check, "create"), "SIZE_CHECK", as_text=True)
+        assert header_value(_field(check, "create"), "MODE") == "bind"
+        assert header_value(inner, "WEIGHTS_ROOT") == STAGED_ROOT
+        assert "a.safetensors" in header_value(inner, "FILES", as_text=True)
 
 
 def test_nfs_share_mounts_worker_volumes_with_options() -> None:
@@ -786,7 +857,7 @@ def test_nfs_share_mounts_worker_volumes_with_options() -> None:
     assert store.mount_type == {"head": "bind", "w1": "volume", "w2": "volume"}
     export = reqs["ws-nfs-export"]
     assert '"/home/u/dsv41-exl3" 10.0.0.2(ro,sync,no_subtree_check) 10.0.0.3(ro,sync,no_subtree_check)' in \
-        _field(export, "create")
+        header_value(_field(export, "create"), "EXPORTS", as_text=True)
     assert any(d.endswith("::ws-stage") for d in export.dependencies)
     for w in ("w1", "w2"):
         for which in ("model", "engram-src"):
@@ -803,8 +874,12 @@ def test_nfs_share_mounts_worker_volumes_with_options() -> None:
         for dep in ("ws-stage", "ws-nfs-export", f"ws-{w}-model", f"ws-{w}-engram-src"):
             assert any(d.endswith(f"::{dep}") for d in deps), f"{w} check must wait for {dep}"
         create = _field(check, "create")
-        assert f"sha256:{w} -s" in create, "the check runs the image pulled on that worker"
-        assert ":/w/model:ro" in create and "engram-src/config.json" in create
+        assert header_value(create, "IMAGE") == f"sha256:{w}", "the check runs the image pulled on that worker"
+        assert header_value(create, "MODE") == "volume"
+        assert header_value(create, "MODEL_VOLUME").startswith(f"ws-{w}-model-")
+        assert (header_value(create, "MOUNT"), header_value(create, "MODEL_DIR")) == ("/w", "model")
+        assert "engram-src/config.json" in header_value(header_value(create, "SIZE_CHECK", as_text=True), "FILES",
+                                                        as_text=True)
     values = run["values"]
     model_vols, engram_vols = values[2:4], values[5:7]
     assert values[1] == f"{STAGED_ROOT}/model" and values[4] == f"{STAGED_ROOT}/engram-src"
@@ -950,10 +1025,15 @@ def test_staging_and_export_refuse_a_root_that_is_slash_or_home_on_the_node(
 
 def test_stage_and_check_containers_are_named_per_stack(tmp_path: Path) -> None:
     cmd = stage_command()
-    assert f"--name {PREFIX}-stage-weights " in cmd and f"docker rm -f {PREFIX}-stage-weights " in cmd
-    assert "--name dsv41-exl3-stage-weights" not in cmd
+    assert header_value(cmd, "CONTAINER") == f"{PREFIX}-stage-weights" and "dsv41-exl3-stage-weights" not in cmd
+    ran = run_logged(cmd, _fresh(tmp_path / "stage"), stdin=wm.stage_stdin(None, "script"))
+    assert ran.line("docker rm ") == f"docker rm -f {PREFIX}-stage-weights"
+    assert ran.line("docker run ").startswith(f"docker run --rm --name {PREFIX}-stage-weights ")
     check = wm.render_volume_check(node="w1", image="img", model_volume="m", engram_volume="e",
                                    files={"model/a": 1}, stack_prefix=OTHER)
-    assert f"--name {OTHER}-weights-check " in check and f"docker rm -f {OTHER}-weights-check " in check
+    assert header_value(check, "CONTAINER") == f"{OTHER}-weights-check"
+    ran = run_logged(check, _fresh(tmp_path / "check"))
+    assert ran.line("docker rm ") == f"docker rm -f {OTHER}-weights-check"
+    assert ran.line("docker run ").startswith(f"docker run --rm -i --name {OTHER}-weights-check ")
     with pytest.raises(ValueError, match="stack_prefix='a b'"):
         stage_command(stack_prefix="a b")
