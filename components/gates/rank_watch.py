@@ -21,6 +21,7 @@ from typing import Any, Literal, Protocol
 
 import requests
 
+from components.redaction import redact
 from components.ssh import SshTarget, ssh_argv
 
 # ---------------------------------------------------------------------------------------------
@@ -243,24 +244,6 @@ def phase_of(text: str) -> str | None:
     return None
 
 
-# vLLM logs its non-default args at startup, api_key included; tracebacks can echo env.
-_SECRET_SHAPES = (
-    re.compile(r"""((?:api[_-]?key|token|password|secret)['"]?\s*[:=]\s*['"]?)[^'",\s}]+""", re.IGNORECASE),
-    re.compile(r"(Bearer\s+)\S+"),
-    re.compile(r"()\bhf_[A-Za-z0-9]{16,}"),
-)
-
-
-def redact(text: str, secrets: Sequence[str] = ()) -> str:
-    """Remove known secret values and anything shaped like a key/token from a log line."""
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "***")
-    for shape in _SECRET_SHAPES:
-        text = shape.sub(lambda m: m.group(1) + "***", text)
-    return text
-
-
 # ---------------------------------------------------------------------------------------------
 # Settings and results
 
@@ -389,7 +372,7 @@ class _Cluster:
             raise GateFailure(self.message(
                 f"cannot observe {view.spec.label()} on {view.spec.user}@{view.spec.host}:{view.spec.port}: "
                 f"{view.source_errors} failures in a row, last: "
-                f"{redact(view.last_error, self.settings.secrets)}",
+                f"{redact(view.last_error, self.settings.secrets, key_shapes=True)}",
                 "check that the node is up and reachable over SSH with the configured key, and that "
                 "the docker CLI works there for that user",
             ))
@@ -449,7 +432,7 @@ class _Cluster:
         parts = [f"{cause}. What to do: {what_to_do}."]
         for view in self.views.values():
             parts.append(f"--- {view.spec.label()}, last {len(view.tail)} lines ---")
-            parts.extend(redact(t, secrets) for t in view.tail)
+            parts.extend(redact(t, secrets, key_shapes=True) for t in view.tail)
             if not view.tail:
                 parts.append("(no log lines seen)")
         return "\n".join(parts)
@@ -484,7 +467,7 @@ def wait_for_rendezvous(ranks: Sequence[RankSpec], source: RankSource, settings:
             if is_rendezvous_failure(line.text):
                 raise GateFailure(cluster.message(
                     f"{view.spec.label()} logged a rendezvous failure: "
-                    f"{redact(line.text.strip(), settings.secrets)}",
+                    f"{redact(line.text.strip(), settings.secrets, key_shapes=True)}",
                     _rendezvous_advice([v.spec for v in cluster.views.values() if not v.joined], master),
                 ))
             if is_reached_line(line.text):
@@ -561,7 +544,7 @@ def wait_for_ready(ranks: Sequence[RankSpec], source: RankSource, settings: Read
             if is_rendezvous_failure(line.text):
                 raise GateFailure(cluster.message(
                     f"{view.spec.label()} logged a rendezvous failure: "
-                    f"{redact(line.text.strip(), settings.secrets)}",
+                    f"{redact(line.text.strip(), settings.secrets, key_shapes=True)}",
                     _rendezvous_advice([r for r in ranks if r.rank != view.spec.rank], None),
                 ))
             seen = phase_of(line.text)

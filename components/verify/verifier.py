@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 import pulumi
 import pulumi.dynamic
 
+from components.redaction import redact
 from components.verify.verdict import (
     DECODE_PROBE_MAX_TOKENS,
     DECODE_PROBE_PROMPTS,
@@ -201,13 +202,9 @@ def _headers(api_key: str | None) -> dict[str, str]:
     return headers
 
 
-def _redact(text: str, secret: str | None) -> str:
-    return text.replace(secret, "***") if secret else text
-
-
 def _named(failed: Failed, endpoint: str, model: str, api_key: str | None) -> Failed:
     """Prefix the diagnosis with what was verified; a server echoing the key never leaks it."""
-    return Failed(failed.reason, _redact(f"{endpoint} model {model!r}: {failed.message}", api_key))
+    return Failed(failed.reason, redact(f"{endpoint} model {model!r}: {failed.message}", [api_key]))
 
 
 def worst_case_seconds(
@@ -500,7 +497,7 @@ def probe_endpoint(
     endpoint = normalize_endpoint(endpoint)
 
     def found(state: ProbeState, seen: str) -> Probe:
-        return Probe(state, _redact(seen, api_key))
+        return Probe(state, redact(seen, [api_key]))
 
     body = json.dumps(drift_probe_request(model)).encode()
     try:

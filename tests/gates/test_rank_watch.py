@@ -117,13 +117,6 @@ class TestPatterns:
         assert rw.is_noise(L_SHM)
         assert not rw.is_noise(L_LOAD)
 
-    def test_redact_removes_known_values_and_key_shapes(self) -> None:
-        out = rw.redact(L_ARGS_WITH_KEY)
-        assert "sk-live-very-secret" not in out and "'api_key': '***'" in out
-        assert rw.redact("token hf_abcdefghijklmnopqrstu here") == "token *** here"
-        assert rw.redact("curl -H 'Authorization: Bearer abc123'") == "curl -H 'Authorization: Bearer ***"
-        assert rw.redact("oops MYSECRET leaked", ["MYSECRET"]) == "oops *** leaked"
-
 
 # --- fakes ---------------------------------------------------------------------------------------------
 
