@@ -9,6 +9,7 @@ log pattern below is deliberately tolerant (substring or loose regex, case where
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import subprocess
@@ -17,10 +18,10 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from http.client import HTTPException
 from typing import Any, Literal, Protocol
 
-import requests
-
+from components.http import ConnectionRefusedOrReset, DeadlineExceeded, exchange
 from components.redaction import redact
 from components.ssh import SshTarget, ssh_argv
 
@@ -600,7 +601,8 @@ def wait_for_ready(ranks: Sequence[RankSpec], source: RankSource, settings: Read
 
 
 class ModelsEndpoint:
-    """GET {api_base}/v1/models with a short timeout; the API key goes in a header, never a message."""
+    """GET {api_base}/v1/models within `timeout_s` (connect and read); the API key goes in a header, never a
+    message."""
 
     def __init__(self, api_base: str, model_name: str, api_key: str | None = None,
                  timeout_s: float = 5.0) -> None:
@@ -616,15 +618,15 @@ class ModelsEndpoint:
     def __call__(self) -> ModelsProbeResult:
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
         try:
-            resp = requests.get(self.url, headers=headers, timeout=self.timeout_s)
-        except requests.RequestException as err:
+            reply = exchange("GET", self.url, headers=headers, deadline=time.monotonic() + self.timeout_s)
+        except (ConnectionRefusedOrReset, DeadlineExceeded, HTTPException, OSError) as err:
             return ModelsProbeResult("unreachable", f"GET {self.url}: {type(err).__name__}")
-        if resp.status_code in (401, 403):
-            return ModelsProbeResult("unauthorized", f"GET {self.url}: HTTP {resp.status_code}")
-        if resp.status_code != 200:
-            return ModelsProbeResult("unreachable", f"GET {self.url}: HTTP {resp.status_code}")
+        if reply.status in (401, 403):
+            return ModelsProbeResult("unauthorized", f"GET {self.url}: HTTP {reply.status}")
+        if reply.status != 200:
+            return ModelsProbeResult("unreachable", f"GET {self.url}: HTTP {reply.status}")
         try:
-            data = resp.json().get("data", [])
+            data = json.loads(reply.body).get("data", [])
             ids = tuple(str(m.get("id")) for m in data if isinstance(m, dict))
         except (ValueError, AttributeError):
             return ModelsProbeResult("unreachable", f"GET {self.url}: answer is not the OpenAI models list")

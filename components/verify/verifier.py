@@ -26,13 +26,14 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from http.client import HTTPConnection, HTTPException, HTTPSConnection
+from http.client import HTTPException
 from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 import pulumi
 import pulumi.dynamic
 
+from components.http import Clock, ConnectionRefusedOrReset, DeadlineExceeded, HttpReply, exchange
 from components.redaction import redact
 from components.verify.verdict import (
     DECODE_PROBE_MAX_TOKENS,
@@ -40,7 +41,6 @@ from components.verify.verdict import (
     DecodeSample,
     Failed,
     Reason,
-    SseDecoder,
     TokenLogprob,
     completion_request,
     decode_probe_request,
@@ -54,106 +54,16 @@ from components.verify.verdict import (
     median_rate,
 )
 
-Clock = Callable[[], float]
 Sleep = Callable[[float], None]
 Progress = Callable[[str], None]
 T = TypeVar("T")
 
 DEFAULT_TIMEOUT_S = 120.0
 HEALTH_TIMEOUT_S = 5.0
-MAX_BODY_BYTES = 8 << 20
-MAX_LINE_BYTES = 1 << 20
 FIRST_RETRY_PAUSE_S = 1.0
 MAX_RETRY_PAUSE_S = 10.0
 # Eager mode (no CUDA graphs) is what the recipe measured at 11-13 tok/s on two Sparks.
 EAGER_MODE_TOKENS_PER_SECOND = "11-13"
-
-
-# ---------------------------------------------------------------------------------------------
-# HTTP: stdlib http.client, so every socket wait is re-armed with the time left before a deadline.
-
-
-class _Retryable(Exception):
-    """Connection refused or reset: the API port is not serving yet and may be in a moment."""
-
-
-class _DeadlineExceeded(Exception):
-    """No complete answer before the deadline."""
-
-
-@dataclass(frozen=True)
-class HttpReply:
-    status: int
-    headers: Mapping[str, str]
-    body: bytes
-    # SSE data payloads with their arrival time (only for a streamed 200 answer).
-    events: tuple[tuple[float, str], ...] = ()
-
-
-def http_exchange(
-    method: str,
-    url: str,
-    *,
-    body: bytes | None = None,
-    headers: Mapping[str, str] | None = None,
-    deadline: float,
-    clock: Clock = time.monotonic,
-    stream: bool = False,
-) -> HttpReply:
-    """One HTTP request whose total time is bounded by `deadline` (on `clock`)."""
-    parts = urlsplit(url)
-    remaining = deadline - clock()
-    if remaining <= 0:
-        raise _DeadlineExceeded()
-    connection_class = HTTPSConnection if parts.scheme == "https" else HTTPConnection
-    connection = connection_class(parts.hostname or "", parts.port, timeout=remaining)
-    path = parts.path + (f"?{parts.query}" if parts.query else "")
-    try:
-        connection.request(method, path, body=body, headers=dict(headers or {}))
-        sock = connection.sock  # kept: http.client drops its reference when the server closes
-
-        def arm() -> None:
-            left = deadline - clock()
-            if left <= 0:
-                raise _DeadlineExceeded()
-            if sock is not None:
-                sock.settimeout(left)
-
-        arm()
-        response = connection.getresponse()
-        reply_headers = {key.lower(): value for key, value in response.getheaders()}
-        if stream and response.status == 200:
-            events: list[tuple[float, str]] = []
-            decoder = SseDecoder()
-            while True:
-                arm()
-                line = response.readline(MAX_LINE_BYTES)
-                if not line:
-                    break
-                data = decoder.feed_line(line.decode("utf-8", errors="replace"))
-                if data is not None:
-                    events.append((clock(), data))
-                    if data.strip() == "[DONE]":
-                        break
-            if (last := decoder.flush()) is not None:
-                events.append((clock(), last))
-            return HttpReply(response.status, reply_headers, b"", tuple(events))
-        chunks: list[bytes] = []
-        size = 0
-        while size < MAX_BODY_BYTES:
-            arm()
-            chunk = response.read1(65536)  # read1: returns what arrived, so a trickle cannot stall us
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        return HttpReply(response.status, reply_headers, b"".join(chunks))
-    except (ConnectionRefusedError, ConnectionResetError, BrokenPipeError) as error:
-        raise _Retryable(type(error).__name__) from error
-    except TimeoutError as error:
-        raise _DeadlineExceeded() from error
-    finally:
-        connection.close()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -217,12 +127,12 @@ def worst_case_seconds(
 
 def _served_models(endpoint: str, api_key: str | None, clock: Clock) -> list[str] | None:
     try:
-        reply = http_exchange(
+        reply = exchange(
             "GET", f"{endpoint}/models", headers=_headers(api_key), deadline=clock() + HEALTH_TIMEOUT_S, clock=clock
         )
         payload = json.loads(reply.body)
         return [str(item["id"]) for item in payload["data"]]
-    except (OSError, HTTPException, _Retryable, _DeadlineExceeded, ValueError, KeyError, TypeError):
+    except (OSError, HTTPException, ConnectionRefusedOrReset, DeadlineExceeded, ValueError, KeyError, TypeError):
         return None
 
 
@@ -230,9 +140,9 @@ def _diagnose_timeout(endpoint: str, timeout_s: float, clock: Clock) -> Failed:
     """A completion that never returns while /health says 200 is vLLM's signature of a lost rank."""
     url = health_url(endpoint)
     try:
-        reply = http_exchange("GET", url, deadline=clock() + min(HEALTH_TIMEOUT_S, timeout_s), clock=clock)
+        reply = exchange("GET", url, deadline=clock() + min(HEALTH_TIMEOUT_S, timeout_s), clock=clock)
         health = f"answered HTTP {reply.status}"
-    except (OSError, HTTPException, _Retryable, _DeadlineExceeded):
+    except (OSError, HTTPException, ConnectionRefusedOrReset, DeadlineExceeded):
         reply, health = None, "did not answer"
     if reply is not None and reply.status == 200:
         return Failed(
@@ -252,7 +162,7 @@ def _post_completion(
     endpoint: str, model: str, api_key: str | None, *, stream: bool, timeout_s: float, clock: Clock
 ) -> HttpReply:
     body = json.dumps(completion_request(model, stream=stream)).encode()
-    return http_exchange(
+    return exchange(
         "POST",
         f"{endpoint}/chat/completions",
         body=body,
@@ -308,9 +218,9 @@ def verify_endpoint(
             bound = max(timeout_s, start + warmup_timeout_s - sent_at)
         try:
             reply = _post_completion(endpoint, model, api_key, stream=stream, timeout_s=bound, clock=clock)
-        except _Retryable as error:
+        except ConnectionRefusedOrReset as error:
             retry_reason, last = Reason.UNREACHABLE, f"connection {'refused' if 'Refused' in str(error) else 'reset'}"
-        except _DeadlineExceeded:
+        except DeadlineExceeded:
             return _named(_diagnose_timeout(endpoint, bound, clock), endpoint, model, api_key)
         except HTTPException as error:
             failed = Failed(Reason.HTTP_ERROR, f"the server does not speak HTTP correctly ({error!r})")
@@ -406,7 +316,7 @@ def measure_decode(
     for index, prompt in enumerate(prompts):
         body = json.dumps(decode_probe_request(model, prompt, max_tokens)).encode()
         try:
-            reply = http_exchange(
+            reply = exchange(
                 "POST",
                 f"{endpoint}/chat/completions",
                 body=body,
@@ -415,13 +325,13 @@ def measure_decode(
                 clock=clock,
                 stream=True,
             )
-        except _DeadlineExceeded:
+        except DeadlineExceeded:
             return Failed(
                 Reason.TIMEOUT,
                 f"decode probe prompt {index} did not finish within {timeout_s:g} s "
                 f"({max_tokens} tokens); the server is stalled or slower than {max_tokens / timeout_s:.1f} tok/s",
             )
-        except (_Retryable, OSError, HTTPException) as error:
+        except (ConnectionRefusedOrReset, OSError, HTTPException) as error:
             return Failed(Reason.UNREACHABLE, f"decode probe prompt {index} lost the connection ({error!r})")
         if reply.status != 200:
             return judge_error(reply.status, reply.body.decode("utf-8", errors="replace"))
@@ -457,8 +367,8 @@ class Probe:
 def _engine_steps(endpoint: str, clock: Clock) -> float | None:
     url = normalize_endpoint(endpoint)[: -len("/v1")] + "/metrics"
     try:
-        reply = http_exchange("GET", url, deadline=clock() + HEALTH_TIMEOUT_S, clock=clock)
-    except (OSError, HTTPException, _Retryable, _DeadlineExceeded):
+        reply = exchange("GET", url, deadline=clock() + HEALTH_TIMEOUT_S, clock=clock)
+    except (OSError, HTTPException, ConnectionRefusedOrReset, DeadlineExceeded):
         return None
     return engine_steps(reply.body.decode("utf-8", errors="replace")) if reply.status == 200 else None
 
@@ -501,11 +411,11 @@ def probe_endpoint(
 
     body = json.dumps(drift_probe_request(model)).encode()
     try:
-        reply = http_exchange("POST", f"{endpoint}/chat/completions", body=body, headers=_headers(api_key),
+        reply = exchange("POST", f"{endpoint}/chat/completions", body=body, headers=_headers(api_key),
                               deadline=clock() + timeout_s, clock=clock)
-    except _Retryable as error:
+    except ConnectionRefusedOrReset as error:
         return found("drift", f"refuses connections ({error}) while every rank container runs: the API is down")
-    except _DeadlineExceeded:
+    except DeadlineExceeded:
         first = _engine_steps(endpoint, clock)
         sleep(BUSY_CHECK_GAP_S)
         second = _engine_steps(endpoint, clock)

@@ -26,7 +26,6 @@ from components.verify.verdict import (
     drift_probe_request,
     engine_steps,
     judge_completion,
-    sse_payloads,
 )
 from components.verify.verifier import (
     Passed,
@@ -428,11 +427,6 @@ def test_probe_prompts_are_varied_and_not_counting() -> None:
 
 
 # --- pure judgement edge cases ------------------------------------------------------------------
-
-
-def test_sse_payloads_join_multiline_data_and_skip_comments() -> None:
-    lines = [": keep-alive\n", 'data: {"a":\n', "data: 1}\n", "\n", "data:[DONE]\n"]
-    assert sse_payloads(lines) == ['{"a":\n1}', "[DONE]"]
 
 
 def test_zero_and_integer_logprobs_are_real() -> None:
