@@ -22,7 +22,6 @@ import socket
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -33,6 +32,7 @@ from urllib.parse import urlsplit
 import pulumi
 import pulumi.dynamic
 
+from components.dynamic import StateOnlyProvider, as_set, log_progress, plain, secret_or_none
 from components.http import Clock, ConnectionRefusedOrReset, DeadlineExceeded, HttpReply, exchange
 from components.redaction import redact
 from components.verify.verdict import (
@@ -480,19 +480,10 @@ INPUT_KEYS = (
 )
 OUTPUT_KEYS = ("answer", "logprobs", "latency_s", "verified_at", "decode_tokens_per_second")
 GUARD_MARGIN_S = 30.0
-_SECRET_SIG_KEY = "4dabf18193072939515e22adb298388d"
-_SECRET_SIG = "1b47061264138c4ac30d75fd1eb44270"
 
 
 class VerificationFailed(Exception):
     """Raised from create/update; Pulumi shows the message under the resource."""
-
-
-def _unwrap_secret(value: Any) -> Any:
-    # The dynamic provider declares acceptSecrets=False, but be safe if a wrapped secret arrives.
-    if isinstance(value, Mapping) and value.get(_SECRET_SIG_KEY) == _SECRET_SIG:
-        return value.get("value")
-    return value
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -513,7 +504,7 @@ class VerifierInputs:
 
     @classmethod
     def from_props(cls, props: Mapping[str, Any]) -> VerifierInputs:
-        values = {key: _unwrap_secret(props.get(key)) for key in INPUT_KEYS}
+        values = plain(INPUT_KEYS, props)
         if not isinstance(values["endpoint"], str) or not isinstance(values["model"], str) or not values["model"]:
             raise ValueError(
                 f"Verifier needs endpoint and model as strings, got endpoint={values['endpoint']!r} "
@@ -549,20 +540,12 @@ class VerifierInputs:
         }
 
 
-def _comparable(key: str, value: Any) -> Any:
-    value = _unwrap_secret(value)
-    if key == "endpoint" and isinstance(value, str):
-        return value.strip().rstrip("/")
-    if key == "rerun_on" and isinstance(value, list | tuple):
-        return tuple(sorted(str(item) for item in value))  # the set of containers matters, not its order
-    if isinstance(value, int) and not isinstance(value, bool):
-        return float(value)  # state round-trips numbers as floats
-    return value
+def _endpoint_as_compared(value: Any) -> Any:
+    return value.strip().rstrip("/") if isinstance(value, str) else value
 
 
-def changed_inputs(olds: Mapping[str, Any], news: Mapping[str, Any]) -> list[str]:
-    """Input keys whose values differ; `__provider` (the pickled code) is deliberately not one."""
-    return [key for key in INPUT_KEYS if _comparable(key, olds.get(key)) != _comparable(key, news.get(key))]
+# What makes two values of an input the same: the set of containers matters, not its order.
+NORMALIZE = {"endpoint": _endpoint_as_compared, "rerun_on": as_set}
 
 
 def run_verification(inputs: VerifierInputs, on_progress: Progress | None = None) -> dict[str, Any]:
@@ -595,36 +578,16 @@ def run_verification(inputs: VerifierInputs, on_progress: Progress | None = None
     }
 
 
-def _log_progress(message: str) -> None:
-    # In the provider process there is no engine connection: pulumi.log falls back to stderr,
-    # which the engine relays to the CLI.
-    pulumi.log.info(message)
+class VerifierProvider(StateOnlyProvider):
+    """CRUD for Verifier: create and update are the verification. Any input change re-runs it in place."""
 
+    input_keys = INPUT_KEYS
+    normalize = NORMALIZE
+    id_prefix = "verifier"
 
-class VerifierProvider(pulumi.dynamic.ResourceProvider):
-    """CRUD for Verifier. Stateless: no clients or sockets as attributes (the object is pickled).
-
-    Any input change re-runs the verification as an in-place update: there is no real-world
-    object to replace, the id stays stable for dependents, and a failed update leaves the old
-    state so the next `up` sees the same diff and verifies again.
-    """
-
-    def create(self, props: dict[str, Any]) -> pulumi.dynamic.CreateResult:
+    def outputs(self, props: Mapping[str, Any]) -> dict[str, Any]:
         inputs = VerifierInputs.from_props(props)
-        outs = run_verification(inputs, _log_progress)
-        return pulumi.dynamic.CreateResult(id_=f"verifier-{uuid.uuid4().hex[:16]}", outs={**inputs.to_props(), **outs})
-
-    def diff(self, _id: str, _olds: dict[str, Any], _news: dict[str, Any]) -> pulumi.dynamic.DiffResult:
-        changed = changed_inputs(_olds, _news)
-        return pulumi.dynamic.DiffResult(changes=bool(changed), replaces=[], stables=[], delete_before_replace=False)
-
-    def update(self, _id: str, _olds: dict[str, Any], _news: dict[str, Any]) -> pulumi.dynamic.UpdateResult:
-        inputs = VerifierInputs.from_props(_news)
-        outs = run_verification(inputs, _log_progress)
-        return pulumi.dynamic.UpdateResult(outs={**inputs.to_props(), **outs})
-
-    def delete(self, _id: str, _props: dict[str, Any]) -> None:
-        """Nothing exists outside the state, so there is nothing to tear down."""
+        return {**inputs.to_props(), **run_verification(inputs, log_progress)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -662,7 +625,7 @@ class Verifier(pulumi.dynamic.Resource, module="verify", name="Verifier"):
             "endpoint": args.endpoint,
             "model": args.model,
             "rerun_on": args.rerun_on,
-            "api_key": pulumi.Output.secret(args.api_key) if args.api_key is not None else None,
+            "api_key": secret_or_none(args.api_key),
             "timeout_s": args.timeout_s,
             "retry_window_s": args.retry_window_s,
             "min_decode_tokens_per_second": args.min_decode_tokens_per_second,

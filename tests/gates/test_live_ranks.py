@@ -36,7 +36,7 @@ class FakeSource:
 def world(monkeypatch: pytest.MonkeyPatch) -> dict[int, ContainerState | Exception]:
     states: dict[int, ContainerState | Exception] = {0: ContainerState(status="running"),
                                                      1: ContainerState(status="running")}
-    monkeypatch.setattr(live_ranks, "_source", lambda _props: FakeSource(states))
+    monkeypatch.setattr(live_ranks, "rank_source", lambda _props: FakeSource(states))
     return states
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import dill
 import pytest
 
+from components.dynamic import unwrap_secret
 from components.verify import verifier as verify
 from components.verify.verdict import (
     DECODE_PROBE_PROMPTS,
@@ -574,7 +575,7 @@ def test_verifier_resource_registers_inputs_and_a_pickled_provider() -> None:
             ((typ, inputs),) = registered
             assert typ == "pulumi-python:dynamic/verify:Verifier"
             assert inputs["rerun_on"] == ["h", "w"] and inputs["endpoint"] == "http://10.0.0.1:8888/v1"
-            assert verify._unwrap_secret(inputs["api_key"]) == "k-9"
+            assert unwrap_secret(inputs["api_key"]) == "k-9"
             assert inputs["api_key"] != "k-9", "the API key must travel as a secret"
             assert inputs["__provider"]
             assert answer == "Paris."
