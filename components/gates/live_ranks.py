@@ -32,7 +32,7 @@ import pulumi.dynamic
 from components.dynamic import StateOnlyProvider, changed_inputs, secret_or_none, unwrap_secret
 from components.gates.gates import NORMALIZE, GateRank, rank_source, ranks_from_prop
 from components.gates.rank_watch import ContainerState, SourceError
-from components.verify.verifier import (
+from components.verify.client import (
     GUARD_MARGIN_S,
     Probe,
     VerificationTimeout,
