@@ -21,6 +21,8 @@ import pulumi.dynamic
 
 from components.dynamic import StateOnlyProvider, as_rows, as_set, log_progress, plain, secret_or_none, unwrap_secret
 from components.gates.rank_watch import (
+    WATCH_POLL_INTERVAL_S,
+    WATCH_PROGRESS_INTERVAL_S,
     ModelsEndpoint,
     RankSpec,
     ReadySettings,
@@ -37,6 +39,12 @@ RENDEZVOUS_INPUT_KEYS = (*SHARED_INPUT_KEYS, "rendezvous_timeout_s")
 READY_INPUT_KEYS = (*SHARED_INPUT_KEYS, "api_base", "model_name", "api_key", "ready_timeout_s", "stall_s",
                     "models_timeout_s")
 SECRET_KEYS = ["ssh_private_key", "api_key"]
+
+# Not operator settings: how often the gates look (POLL_INTERVAL_S, <= 5 s so an exited container is noticed
+# within 15 s) and report, and how long one /v1/models look may take. The program wires these.
+POLL_INTERVAL_S = WATCH_POLL_INTERVAL_S
+PROGRESS_INTERVAL_S = WATCH_PROGRESS_INTERVAL_S
+MODELS_TIMEOUT_S = 5.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -55,16 +63,17 @@ def _check_ranks(ranks: Sequence[GateRank]) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class RendezvousGateArgs:
-    """Inputs of RendezvousGate. `rerun_on`: the ids of every serving container."""
+    """Inputs of RendezvousGate. `rerun_on`: the ids of every serving container. No defaults: the settings
+    come from components/config.py, so a forgotten wire fails the type check."""
 
     ranks: Sequence[GateRank]
     rerun_on: pulumi.Input[Sequence[pulumi.Input[str]]]
-    ssh_private_key: pulumi.Input[str] | None = None
-    ssh_agent_socket: str | None = None
-    ssh_known_hosts_file: str | None = None
-    rendezvous_timeout_s: float = 720.0
-    poll_interval_s: float = 5.0
-    progress_interval_s: float = 30.0
+    ssh_private_key: pulumi.Input[str] | None
+    ssh_agent_socket: str | None
+    ssh_known_hosts_file: str | None
+    rendezvous_timeout_s: float
+    poll_interval_s: float
+    progress_interval_s: float
 
     def __post_init__(self) -> None:
         _check_ranks(self.ranks)
@@ -74,21 +83,22 @@ class RendezvousGateArgs:
 
 @dataclass(frozen=True, kw_only=True)
 class ReadyGateArgs:
-    """Inputs of ReadyGate: the ranks to watch and the head's OpenAI API (`api_base` without /v1)."""
+    """Inputs of ReadyGate: the ranks to watch and the head's OpenAI API (`api_base` without /v1). No defaults,
+    as for RendezvousGateArgs."""
 
     ranks: Sequence[GateRank]
     rerun_on: pulumi.Input[Sequence[pulumi.Input[str]]]
     api_base: pulumi.Input[str]
     model_name: pulumi.Input[str]
-    api_key: pulumi.Input[str] | None = None
-    ssh_private_key: pulumi.Input[str] | None = None
-    ssh_agent_socket: str | None = None
-    ssh_known_hosts_file: str | None = None
-    ready_timeout_s: float = 2700.0
-    stall_s: float = 600.0
-    poll_interval_s: float = 5.0
-    progress_interval_s: float = 30.0
-    models_timeout_s: float = 5.0
+    api_key: pulumi.Input[str] | None
+    ssh_private_key: pulumi.Input[str] | None
+    ssh_agent_socket: str | None
+    ssh_known_hosts_file: str | None
+    ready_timeout_s: float
+    stall_s: float
+    poll_interval_s: float
+    progress_interval_s: float
+    models_timeout_s: float
 
     def __post_init__(self) -> None:
         _check_ranks(self.ranks)
@@ -110,9 +120,12 @@ def ranks_from_prop(value: Any) -> list[RankSpec]:
     return [RankSpec.from_prop(r) for r in value]
 
 
-def _float(props: Mapping[str, Any], key: str, default: float) -> float:
+def _setting(props: Mapping[str, Any], key: str) -> float:
+    # The program sends every setting (from components/config.py); a missing one is a bug, not a default.
     value = unwrap_secret(props.get(key))
-    return float(value) if value is not None else default
+    if value is None:
+        raise ValueError(f"gate property {key} is missing: the program sends every setting")
+    return float(value)
 
 
 # What makes two values of an input the same: which containers and ranks, not their order.
@@ -133,9 +146,9 @@ def run_rendezvous_gate(props: Mapping[str, Any]) -> dict[str, Any]:
     """Wait for every rank to join; return the outputs (inputs echoed plus the verdict)."""
     secrets = tuple(str(s) for s in (unwrap_secret(props.get(k)) for k in SECRET_KEYS) if s)
     settings = RendezvousSettings(
-        rendezvous_timeout_s=_float(props, "rendezvous_timeout_s", 720.0),
-        poll_interval_s=_float(props, "poll_interval_s", 5.0),
-        progress_interval_s=_float(props, "progress_interval_s", 30.0),
+        rendezvous_timeout_s=_setting(props, "rendezvous_timeout_s"),
+        poll_interval_s=_setting(props, "poll_interval_s"),
+        progress_interval_s=_setting(props, "progress_interval_s"),
         secrets=secrets,
     )
     ranks = ranks_from_prop(unwrap_secret(props.get("ranks")))
@@ -154,10 +167,10 @@ def run_ready_gate(props: Mapping[str, Any]) -> dict[str, Any]:
     api_key = unwrap_secret(props.get("api_key"))
     secrets = tuple(str(s) for s in (unwrap_secret(props.get(k)) for k in SECRET_KEYS) if s)
     settings = ReadySettings(
-        ready_timeout_s=_float(props, "ready_timeout_s", 2700.0),
-        stall_s=_float(props, "stall_s", 600.0),
-        poll_interval_s=_float(props, "poll_interval_s", 5.0),
-        progress_interval_s=_float(props, "progress_interval_s", 30.0),
+        ready_timeout_s=_setting(props, "ready_timeout_s"),
+        stall_s=_setting(props, "stall_s"),
+        poll_interval_s=_setting(props, "poll_interval_s"),
+        progress_interval_s=_setting(props, "progress_interval_s"),
         secrets=secrets,
     )
     model = str(unwrap_secret(props.get("model_name")) or "")
@@ -166,7 +179,7 @@ def run_ready_gate(props: Mapping[str, Any]) -> dict[str, Any]:
         raise ValueError(f"ReadyGate needs model_name and an http(s) api_base, got model_name={model!r} "
                          f"api_base={api_base!r}")
     probe = ModelsEndpoint(api_base, model, str(api_key) if api_key else None,
-                           timeout_s=_float(props, "models_timeout_s", 5.0))
+                           timeout_s=_setting(props, "models_timeout_s"))
     ranks = ranks_from_prop(unwrap_secret(props.get("ranks")))
     result = wait_for_ready(ranks, rank_source(props), settings, SystemClock(), log_progress, probe, model)
     return {

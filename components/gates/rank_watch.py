@@ -249,14 +249,23 @@ def phase_of(text: str) -> str | None:
 # Settings and results
 
 
+# How often the gates look (<= 5 s so an exited container is noticed within 15 s) and report.
+WATCH_POLL_INTERVAL_S = 5.0
+WATCH_PROGRESS_INTERVAL_S = 30.0
+# Once loading is done (KV cache, graphs, warm-up, API start), readiness is minutes away at most:
+# poll faster then, so the update returns within about this long of "Application startup complete."
+NEAR_READY_POLL_S = 0.5
+
+
 @dataclass(frozen=True, kw_only=True)
 class WatchSettings:
-    """What both gates share. Poll <= 5 s so an exited container is noticed within 15 s."""
+    """What both gates share. The timeouts (in the subclasses) have no defaults: they are operator settings,
+    whose defaults live in components/config.py."""
 
-    poll_interval_s: float = 5.0
+    poll_interval_s: float = WATCH_POLL_INTERVAL_S
     tail_lines: int = 20
     max_source_errors: int = 3
-    progress_interval_s: float = 30.0
+    progress_interval_s: float = WATCH_PROGRESS_INTERVAL_S
     secrets: tuple[str, ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
@@ -275,8 +284,7 @@ class WatchSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class RendezvousSettings(WatchSettings):
-    # Longer than torch's own ~600 s store timeout, so vLLM's DistStoreError (more specific) lands first.
-    rendezvous_timeout_s: float = 720.0
+    rendezvous_timeout_s: float
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -286,14 +294,10 @@ class RendezvousSettings(WatchSettings):
 
 @dataclass(frozen=True, kw_only=True)
 class ReadySettings(WatchSettings):
-    # A first boot after an NCCL topology change has spent ~36 min in JIT: 45 min leaves margin.
-    ready_timeout_s: float = 2700.0
-    # No rank logged a (non-noise) line for this long = hung. A1 uses 420 s on the head alone;
-    # we watch every rank, and a worker streaming weights over NFS can be quiet for minutes.
-    stall_s: float = 600.0
-    # Once loading is done (KV cache, graphs, warm-up, API start), readiness is minutes away at most:
-    # poll faster then, so the update returns within about this long of "Application startup complete."
-    near_ready_poll_s: float = 0.5
+    ready_timeout_s: float
+    stall_s: float
+    """No rank logged a (non-noise) line for this long = hung."""
+    near_ready_poll_s: float = NEAR_READY_POLL_S
 
     def __post_init__(self) -> None:
         super().__post_init__()
