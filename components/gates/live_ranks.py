@@ -11,7 +11,7 @@ rendezvous of a group that no longer exists), and the gates and the verifier re-
 
 A container that runs can still be useless: a hung rank (the head's `/health` stays 200 while completions never
 return) or a model that turned to NaN. So when every rank runs, `diff` also sends one 1-token completion with
-logprobs to the endpoint (`verify.probe_endpoint`, judged by the verifier's own rules, bounded by
+logprobs to the endpoint (`verify.client.probe_endpoint`, judged by the verifier's own rules, bounded by
 `PROBE_TIMEOUT_S`); NaN, -inf, an error, connection refused or no answer from a frozen engine is drift too.
 
 A healthy deployment costs one `docker inspect` per node and one 1-token completion per preview and up, and
