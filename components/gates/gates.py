@@ -21,6 +21,7 @@ import pulumi.dynamic
 
 from components.dynamic import StateOnlyProvider, as_rows, as_set, log_progress, plain, secret_or_none, unwrap_secret
 from components.gates.rank_watch import (
+    MODELS_PROBE_TIMEOUT_S,
     WATCH_POLL_INTERVAL_S,
     WATCH_PROGRESS_INTERVAL_S,
     ModelsEndpoint,
@@ -44,7 +45,7 @@ SECRET_KEYS = ["ssh_private_key", "api_key"]
 # within 15 s) and report, and how long one /v1/models look may take. The program wires these.
 POLL_INTERVAL_S = WATCH_POLL_INTERVAL_S
 PROGRESS_INTERVAL_S = WATCH_PROGRESS_INTERVAL_S
-MODELS_TIMEOUT_S = 5.0
+MODELS_TIMEOUT_S = MODELS_PROBE_TIMEOUT_S
 
 
 # ---------------------------------------------------------------------------------------------

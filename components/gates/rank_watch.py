@@ -255,6 +255,8 @@ WATCH_PROGRESS_INTERVAL_S = 30.0
 # Once loading is done (KV cache, graphs, warm-up, API start), readiness is minutes away at most:
 # poll faster then, so the update returns within about this long of "Application startup complete."
 NEAR_READY_POLL_S = 0.5
+# One GET /v1/models, connect and read.
+MODELS_PROBE_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -609,7 +611,7 @@ class ModelsEndpoint:
     message."""
 
     def __init__(self, api_base: str, model_name: str, api_key: str | None = None,
-                 timeout_s: float = 5.0) -> None:
+                 timeout_s: float = MODELS_PROBE_TIMEOUT_S) -> None:
         base = api_base.rstrip("/")
         self.url = (base if base.endswith("/v1") else base + "/v1") + "/models"
         self.model_name = model_name
