@@ -37,9 +37,9 @@ def test_recipe_defaults_apply_when_only_nodes_and_ssh_are_given() -> None:
     assert s.serve.num_speculative_tokens == 3
     assert s.serve.port == 8888
     assert s.serve.served_model_name == "DeepSeek-v4.1-Flash-EXL3"
-    assert s.preflight.min_mem_available_gi_b == 111.5
-    assert s.preflight.min_free_disk_gi_b == 387
-    assert s.watchdog.enabled and s.watchdog.mem_available_floor_gi_b == 1.5
+    assert s.preflight.min_mem_available_gib == 111.5
+    assert s.preflight.min_free_disk_gib == 387
+    assert s.watchdog.enabled and s.watchdog.mem_available_floor_gib == 1.5
     assert s.head.fabric_interface == "enp1s0f1np1" and s.head.ib_hcas == ["rocep1s0f1"]
     assert s.head.gid_index == "auto" and s.workers[0].gid_index == 3
     assert s.head.rdma_devices == ["/dev/infiniband"] and s.head.gpus == "all"
@@ -382,6 +382,11 @@ def _set(raw: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
     ("weights.root", "~other/w", "`~user` is not expanded"),
     ("watchdog.memAvailableFloorGiB", 0, "greater than 0"),
     ("watchdog.memAvailableFloorGiB", 2000, "stop every rank at once"),
+    ("watchdog.sampleSeconds", 0, "greater than or equal to 1"),
+    ("watchdog.consecutiveSamples", 0, "greater than or equal to 1"),
+    ("preflight.minMemAvailableGiB", -1, "greater than or equal to 0"),
+    ("preflight.minMemAvailableGiB", float("inf"), "finite number"),
+    ("preflight.minFreeDiskGiB", float("nan"), "finite number"),
     ("serve.servedModelName", "", "non-empty name"),
     ("serve.servedModelName", "my model", "without spaces"),
     ("nodes[0].host", "me@10.0.0.1", "put the login name in `user`"),
