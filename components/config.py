@@ -99,6 +99,8 @@ _LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _HOSTNAME = re.compile(rf"(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*")
 # A login name as useradd accepts it; a leading '-' would parse as an ssh option.
 _USER = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
+# An RDMA device name as the kernel prints it (/sys/class/infiniband/<name>).
+_HCA_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 # A Hub repo id: owner/name.
 _REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
 # A Hub revision: a branch, tag or commit (git ref characters, no whitespace or control characters).
@@ -190,6 +192,16 @@ class Node(_Model):
             ipaddress.IPv4Address(v)
         except ValueError:
             raise ValueError("must be the node's ConnectX-7 IPv4 address, e.g. 192.168.100.1") from None
+        return v
+
+    @field_validator("ib_hcas")
+    @classmethod
+    def _hca_names(cls, v: list[str]) -> list[str]:
+        # The preflight writes the names into a shell script and a sysfs path.
+        bad = [h for h in v if not _HCA_NAME.fullmatch(h)]
+        if bad:
+            raise ValueError(f"{json.dumps(bad)} is not an RDMA device name: use names as "
+                             "`ls /sys/class/infiniband` lists them, e.g. [\"rocep1s0f1\"]")
         return v
 
     @field_validator("gid_index")

@@ -413,6 +413,14 @@ def test_late_failing_mistakes_are_refused_with_key_value_and_fix(key: str, valu
     assert key == "nodes[0].ibHcas" or f"= {shown}" in mine[0], mine[0]
 
 
+def test_an_ib_hca_that_is_no_device_name_is_refused_with_the_fix() -> None:
+    raw = two_sparks()
+    raw["nodes"][1]["ibHcas"] = ["rocep1s0f0", "bad name"]
+    (problem,) = problems_of(raw)
+    assert problem.startswith('`nodes[1].ibHcas` = ["rocep1s0f0", "bad name"]: ["bad name"] is not an RDMA device')
+    assert "ls /sys/class/infiniband" in problem
+
+
 @pytest.mark.parametrize("root", ["~/dsv41-exl3", "/var/tmp/dsv41-exl3-sim-weights", "/data/models/dsv41",
                                   "/home/me/dsv41-exl3", "/mnt/nvme/dsv41/"])
 def test_dedicated_weight_roots_are_accepted(root: str) -> None:
