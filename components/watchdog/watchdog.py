@@ -68,7 +68,7 @@ class WatchdogPeer:
 
     node_name: str
     host: str
-    port: int = 22
+    port: int
     user: str
     # The peer's SSH host key as the operator's machine pinned it (`type base64`): the watchdog trusts
     # exactly that key, never a first use on the node.

@@ -352,7 +352,7 @@ def test_args_validate_at_program_time() -> None:
 HOST_KEY_A = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHostKeyOfSparkA"
 HOST_KEY_C = "ecdsa-sha2-nistp256 AAAAE2VjZHNhLXNoYTItbmlzdHAyNTYHostKeyOfSparkC="
 PEERS = (WatchdogPeer(node_name="spark-a", host="10.0.0.1", port=2201, user="me", host_key=HOST_KEY_A),
-         WatchdogPeer(node_name="spark-c", host="10.0.0.3", user="ops", host_key=HOST_KEY_C))
+         WatchdogPeer(node_name="spark-c", host="10.0.0.3", port=22, user="ops", host_key=HOST_KEY_C))
 FAKE_SSH = ('#!/bin/sh\necho "$*" >> "$WD_TEST_DIR/ssh.calls"\n'
             '[ -z "${WD_SSH_FAIL:-}" ] || exit 255\necho "stopped rank"\n')
 PEER_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPeerKeyOfSparkA"
