@@ -270,6 +270,15 @@ class Weights(_Model):
             raise ValueError("must be a plain path: no `.`/`..`/empty components, spaces, quotes or `$`")
         return v
 
+    @field_validator("hf_token")
+    @classmethod
+    def _one_line_token(cls, v: SecretStr | None) -> SecretStr | None:
+        # The staging command reads the token as the first line of its stdin.
+        if v is not None and any(c in v.get_secret_value() for c in "\r\n"):
+            raise ValueError("contains a line break: set the token alone, e.g. "
+                             "`pulumi config set --secret --path weights.hfToken hf_...` (not `< file` with a newline)")
+        return v
+
     @field_validator("hf_endpoint")
     @classmethod
     def _http_url(cls, v: str | None) -> str | None:

@@ -413,6 +413,14 @@ def test_late_failing_mistakes_are_refused_with_key_value_and_fix(key: str, valu
     assert key == "nodes[0].ibHcas" or f"= {shown}" in mine[0], mine[0]
 
 
+def test_a_token_with_a_line_break_is_refused_without_echoing_it() -> None:
+    token = "hf_abcdefghijklmnop"
+    problems = problems_of(two_sparks(weights={"hfToken": token + "\n"}), secret_keys=frozenset({"weights"}))
+    (mine,) = [p for p in problems if p.startswith("`weights.hfToken`")]
+    assert "contains a line break" in mine and "[secret]" in mine
+    assert all(token not in p for p in problems)
+
+
 def test_an_ib_hca_that_is_no_device_name_is_refused_with_the_fix() -> None:
     raw = two_sparks()
     raw["nodes"][1]["ibHcas"] = ["rocep1s0f0", "bad name"]

@@ -75,7 +75,8 @@ class WatchdogPeer:
     host_key: str
 
     def __post_init__(self) -> None:
-        # Invariants of values config.py already checked (nodes[]): they are written into a shell script.
+        # Invariants of values config.py already checked (nodes[]), written into a shell script; one gap: the
+        # user pattern here refuses a leading '_', which config.py's login-name rule admits.
         if not _NODE_NAME.match(self.node_name):
             raise ValueError(f"watchdog peer node_name {self.node_name!r} must match [A-Za-z0-9][A-Za-z0-9._-]*")
         if not re.fullmatch(r"(ssh|ecdsa|sk)-[A-Za-z0-9@.-]+ [A-Za-z0-9+/]+={0,3}", self.host_key):

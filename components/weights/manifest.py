@@ -133,6 +133,7 @@ def validate_ip(what: str, value: str) -> str:
 
 def stage_stdin(token: str | None, script: str) -> str:
     """What the staging command reads: the token line (empty when anonymous), then the script."""
+    # Invariant: config.py refuses a `weights.hfToken` with a line break (it would end the token line early).
     if token is not None and ("\n" in token or "\r" in token):
         raise ValueError("hf_token contains a line break; paste the token without newlines")
     return f"{token or ''}\n{script}"
