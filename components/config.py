@@ -100,6 +100,8 @@ _LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _HOSTNAME = re.compile(rf"(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*")
 # A login name as useradd accepts it; a leading '-' would parse as an ssh option.
 _USER = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
+# An RDMA device name as the kernel prints it (/sys/class/infiniband/<name>).
+_HCA_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 # A Hub repo id: owner/name.
 _REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
 # A Hub revision: a branch, tag or commit (git ref characters, no whitespace or control characters).
@@ -126,6 +128,7 @@ class ConfigError(ValueError):
 
 
 class _Model(BaseModel):
+    # to_camel turns `_gib` into `Gib`: a key spelled `GiB` carries an explicit alias instead.
     model_config = ConfigDict(
         alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
     )
@@ -190,6 +193,16 @@ class Node(_Model):
             ipaddress.IPv4Address(v)
         except ValueError:
             raise ValueError("must be the node's ConnectX-7 IPv4 address, e.g. 192.168.100.1") from None
+        return v
+
+    @field_validator("ib_hcas")
+    @classmethod
+    def _hca_names(cls, v: list[str]) -> list[str]:
+        # The preflight writes the names into a shell script and a sysfs path.
+        bad = [h for h in v if not _HCA_NAME.fullmatch(h)]
+        if bad:
+            raise ValueError(f"{json.dumps(bad)} is not an RDMA device name: use names as "
+                             "`ls /sys/class/infiniband` lists them, e.g. [\"rocep1s0f1\"]")
         return v
 
     @field_validator("gid_index")
@@ -258,6 +271,15 @@ class Weights(_Model):
             raise ValueError("must be a plain path: no `.`/`..`/empty components, spaces, quotes or `$`")
         return v
 
+    @field_validator("hf_token")
+    @classmethod
+    def _one_line_token(cls, v: SecretStr | None) -> SecretStr | None:
+        # The staging command reads the token as the first line of its stdin.
+        if v is not None and any(c in v.get_secret_value() for c in "\r\n"):
+            raise ValueError("contains a line break: set the token alone, e.g. "
+                             "`pulumi config set --secret --path weights.hfToken hf_...` (not `< file` with a newline)")
+        return v
+
     @field_validator("hf_endpoint")
     @classmethod
     def _http_url(cls, v: str | None) -> str | None:
@@ -301,7 +323,7 @@ class Serve(_Model):
     # Baked into the recipe image; empty: vLLM's template from the checkpoint.
     chat_template: str = "/opt/dsv41/chat_template.jinja"
     # The Engram row store's cache and pinned scales are anonymous host RAM = GPU memory on GB10.
-    engram_cache_gi_b: float = Field(default=0, ge=0, alias="engramCacheGiB")
+    engram_cache_gib: float = Field(default=0, ge=0, alias="engramCacheGiB")
     engram_resident_scales: bool = False
     # Rows per expert the fused EXL3 MoE kernel takes; above it the grouped prefill kernels run.
     exl3_temp_rows_fused: int = Field(default=16, ge=1)
@@ -328,15 +350,17 @@ class Serve(_Model):
 
 
 class Preflight(_Model):
-    min_mem_available_gi_b: float = Field(default=111.5, ge=0, alias="minMemAvailableGiB")
-    min_free_disk_gi_b: float = Field(default=387, ge=0, alias="minFreeDiskGiB")
+    # Not finite (`Infinity` decodes from the stack file) would make a check no node can pass.
+    min_mem_available_gib: float = Field(default=111.5, ge=0, allow_inf_nan=False, alias="minMemAvailableGiB")
+    # Checked on the head only, at the weights root: free disk plus what is already staged there.
+    min_free_disk_gib: float = Field(default=387, ge=0, allow_inf_nan=False, alias="minFreeDiskGiB")
 
 
 class Watchdog(_Model):
     enabled: bool = True
     # Below the observed low-water of a healthy head (~2.1 GiB at the end of a 601k prefill,
     # ~4 GiB in normal serving); the launcher arms its own guard at 1.5 GiB.
-    mem_available_floor_gi_b: float = Field(default=1.5, gt=0, alias="memAvailableFloorGiB")
+    mem_available_floor_gib: float = Field(default=1.5, gt=0, alias="memAvailableFloorGiB")
     sample_seconds: int = Field(default=5, ge=1)
     consecutive_samples: int = Field(default=3, ge=1)
 
@@ -547,17 +571,17 @@ def _rules(s: Settings) -> tuple[list[str], list[str]]:
                 '["/dev/infiniband"]) or `ibHcas: []` to run NCCL over TCP sockets'
             )
 
-    floor = s.watchdog.mem_available_floor_gi_b
+    floor = s.watchdog.mem_available_floor_gib
     if floor >= capacity.NODE_USABLE_GIB:
         problems.append(
             f"`watchdog.memAvailableFloorGiB` = {floor:g}: a Spark has ~{capacity.NODE_USABLE_GIB:.0f} GiB in all, "
             "so the watchdog would stop every rank at once; the launcher arms it at 1.5 GiB (a healthy head "
             "dips to ~2.1 GiB at a 601K prefill)"
         )
-    elif s.watchdog.enabled and floor >= s.preflight.min_mem_available_gi_b:
+    elif s.watchdog.enabled and floor >= s.preflight.min_mem_available_gib:
         warnings.append(
             f"`watchdog.memAvailableFloorGiB` = {floor:g} is not below `preflight.minMemAvailableGiB` = "
-            f"{s.preflight.min_mem_available_gi_b:g}: the watchdog may stop ranks the preflight admitted"
+            f"{s.preflight.min_mem_available_gib:g}: the watchdog may stop ranks the preflight admitted"
         )
 
     mnbt = s.serve.max_num_batched_tokens
@@ -612,9 +636,9 @@ def _rules(s: Settings) -> tuple[list[str], list[str]]:
         kv_cache_memory_bytes=s.serve.kv_cache_memory_bytes,
     )
 
-    if s.serve.engram_cache_gi_b > 0 or s.serve.engram_resident_scales:
+    if s.serve.engram_cache_gib > 0 or s.serve.engram_resident_scales:
         warnings.append(
-            f"`serve.engramCacheGiB` = {s.serve.engram_cache_gi_b:g} / `serve.engramResidentScales` = "
+            f"`serve.engramCacheGiB` = {s.serve.engram_cache_gib:g} / `serve.engramResidentScales` = "
             f"{str(s.serve.engram_resident_scales).lower()}: the Engram row cache and pinned scales (~1.5 GiB per "
             "Engram layer) are unified memory each rank loses; the head runs at ~4 GiB MemAvailable after "
             "warm-up (the launcher keeps both off)"

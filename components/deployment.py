@@ -32,6 +32,7 @@ from components.gates.live_ranks import LiveRanks, LiveRanksArgs
 from components.image.image_check import checked_image_ids
 from components.image.node_image import NodeImage, NodeImageArgs
 from components.preflight.preflight import Preflight, PreflightArgs
+from components.preflight.spec import PreflightSpec
 from components.serving import spec as serve_spec
 from components.serving.serving import RankInputs, ServingCluster, ServingClusterArgs
 from components.ssh import KeyDirError, stack_dir
@@ -95,21 +96,23 @@ def _wire(loaded: Loaded, stack: str, *, pins: Mapping[str, host_keys.Pin], keys
     }
     preflights = {
         n.name: Preflight(f"preflight-{n.name}", PreflightArgs(
-            node_name=n.name,
+            spec=PreflightSpec(
+                node_name=n.name,
+                fabric_ip=n.fabric_ip,
+                ib_hcas=tuple(n.ib_hcas),
+                gid_index=n.gid_index,
+                check_rdma=bool(n.rdma_devices and n.ib_hcas),
+                min_mem_available_gib=s.preflight.min_mem_available_gib,
+                weights_root=s.weights.root if n is s.head else None,
+                min_free_disk_gib=s.preflight.min_free_disk_gib if n is s.head else None,
+                # The workers' root-squashed NFS mount must traverse every directory down to the export.
+                check_export_path=n is s.head and s.weights.share == "nfs",
+                stack_label=stack,
+                generation=generation,
+            ),
             connection=access[n.name].connection,
-            fabric_ip=n.fabric_ip,
-            ib_hcas=n.ib_hcas,
-            gid_index=n.gid_index,
-            check_rdma=bool(n.rdma_devices and n.ib_hcas),
-            min_mem_available_gib=s.preflight.min_mem_available_gi_b,
-            weights_root=s.weights.root if n is s.head else None,
-            min_free_disk_gib=s.preflight.min_free_disk_gi_b if n is s.head else None,
-            # The workers' root-squashed NFS mount must traverse every directory down to the export.
-            check_export_path=n is s.head and s.weights.share == "nfs",
-            stack_label=stack,
-            generation=generation,
             # Re-run exactly when this node's container will be created or replaced.
-            triggers=[generation, _node_spec_hash(loaded, generation, n.name)],
+            rerun_on=[generation, _node_spec_hash(loaded, generation, n.name)],
         ), opts=under(root))
         for n in s.nodes
     }
@@ -177,10 +180,8 @@ def _wire(loaded: Loaded, stack: str, *, pins: Mapping[str, host_keys.Pin], keys
                 connection=access[n.name].connection,
                 container_name=serving.container_names[n.name],
                 stack_prefix=prefix,
-                floor_gib=s.watchdog.mem_available_floor_gi_b,
-                sample_interval_s=s.watchdog.sample_seconds,
-                consecutive_samples=s.watchdog.consecutive_samples,
-                restart_on=[serving.containers[n.name].id],
+                watchdog=s.watchdog,
+                rerun_on=[serving.containers[n.name].id],
                 peers=[WatchdogPeer(node_name=m.name, host=m.host, port=m.port, user=m.user,
                                     host_key=pins[m.name].key.line()) for m in peers],
                 peer_public_keys={m.name: keys[m.name].public_key for m in peers},

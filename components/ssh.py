@@ -47,11 +47,12 @@ class SshTarget:
     """
 
     host: str
-    port: int = 22
+    port: int
     user: str
-    private_key: str | None = None
-    agent_socket: str | None = None
-    known_hosts_file: str | None = None
+    # The stack's `ssh` section (config.py holds its defaults): a forgotten one fails the type check.
+    private_key: str | None
+    agent_socket: str | None
+    known_hosts_file: str | None
     stack_dir: str | None = None
 
     def __repr__(self) -> str:  # keep the key out of tracebacks and logs

@@ -37,9 +37,9 @@ def test_recipe_defaults_apply_when_only_nodes_and_ssh_are_given() -> None:
     assert s.serve.num_speculative_tokens == 3
     assert s.serve.port == 8888
     assert s.serve.served_model_name == "DeepSeek-v4.1-Flash-EXL3"
-    assert s.preflight.min_mem_available_gi_b == 111.5
-    assert s.preflight.min_free_disk_gi_b == 387
-    assert s.watchdog.enabled and s.watchdog.mem_available_floor_gi_b == 1.5
+    assert s.preflight.min_mem_available_gib == 111.5
+    assert s.preflight.min_free_disk_gib == 387
+    assert s.watchdog.enabled and s.watchdog.mem_available_floor_gib == 1.5
     assert s.head.fabric_interface == "enp1s0f1np1" and s.head.ib_hcas == ["rocep1s0f1"]
     assert s.head.gid_index == "auto" and s.workers[0].gid_index == 3
     assert s.head.rdma_devices == ["/dev/infiniband"] and s.head.gpus == "all"
@@ -382,6 +382,11 @@ def _set(raw: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
     ("weights.root", "~other/w", "`~user` is not expanded"),
     ("watchdog.memAvailableFloorGiB", 0, "greater than 0"),
     ("watchdog.memAvailableFloorGiB", 2000, "stop every rank at once"),
+    ("watchdog.sampleSeconds", 0, "greater than or equal to 1"),
+    ("watchdog.consecutiveSamples", 0, "greater than or equal to 1"),
+    ("preflight.minMemAvailableGiB", -1, "greater than or equal to 0"),
+    ("preflight.minMemAvailableGiB", float("inf"), "finite number"),
+    ("preflight.minFreeDiskGiB", float("nan"), "finite number"),
     ("serve.servedModelName", "", "non-empty name"),
     ("serve.servedModelName", "my model", "without spaces"),
     ("nodes[0].host", "me@10.0.0.1", "put the login name in `user`"),
@@ -406,6 +411,22 @@ def test_late_failing_mistakes_are_refused_with_key_value_and_fix(key: str, valu
     assert fix in mine[0], mine[0]
     shown = "[secret]" if key == "ssh.privateKey" else json.dumps(value)
     assert key == "nodes[0].ibHcas" or f"= {shown}" in mine[0], mine[0]
+
+
+def test_a_token_with_a_line_break_is_refused_without_echoing_it() -> None:
+    token = "hf_abcdefghijklmnop"
+    problems = problems_of(two_sparks(weights={"hfToken": token + "\n"}), secret_keys=frozenset({"weights"}))
+    (mine,) = [p for p in problems if p.startswith("`weights.hfToken`")]
+    assert "contains a line break" in mine and "[secret]" in mine
+    assert all(token not in p for p in problems)
+
+
+def test_an_ib_hca_that_is_no_device_name_is_refused_with_the_fix() -> None:
+    raw = two_sparks()
+    raw["nodes"][1]["ibHcas"] = ["rocep1s0f0", "bad name"]
+    (problem,) = problems_of(raw)
+    assert problem.startswith('`nodes[1].ibHcas` = ["rocep1s0f0", "bad name"]: ["bad name"] is not an RDMA device')
+    assert "ls /sys/class/infiniband" in problem
 
 
 @pytest.mark.parametrize("root", ["~/dsv41-exl3", "/var/tmp/dsv41-exl3-sim-weights", "/data/models/dsv41",

@@ -10,6 +10,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,8 +28,13 @@ from components.ssh import (
 KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nAAAA\n-----END OPENSSH PRIVATE KEY-----"
 
 
+def target(**kw: Any) -> SshTarget:
+    """A node on port 22 with no key, agent or known_hosts file unless given."""
+    return SshTarget(**{"port": 22, "private_key": None, "agent_socket": None, "known_hosts_file": None, **kw})
+
+
 def test_key_reaches_ssh_as_a_private_file_never_as_argv() -> None:
-    argv = ssh_argv(SshTarget(host="127.0.0.2", port=2222, user="root", private_key=KEY), "docker ps")
+    argv = ssh_argv(target(host="127.0.0.2", port=2222, user="root", private_key=KEY), "docker ps")
     assert not any("PRIVATE KEY" in a for a in argv)
     path = argv[argv.index("-i") + 1]
     assert Path(path).read_text().strip() == KEY.strip()
@@ -38,7 +44,7 @@ def test_key_reaches_ssh_as_a_private_file_never_as_argv() -> None:
 
 def test_options_end_before_the_destination() -> None:
     # A user of "-oProxyCommand=x" would otherwise be read by ssh as an option on the operator's machine.
-    argv = ssh_argv(SshTarget(host="127.0.0.2", port=2222, user="-oProxyCommand=x", private_key=KEY), "true")
+    argv = ssh_argv(target(host="127.0.0.2", port=2222, user="-oProxyCommand=x", private_key=KEY), "true")
     assert argv[-3:] == ["--", "-oProxyCommand=x@127.0.0.2", "true"]
 
 
@@ -49,19 +55,19 @@ def test_same_key_same_file_and_a_changed_file_is_rewritten() -> None:
 
 
 def test_every_node_multiplexes_one_master_and_never_prompts() -> None:
-    opts = " ".join(ssh_options(SshTarget(host="h", user="u", private_key=KEY)))
+    opts = " ".join(ssh_options(target(host="h", user="u", private_key=KEY)))
     for option in ("BatchMode=yes", "ControlMaster=auto", "ControlPersist=", "ConnectTimeout=", "IdentitiesOnly=yes"):
         assert option in opts
 
 
 def test_agent_socket_and_known_hosts_file_are_passed_as_options() -> None:
-    opts = ssh_options(SshTarget(host="h", user="u", agent_socket="/run/agent.sock", known_hosts_file="/k/hosts"))
+    opts = ssh_options(target(host="h", user="u", agent_socket="/run/agent.sock", known_hosts_file="/k/hosts"))
     assert "IdentityAgent=/run/agent.sock" in opts and "UserKnownHostsFile=/k/hosts" in opts
     assert "-i" not in opts
 
 
 def test_repr_never_shows_the_key() -> None:
-    assert "PRIVATE" not in repr(SshTarget(host="h", user="u", private_key=KEY))
+    assert "PRIVATE" not in repr(target(host="h", user="u", private_key=KEY))
 
 
 # --- key material only in private, owner-checked directories (issue #12, item 4) ---------------
@@ -145,7 +151,7 @@ def test_a_stack_key_stays_and_only_the_stacks_destroy_removes_it(runtime: Path,
     assert directory == runtime / "st" / "dsv41-exl3" / "keys" / "dsv41-exl3-dev_x"
     for d in (directory, directory.parent, directory.parent.parent):
         assert stat.S_IMODE(d.stat().st_mode) == 0o700
-    opts = ssh_options(SshTarget(host="h", user="u", private_key=KEY, stack_dir=str(directory)))
+    opts = ssh_options(target(host="h", user="u", private_key=KEY, stack_dir=str(directory)))
     key = Path(opts[opts.index("-i") + 1])
     assert key.parent == directory and str(os.getpid()) not in key.name, "named by hash only: stable across runs"
     assert f"ControlPath={directory}/cm-" in " ".join(opts)
@@ -166,4 +172,4 @@ def test_a_control_socket_path_too_long_for_ssh_is_refused_with_the_fix(tmp_path
     deep = tmp_path / ("d" * 80)
     deep.mkdir(mode=0o700)
     with pytest.raises(KeyDirError, match="shorter private directory"):
-        ssh_options(SshTarget(host="h", user="u", stack_dir=str(deep)))
+        ssh_options(target(host="h", user="u", stack_dir=str(deep)))

@@ -27,6 +27,7 @@ class NodeAccessArgs:
     """The stack's private key directory (components/ssh.py `stack_dir`): the docker provider's key lives there."""
     stack_keys: pulumi.Resource
     """StackKeys for stack_dir: the docker provider depends on it, so destroy removes the directory last."""
+    # How the command provider dials the node: internal retry bounds, not operator settings (no config key).
     dial_error_limit: int = 3
     per_dial_timeout_s: int = 15
 

@@ -1,7 +1,7 @@
 """Preflight: one node is fit to take this stack's serving container, checked on the node itself.
 
 One remote.Command per node runs components/preflight/preflight.sh (rendered by spec.py) over SSH.
-It runs when the lead's triggers change (exactly when the node's container is created or
+It runs when `rerun_on` changes (exactly when the node's container is created or
 replaced), refuses on the node with every problem named, and otherwise reports the
 measured MemAvailable and the RoCE v2 GID index the container's NCCL env must use.
 """
@@ -9,7 +9,6 @@ measured MemAvailable and the RoCE v2 GID index the container's NCCL env must us
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import pulumi
 from pulumi_command import remote
@@ -28,52 +27,12 @@ _DIAL_MARGIN_S = 60
 
 @dataclass(frozen=True, kw_only=True)
 class PreflightArgs:
-    node_name: str
+    spec: PreflightSpec
+    """What the script checks on this node; validated when it is built."""
     connection: pulumi.Input[remote.ConnectionArgs]
     """Built by the caller; the provider keeps the whole connection secret."""
-    fabric_ip: str
-    ib_hcas: list[str]
-    """RDMA devices NCCL will use on this node, e.g. ["rocep1s0f1"]; empty: no RDMA checks."""
-    gid_index: int | Literal["auto"]
-    """"auto" resolves the node's RoCE v2 index; an int is checked and refused if it moved."""
-    check_rdma: bool
-    """False where the node has no /dev/infiniband (the simulated cluster)."""
-    min_mem_available_gib: float
-    weights_root: str | None
-    """Head only: where weights are staged; its free disk plus what is staged is checked."""
-    min_free_disk_gib: float | None
-    stack_label: str
-    """Value of label dsv41-exl3.stack on this stack's own containers: those are stopped, others never."""
-    generation: str = ""
-    """Config generation this update deploys: this stack's containers already on it are not stopped."""
-    check_export_path: bool = False
-    """Head with `weights.share: nfs`: every directory on the weights root's path must be o+x."""
-    triggers: list[pulumi.Input[str]]
+    rerun_on: list[pulumi.Input[str]]
     """The only inputs that re-run the check (remote.Command replaces on triggers alone)."""
-    command_timeout_s: int = 120
-    stop_timeout_s: int = 30
-    """docker stop -t for this stack's running containers."""
-    mem_settle_s: int = 45
-    """After a stop, how long MemAvailable may take to climb back over the minimum."""
-
-    def spec(self) -> PreflightSpec:
-        """The plain values the script is rendered from; raises ValueError naming every bad field."""
-        return PreflightSpec(
-            node_name=self.node_name,
-            fabric_ip=self.fabric_ip,
-            ib_hcas=tuple(self.ib_hcas),
-            gid_index=self.gid_index,
-            check_rdma=self.check_rdma,
-            min_mem_available_gib=self.min_mem_available_gib,
-            weights_root=self.weights_root,
-            min_free_disk_gib=self.min_free_disk_gib,
-            stack_label=self.stack_label,
-            generation=self.generation,
-            check_export_path=self.check_export_path,
-            command_timeout_s=self.command_timeout_s,
-            stop_timeout_s=self.stop_timeout_s,
-            mem_settle_s=self.mem_settle_s,
-        )
 
 
 class Preflight(pulumi.ComponentResource):
@@ -86,7 +45,7 @@ class Preflight(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: PreflightArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("dsv41-exl3:preflight:Preflight", name, None, opts)
-        spec = args.spec()
+        spec = args.spec
         command = render_command(spec)  # holds no secret: the key travels only inside `connection`
         timeout = f"{spec.command_timeout_s + _DIAL_MARGIN_S}s"
         self.command = remote.Command(
@@ -97,7 +56,7 @@ class Preflight(pulumi.ComponentResource):
             # the same idempotent check.
             update=command,
             delete="true",  # nothing to undo on the node
-            triggers=args.triggers,
+            triggers=args.rerun_on,
             add_previous_output_in_env=False,
             opts=pulumi.ResourceOptions(
                 parent=self,

@@ -62,16 +62,22 @@ class PreflightSpec:
     node_name: str
     fabric_ip: str
     ib_hcas: tuple[str, ...]
+    """RDMA devices NCCL will use on this node, e.g. ("rocep1s0f1",); empty: no RDMA checks."""
     gid_index: GidWanted
+    """"auto" resolves the node's RoCE v2 index; an int is checked and refused if it moved."""
     check_rdma: bool
+    """False where the node has no /dev/infiniband (the simulated cluster)."""
     min_mem_available_gib: float
     weights_root: str | None
+    """Head only: where weights are staged; its free disk plus what is staged is checked."""
     min_free_disk_gib: float | None
     stack_label: str
-    generation: str = ""
-    check_export_path: bool = False
-    """Head with the NFS share: every directory on the weights root's path must be o+x."""
+    """Value of label dsv41-exl3.stack on this stack's own containers: those are stopped, others never."""
+    generation: str
     """Config generation the update asks for: own containers already on it are left running."""
+    check_export_path: bool
+    """Head with the NFS share: every directory on the weights root's path must be o+x."""
+    # The bounds below are the preflight's own steps, not operator settings (no config key): tests shorten them.
     command_timeout_s: int = 120
     stop_timeout_s: int = 30
     """docker stop -t: seconds this stack's containers get to exit before SIGKILL."""
@@ -87,6 +93,9 @@ class PreflightSpec:
             if not ok:
                 errors.append(message)
 
+        # Invariants: config.py refuses an empty name, a fabricIp that is not IPv4, a gidIndex out of range,
+        # an ibHcas entry that is no device name, a negative or non-finite minimum and a relative weights root.
+        # The checks stay because these values are rendered into a shell script.
         check(bool(self.node_name.strip()), "node_name is empty; give the node's name as in the cluster config")
         try:
             ipv4_mapped_gid(self.fabric_ip)

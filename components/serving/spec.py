@@ -198,7 +198,7 @@ def common_env(s: Settings) -> dict[str, str]:
     env = {**NCCL_COMMON_ENV, **LAUNCHER_ENV}
     env.update({
         "NNODES": str(len(s.nodes)),
-        "DSV41_CACHE_GIB": f"{v.engram_cache_gi_b:g}",
+        "DSV41_CACHE_GIB": f"{v.engram_cache_gib:g}",
         "DSV41_RESIDENT_SCALES": "1" if v.engram_resident_scales else "0",
         "EXL3_TEMP_ROWS_FUSED": str(v.exl3_temp_rows_fused),
         "PYTORCH_CUDA_ALLOC_CONF": v.pytorch_cuda_alloc_conf,

@@ -18,13 +18,13 @@ only, run the node's peer-stop script, which logs who asked and stops this stack
 container there. A tripped watchdog ssh-es to each peer (the SSH address of the stack config,
 BatchMode, and only the peer's host key the operator's machine pinned, written to the watchdog's own
 known_hosts file with StrictHostKeyChecking=yes) and so stops every rank
-of the group. The default floor (1.5 GiB) sits below what a healthy head reaches (about 4 GiB
-in normal serving, ~2.1 GiB at the end of a 601k prefill), as the upstream launcher's own guard.
+of the group. The floor, the sample interval and the count are the stack's `watchdog` section
+(components/config.py says why its default floor is 1.5 GiB).
 
 How it runs: a POSIX sh loop started with nohup (and setsid when present), a pidfile per node.
 It does NOT survive a reboot: the simulated cluster has no systemd, and a user unit with linger
 would be a second, untested path. After a reboot the serving containers are gone too; the next
-`pulumi up --refresh` recreates them, and since the watchdog's triggers carry the containers'
+`pulumi up --refresh` recreates them, and since the watchdog re-runs on the containers'
 ids it is reinstalled and restarted with them.
 
 The node scripts are files beside this module (`watchdog.sh`, `peer_stop.sh`, `install.sh`, `key.sh`),
@@ -44,6 +44,7 @@ import pulumi
 from pulumi_command import remote
 
 from components import scripts
+from components.config import Watchdog
 
 SYSLOG_TAG = "dsv41-exl3-watchdog"
 # Where versions before per-stack names kept every stack's watchdog files (migrated on install).
@@ -55,7 +56,8 @@ _CONTAINER_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]*$")
 KEY_NAME = "watchdog-peer-key"
 PUBKEY_MARKER = "DSV41_WATCHDOG_PUBKEY"
 _PUBKEY = re.compile(r"^ssh-ed25519 [A-Za-z0-9+/=]+( [^\s\"]*)?$")
-DEFAULT_FLOOR_GIB = 1.5
+# The kernel's memory counters; the floor, interval and sample count are operator settings (config.Watchdog).
+MEMINFO_PATH = "/proc/meminfo"
 # Process-list lines kept in the log when the watchdog trips (the header plus the top holders).
 TOP_HOLDERS = 10
 
@@ -66,13 +68,15 @@ class WatchdogPeer:
 
     node_name: str
     host: str
-    port: int = 22
+    port: int
     user: str
     # The peer's SSH host key as the operator's machine pinned it (`type base64`): the watchdog trusts
     # exactly that key, never a first use on the node.
     host_key: str
 
     def __post_init__(self) -> None:
+        # Invariants of values config.py already checked (nodes[]), written into a shell script; one gap: the
+        # user pattern here refuses a leading '_', which config.py's login-name rule admits.
         if not _NODE_NAME.match(self.node_name):
             raise ValueError(f"watchdog peer node_name {self.node_name!r} must match [A-Za-z0-9][A-Za-z0-9._-]*")
         if not re.fullmatch(r"(ssh|ecdsa|sk)-[A-Za-z0-9@.-]+ [A-Za-z0-9+/]+={0,3}", self.host_key):
@@ -85,21 +89,13 @@ class WatchdogPeer:
 
 
 @dataclass(frozen=True, kw_only=True)
-class WatchdogSettings:
-    """What the watchdog does on one node. Plain values: they shape the rendered script."""
+class WatchdogNames:
+    """What names this stack's watchdog files on one node (the key pair needs only these)."""
 
     node_name: str
     container_name: str
     stack_prefix: str
     """Names this stack's directories on the node (`labels.stack_prefix`)."""
-    floor_gib: float = DEFAULT_FLOOR_GIB
-    sample_interval_s: int = 5
-    consecutive_samples: int = 3
-    meminfo_path: str = "/proc/meminfo"
-    # The serving container has a 60 s stop timeout; docker stop then kills. Bound the whole call.
-    stop_timeout_s: int = 120
-    peers: tuple[WatchdogPeer, ...] = ()
-    """Every other rank's node: stopped through its forced-command key when this watchdog trips."""
 
     def __post_init__(self) -> None:
         if not _NODE_NAME.match(self.node_name):
@@ -111,21 +107,6 @@ class WatchdogSettings:
         if not _CONTAINER_NAME.match(self.container_name):
             raise ValueError(f"watchdog container_name {self.container_name!r} on {self.node_name} is not a valid "
                              "docker container name ([a-zA-Z0-9][a-zA-Z0-9_.-]*)")
-        if not 0 < self.floor_gib < 1024:
-            raise ValueError(f"watchdog floor_gib={self.floor_gib} on {self.node_name} must be > 0 GiB "
-                             f"(the default is {DEFAULT_FLOOR_GIB:g})")
-        if self.sample_interval_s < 1:
-            raise ValueError(f"watchdog sample_interval_s={self.sample_interval_s} on {self.node_name} must be >= 1")
-        if self.consecutive_samples < 1:
-            raise ValueError(f"watchdog consecutive_samples={self.consecutive_samples} on {self.node_name} "
-                             "must be >= 1")
-        if not self.meminfo_path.startswith("/") or "'" in self.meminfo_path:
-            raise ValueError(f"watchdog meminfo_path {self.meminfo_path!r} must be an absolute path without quotes")
-
-    @property
-    def floor_kib(self) -> int:
-        """/proc/meminfo counts in KiB (it prints `kB`)."""
-        return int(self.floor_gib * 1024 * 1024)
 
     @property
     def state_dir(self) -> str:
@@ -163,6 +144,31 @@ class WatchdogSettings:
         return f"dsv41-exl3-watchdog:{self.container_name}"
 
 
+@dataclass(frozen=True, kw_only=True)
+class WatchdogSettings(WatchdogNames):
+    """What the watchdog does on one node. Plain values: they shape the rendered script."""
+
+    watchdog: Watchdog
+    """The stack's `watchdog` section: floor, sample interval, consecutive samples. Invariant: config.py
+    refuses a floor at or below 0 or above a Spark's memory, and an interval or a count below 1."""
+    # Not operator settings (no config key): the script's env override and the tests point at a fixture.
+    meminfo_path: str = MEMINFO_PATH
+    # The serving container has a 60 s stop timeout; docker stop then kills. Bound the whole call.
+    stop_timeout_s: int = 120
+    peers: tuple[WatchdogPeer, ...] = ()
+    """Every other rank's node: stopped through its forced-command key when this watchdog trips."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.meminfo_path.startswith("/") or "'" in self.meminfo_path:
+            raise ValueError(f"watchdog meminfo_path {self.meminfo_path!r} must be an absolute path without quotes")
+
+    @property
+    def floor_kib(self) -> int:
+        """/proc/meminfo counts in KiB (it prints `kB`)."""
+        return int(self.watchdog.mem_available_floor_gib * 1024 * 1024)
+
+
 def known_hosts_text(peers: Sequence[WatchdogPeer]) -> str:
     """The watchdog's known_hosts: each peer's pinned key under the name ssh looks up (`[host]:port` off 22)."""
     return "".join(f"{p.host if p.port == 22 else f'[{p.host}]:{p.port}'} {p.host_key}\n" for p in peers)
@@ -178,8 +184,8 @@ def render_watchdog_script(s: WatchdogSettings) -> str:
     /proc or a docker behind sudo): DSV41_WATCHDOG_MEMINFO, DSV41_WATCHDOG_DOCKER, DSV41_WATCHDOG_INTERVAL_S."""
     return scripts.render("watchdog/watchdog.sh", {
         "NODE": s.node_name, "CONTAINER": s.container_name, "FLOOR_KIB": s.floor_kib,
-        "SAMPLES": s.consecutive_samples, "STOP_TIMEOUT": s.stop_timeout_s,
-        "SAMPLE_INTERVAL_S": s.sample_interval_s, "MEMINFO_PATH": s.meminfo_path, "STATE_DIR": s.state_dir,
+        "SAMPLES": s.watchdog.consecutive_samples, "STOP_TIMEOUT": s.stop_timeout_s,
+        "SAMPLE_INTERVAL_S": s.watchdog.sample_seconds, "MEMINFO_PATH": s.meminfo_path, "STATE_DIR": s.state_dir,
         "KEY_NAME": KEY_NAME, "PID_NAME": s.pid_name, "SYSLOG_TAG": SYSLOG_TAG, "TOP_HOLDERS": TOP_HOLDERS,
         "PEERS": scripts.text_value(peers_text(s.peers)),
         "KNOWN_HOSTS": scripts.text_value(known_hosts_text(s.peers)),
@@ -195,7 +201,7 @@ def render_peer_stop_script(s: WatchdogSettings) -> str:
     })
 
 
-def authorized_key_line(s: WatchdogSettings, peer_node: str, public_key: str) -> str:
+def authorized_key_line(s: WatchdogNames, peer_node: str, public_key: str) -> str:
     """One authorized_keys line: the peer's key may only run this node's peer-stop script."""
     key = " ".join(public_key.strip().split()[:2])
     if not _PUBKEY.match(key) or not _NODE_NAME.match(peer_node):
@@ -210,17 +216,17 @@ def _bounded(timeout_s: int, text: str) -> str:
     return f"timeout {timeout_s} sh -c {shlex.quote(text)}"
 
 
-def _key_script(s: WatchdogSettings, action: str) -> str:
+def _key_script(s: WatchdogNames, action: str) -> str:
     return scripts.render("watchdog/key.sh", {"ACTION": action, "STATE_DIR": s.state_dir, "KEY_NAME": KEY_NAME,
                                                "KEY_TAG": s.key_tag, "PUBKEY_MARKER": PUBKEY_MARKER})
 
 
-def render_key_command(s: WatchdogSettings, *, timeout_s: int = 30) -> str:
+def render_key_command(s: WatchdogNames, *, timeout_s: int = 30) -> str:
     """Creates this node's watchdog key pair once (kept on the node) and prints the public key."""
     return _bounded(timeout_s, _key_script(s, "create"))
 
 
-def render_key_remove_command(s: WatchdogSettings, *, timeout_s: int = 30) -> str:
+def render_key_remove_command(s: WatchdogNames, *, timeout_s: int = 30) -> str:
     return _bounded(timeout_s, _key_script(s, "remove"))
 
 
@@ -267,18 +273,18 @@ def render_remove_command(s: WatchdogSettings, *, timeout_s: int = 30) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class MemoryWatchdogArgs:
-    """Inputs of MemoryWatchdog. `restart_on`: the serving containers' ids, so the watchdog is
-    reinstalled whenever they are replaced (e.g. recreated after a reboot)."""
+    """Inputs of MemoryWatchdog."""
 
     node_name: str
     connection: pulumi.Input[remote.ConnectionArgs]
     container_name: str
     stack_prefix: str
-    floor_gib: float = DEFAULT_FLOOR_GIB
-    sample_interval_s: int = 5
-    consecutive_samples: int = 3
-    meminfo_path: str = "/proc/meminfo"
-    restart_on: Sequence[pulumi.Input[str]] = ()
+    watchdog: Watchdog
+    """The stack's `watchdog` section."""
+    meminfo_path: str = MEMINFO_PATH
+    rerun_on: Sequence[pulumi.Input[str]]
+    """The serving containers' ids: the watchdog is reinstalled whenever they are replaced (e.g. recreated
+    after a reboot)."""
     peers: Sequence[WatchdogPeer] = ()
     """The other ranks' nodes: a trip here stops their containers too."""
     peer_public_keys: Mapping[str, pulumi.Input[str]] = field(default_factory=dict)
@@ -286,10 +292,8 @@ class MemoryWatchdogArgs:
 
     def settings(self) -> WatchdogSettings:
         return WatchdogSettings(node_name=self.node_name, container_name=self.container_name,
-                                stack_prefix=self.stack_prefix, floor_gib=self.floor_gib,
-                                sample_interval_s=self.sample_interval_s,
-                                consecutive_samples=self.consecutive_samples, meminfo_path=self.meminfo_path,
-                                peers=tuple(self.peers))
+                                stack_prefix=self.stack_prefix, watchdog=self.watchdog,
+                                meminfo_path=self.meminfo_path, peers=tuple(self.peers))
 
     def __post_init__(self) -> None:
         self.settings()  # validate now, at program time, with the node named in the message
@@ -322,7 +326,7 @@ class MemoryWatchdog(pulumi.ComponentResource):
                 create=install,
                 update=install,
                 delete=render_remove_command(settings),
-                triggers=list(args.restart_on),
+                triggers=list(args.rerun_on),
                 add_previous_output_in_env=False,
             ),
             pulumi.ResourceOptions(parent=self, delete_before_replace=True),
@@ -349,14 +353,14 @@ class WatchdogKey(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: WatchdogKeyArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("dsv41-exl3:watchdog:WatchdogKey", name, None, opts)
-        settings = WatchdogSettings(node_name=args.node_name, container_name=args.container_name,
-                                    stack_prefix=args.stack_prefix)
+        names = WatchdogNames(node_name=args.node_name, container_name=args.container_name,
+                              stack_prefix=args.stack_prefix)
         command = remote.Command(
             f"{name}-keygen",
             remote.CommandArgs(
                 connection=args.connection,
-                create=render_key_command(settings),
-                delete=render_key_remove_command(settings),
+                create=render_key_command(names),
+                delete=render_key_remove_command(names),
                 add_previous_output_in_env=False,
             ),
             pulumi.ResourceOptions(parent=self),

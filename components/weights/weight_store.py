@@ -44,14 +44,15 @@ class WeightStoreArgs:
     """Image (ref or id) on the head with python3 + huggingface_hub: the serving image."""
     model_repo: str
     engram_repo: str
-    revision: str = "main"
-    hf_token: pulumi.Input[str] | None = None
-    """Secret; reaches the head on stdin only."""
-    hf_endpoint: str | None = None
-    """Mirror or hub stand-in (HF_ENDPOINT)."""
+    revision: str
+    hf_token: pulumi.Input[str] | None
+    """Secret; reaches the head on stdin only. None: anonymous downloads."""
+    hf_endpoint: str | None
+    """Mirror or hub stand-in (HF_ENDPOINT). None: the hub."""
     stage_timeout_s: int
     stack_prefix: str
     """This stack's names on the nodes (`labels.stack_prefix`): export file, staging and check containers."""
+    # Bounds each node's visibility check (a listing of the staged files); not an operator setting.
     check_timeout_s: int = 600
 
 
@@ -210,7 +211,10 @@ class WeightStore(pulumi.ComponentResource):
 
     @staticmethod
     def _validate(args: WeightStoreArgs) -> None:
-        """Shape errors at plan time, before anything touches a node."""
+        """Shape errors at plan time, before anything touches a node.
+
+        Invariants: config.py refuses a bad root, share or fabricIp and a node listed twice; these guard
+        the commands rendered from them."""
         wm.root_shell_expr(args.root)
         wm.stage_container(args.stack_prefix)
         names = [args.head.name, *(w.name for w in args.workers)]

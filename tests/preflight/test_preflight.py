@@ -245,7 +245,8 @@ def make_spec(**overrides: Any) -> PreflightSpec:
     base: dict[str, Any] = dict(
         node_name="spark-1", fabric_ip="192.168.100.1", ib_hcas=("rocep1s0f1",), gid_index="auto",
         check_rdma=True, min_mem_available_gib=111.5, weights_root=None, min_free_disk_gib=None,
-        stack_label="dev", command_timeout_s=40, stop_timeout_s=2, mem_settle_s=3, docker_timeout_s=5,
+        stack_label="dev", generation="", check_export_path=False, command_timeout_s=40, stop_timeout_s=2,
+        mem_settle_s=3, docker_timeout_s=5,
     )
     base.update(overrides)
     return PreflightSpec(**base)
@@ -625,17 +626,20 @@ def test_invalid_spec_is_refused(overrides: dict[str, Any], message: str) -> Non
 SECRET_KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nc2VjcmV0LWtleS1ieXRlcw==\n-----END OPENSSH PRIVATE KEY-----"
 
 
-def component_args(**overrides: Any) -> PreflightArgs:
-    base: dict[str, Any] = dict(
-        node_name="spark-1",
+def component_args(**spec_overrides: Any) -> PreflightArgs:
+    """The component's args; `spec_overrides` change the spec (the script's values, real timeouts)."""
+    spec: dict[str, Any] = dict(
+        node_name="spark-1", fabric_ip="192.168.100.1", ib_hcas=("rocep1s0f1",), gid_index="auto", check_rdma=True,
+        min_mem_available_gib=111.5, weights_root="/srv/dsv41-exl3", min_free_disk_gib=387.0,
+        stack_label="dev", generation="", check_export_path=False,
+    )
+    spec.update(spec_overrides)
+    return PreflightArgs(
+        spec=PreflightSpec(**spec),
         connection=remote.ConnectionArgs(host="127.0.0.1", port=2222, user="root",
                                          private_key=pulumi.Output.secret(SECRET_KEY)),
-        fabric_ip="192.168.100.1", ib_hcas=["rocep1s0f1"], gid_index="auto", check_rdma=True,
-        min_mem_available_gib=111.5, weights_root="/srv/dsv41-exl3", min_free_disk_gib=387.0,
-        stack_label="dev", triggers=["generation-7", "node-spec-abc123"],
+        rerun_on=["generation-7", "node-spec-abc123"],
     )
-    base.update(overrides)
-    return PreflightArgs(**base)
 
 
 def run_component(args: PreflightArgs, stdout: str) -> recording.Recorded:
@@ -679,7 +683,7 @@ def test_component_keeps_the_ssh_key_out_of_the_command_text() -> None:
 
 
 def test_component_without_rdma_reports_no_gid_index() -> None:
-    args = component_args(check_rdma=False, ib_hcas=[], weights_root=None, min_free_disk_gib=None)
+    args = component_args(check_rdma=False, ib_hcas=(), weights_root=None, min_free_disk_gib=None)
     rec = run_component(args, line(gid_index=None))
     assert rec.outputs["gid_index"] is None
     assert rec.outputs["mem"] == 118.25
@@ -693,14 +697,6 @@ def test_component_surfaces_a_bad_node_report_as_an_error() -> None:
 def test_component_refuses_invalid_args_before_creating_anything() -> None:
     with pytest.raises(ValueError, match="fabric_ip '10.0.0' is not an IPv4 address"):
         run_component(component_args(fabric_ip="10.0.0"), line())
-
-
-def test_spec_carries_every_arg() -> None:
-    args = component_args(gid_index=4, command_timeout_s=200, stop_timeout_s=40, mem_settle_s=50)
-    assert args.spec() == PreflightSpec(
-        node_name="spark-1", fabric_ip="192.168.100.1", ib_hcas=("rocep1s0f1",), gid_index=4, check_rdma=True,
-        min_mem_available_gib=111.5, weights_root="/srv/dsv41-exl3", min_free_disk_gib=387.0, stack_label="dev",
-        command_timeout_s=200, stop_timeout_s=40, mem_settle_s=50)
 
 
 # --- issue 10: the NFS export path must be traversable by the workers' squashed root -------------

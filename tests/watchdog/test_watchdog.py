@@ -12,10 +12,12 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pulumi_command import remote
 
+from components.config import Watchdog
 from components.watchdog.watchdog import (
     MemoryWatchdog,
     MemoryWatchdogArgs,
@@ -53,9 +55,17 @@ FAKE_DOCKER = '#!/bin/sh\necho "$*" >> "$WD_TEST_DIR/docker.calls"\n'
 FAKE_LOGGER = '#!/bin/sh\necho "$*" >> "$WD_TEST_DIR/logger.calls"\n'
 
 
-def _settings(**kw: object) -> WatchdogSettings:
+def _watchdog(floor_gib: float = 5.0, **kw: Any) -> Watchdog:
+    """The stack's `watchdog` section; what is not given keeps config.py's default."""
+    return Watchdog(mem_available_floor_gib=floor_gib, **kw)
+
+
+def _settings(*, floor_gib: float = 5.0, consecutive_samples: int | None = None, sample_interval_s: int | None = None,
+              **kw: object) -> WatchdogSettings:
+    given = {k: v for k, v in (("consecutive_samples", consecutive_samples), ("sample_seconds", sample_interval_s))
+             if v is not None}
     return WatchdogSettings(**{"node_name": "spark-b", "container_name": "dsv41-rank1", "stack_prefix": PREFIX,
-                               "floor_gib": 5.0, **kw})  # type: ignore[arg-type]
+                               "watchdog": _watchdog(floor_gib, **given), **kw})  # type: ignore[arg-type]
 
 
 # --- pure rendering -------------------------------------------------------------------------------------
@@ -81,9 +91,7 @@ class TestRendering:
         assert "timeout \"$STOP_TIMEOUT\" $DOCKER stop" in render_watchdog_script(_settings())
 
     @pytest.mark.parametrize(("kw", "message"), [
-        ({"floor_gib": 0}, "floor_gib=0 on spark-b must be > 0 GiB"),
-        ({"consecutive_samples": 0}, "consecutive_samples=0 on spark-b must be >= 1"),
-        ({"sample_interval_s": 0}, "sample_interval_s=0 on spark-b must be >= 1"),
+        # A floor, interval or count out of range is refused by config.py (tests/test_config.py).
         ({"container_name": "a b"}, "container_name 'a b' on spark-b is not a valid docker container name"),
         ({"node_name": "../x"}, "node_name '../x' must match"),
         ({"meminfo_path": "proc/meminfo"}, "must be an absolute path"),
@@ -313,8 +321,8 @@ def test_component_installs_with_one_remote_command() -> None:
             connection=remote.ConnectionArgs(host="127.0.0.3", port=2222, user="root"),
             container_name="dsv41-rank1",
             stack_prefix=PREFIX,
-            floor_gib=5.0,
-            restart_on=["cid-worker-1"],
+            watchdog=_watchdog(5.0),
+            rerun_on=["cid-worker-1"],
         ))
         return {"log": wd.log_path, "status": wd.status}
 
@@ -334,9 +342,9 @@ def test_component_installs_with_one_remote_command() -> None:
 
 
 def test_args_validate_at_program_time() -> None:
-    with pytest.raises(ValueError, match="floor_gib=-1 on spark-b"):
+    with pytest.raises(ValueError, match="container_name 'a b' on spark-b"):
         MemoryWatchdogArgs(node_name="spark-b", connection=remote.ConnectionArgs(host="127.0.0.3"),
-                           container_name="c", stack_prefix=PREFIX, floor_gib=-1)
+                           container_name="a b", stack_prefix=PREFIX, watchdog=_watchdog(), rerun_on=[])
 
 
 # --- issue 10: a trip stops every rank and records the memory holders --------------------------------------
@@ -344,7 +352,7 @@ def test_args_validate_at_program_time() -> None:
 HOST_KEY_A = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHostKeyOfSparkA"
 HOST_KEY_C = "ecdsa-sha2-nistp256 AAAAE2VjZHNhLXNoYTItbmlzdHAyNTYHostKeyOfSparkC="
 PEERS = (WatchdogPeer(node_name="spark-a", host="10.0.0.1", port=2201, user="me", host_key=HOST_KEY_A),
-         WatchdogPeer(node_name="spark-c", host="10.0.0.3", user="ops", host_key=HOST_KEY_C))
+         WatchdogPeer(node_name="spark-c", host="10.0.0.3", port=22, user="ops", host_key=HOST_KEY_C))
 FAKE_SSH = ('#!/bin/sh\necho "$*" >> "$WD_TEST_DIR/ssh.calls"\n'
             '[ -z "${WD_SSH_FAIL:-}" ] || exit 255\necho "stopped rank"\n')
 PEER_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPeerKeyOfSparkA"
@@ -412,11 +420,6 @@ class TestStopsEveryRank:
         docker_calls, ssh_calls, log = _trip(node, key=False)
         assert docker_calls == ["stop dsv41-rank1"] and ssh_calls == []
         assert "cannot stop rank on spark-a: no watchdog key" in log and "cannot stop rank on spark-c" in log
-
-    def test_default_floor_is_below_a_healthy_heads_low_water(self) -> None:
-        assert WatchdogSettings(node_name="n", container_name="c", stack_prefix=PREFIX).floor_gib == 1.5
-        assert MemoryWatchdogArgs(node_name="n", connection=remote.ConnectionArgs(host="h"),
-                                  container_name="c", stack_prefix=PREFIX).floor_gib == 1.5
 
 
 class TestPeerAuthorization:

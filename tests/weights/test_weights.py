@@ -779,7 +779,7 @@ def _mocked_program(share: str, *, workers: int = 1, token: str | None = TOKEN) 
         store = WeightStore("ws", WeightStoreArgs(
             head=node("head", "10.0.0.1"), workers=[node(f"w{i}", f"10.0.0.{i + 1}") for i in range(1, workers + 1)],
             root="~/dsv41-exl3", share=share,  # type: ignore[arg-type]
-            staging_image="sha256:serving", model_repo=MODEL_REPO, engram_repo=ENGRAM_REPO,
+            staging_image="sha256:serving", model_repo=MODEL_REPO, engram_repo=ENGRAM_REPO, revision="main",
             hf_token=pulumi.Output.secret(token) if token else None, hf_endpoint="http://127.0.0.1:9",
             stage_timeout_s=3600, stack_prefix=PREFIX))
         result["store"] = store
@@ -897,7 +897,8 @@ def test_nfs_without_worker_docker_provider_is_rejected() -> None:
     args = WeightStoreArgs(head=WeightNode(name="h", connection=conn, fabric_ip="10.0.0.1"),
                            workers=[WeightNode(name="w", connection=conn, fabric_ip="10.0.0.2")],
                            root="~/x", share="nfs", staging_image="i", model_repo=MODEL_REPO,
-                           engram_repo=ENGRAM_REPO, stage_timeout_s=10, stack_prefix=PREFIX)
+                           engram_repo=ENGRAM_REPO, revision="main", hf_token=None, hf_endpoint=None,
+                           stage_timeout_s=10, stack_prefix=PREFIX)
     with pytest.raises(ValueError, match="worker w has no docker_provider"):
         WeightStore._validate(args)
     bad_root = WeightStoreArgs(**{**args.__dict__, "root": "x", "share": "bind"})
