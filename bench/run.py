@@ -32,7 +32,7 @@ from pulumi import automation as auto
 
 from bench import report
 from bench.report import SPECS
-from components.gates.rank_watch import ReadySettings
+from components.gates.rank_watch import NEAR_READY_POLL_S
 from components.weights import manifest as wm
 from sim import checkpoint, cluster
 from sim.deploy import Deployment, assert_verified, docker_on, new_deployment, program_env, remove_deployment
@@ -540,7 +540,7 @@ def analyse(cycles: list[dict[str, Any]], eight: dict[str, Any] | None, toolchai
         f"{med(latency).value:.2f} s); the gate was already polling at the line in {waiting} of "
         f"{len(ready_samples)} runs; `up` returned {med([h['up_returned_s'] for h in ready_samples]).value:.2f} s "
         "after the line.",
-        cause=(f"the ready gate sees the line at its next poll (every {ReadySettings().near_ready_poll_s:g} s near "
+        cause=(f"the ready gate sees the line at its next poll (every {NEAR_READY_POLL_S:g} s near "
                f"ready; median {gate_part:.2f} s) and the engine then runs the verifier (median "
                f"{verifier_part:.2f} s)."),
         next_step="follow the head's log stream instead of polling (issue 14).")
@@ -738,7 +738,7 @@ def conditions(sim: dict[str, Any], staging_s: float, load: str) -> list[str]:
         "API (`sim/deploy.py`), with the project's Pulumi CLI and its docker and command providers, file "
         "backend under bench/tmp.",
         f"Gates at the program's defaults: poll every {GATE_POLL_S:g} s, the ready gate every "
-        f"{ReadySettings().near_ready_poll_s:g} s from KV-cache profiling on; sim stack config from "
+        f"{NEAR_READY_POLL_S:g} s from KV-cache profiling on; sim stack config from "
         f"`sim.stack.sim_config`; stallSeconds {STALL_S} in the stall runs.",
         f"Stand-in load: SIM_LOAD_SECONDS={READY_LOAD_S:g} + the phase shift (k x {GATE_POLL_S:g}/n s for run k "
         f"of n), SIM_GRAPH_SECONDS={GRAPH_S:g}; {DEAD_LOAD_S} s in the dead-rank runs.",

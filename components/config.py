@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from pydantic.alias_generators import to_camel
 
 from components import capacity
+from components.redaction import redact
 
 NAMESPACE = "dsv41-exl3"
 RECIPE_IMAGE = "ghcr.io/miaai-lab/deepseek-v4.1-flash-exl3-2x-dgx-sparks:2.9bpw"
@@ -692,20 +693,15 @@ def parse(raw: Mapping[str, Any], *, plaintext_keys: frozenset[str] = frozenset(
     try:
         settings = Settings.model_validate(raw)
     except ValidationError as err:
-        raise ConfigError([_redact(p, hidden) for p in problems + _pydantic_problems(err, raw, hidden)]) from None
+        problems += _pydantic_problems(err, raw, hidden)
+        raise ConfigError([redact(p, hidden, mask="[secret]") for p in problems]) from None
     if not settings.nodes:
         raise ConfigError(problems)
     rule_problems, warnings = _rules(settings)
     problems += rule_problems
     if problems:
-        raise ConfigError([_redact(p, hidden) for p in problems])
+        raise ConfigError([redact(p, hidden, mask="[secret]") for p in problems])
     return Loaded(settings=settings, warnings=warnings)
-
-
-def _redact(problem: str, hidden: list[str]) -> str:
-    for h in sorted(hidden, key=len, reverse=True):
-        problem = problem.replace(h, "[secret]")
-    return problem
 
 
 def read_raw(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,16 @@ from components import host_keys, labels
 from components.access.node_access import NodeAccess, NodeAccessArgs
 from components.access.stack_keys import StackKeys, StackKeysArgs
 from components.config import Loaded, Settings
-from components.gates.gates import GateRank, ReadyGate, ReadyGateArgs, RendezvousGate, RendezvousGateArgs
+from components.gates.gates import (
+    MODELS_TIMEOUT_S,
+    POLL_INTERVAL_S,
+    PROGRESS_INTERVAL_S,
+    GateRank,
+    ReadyGate,
+    ReadyGateArgs,
+    RendezvousGate,
+    RendezvousGateArgs,
+)
 from components.gates.live_ranks import LiveRanks, LiveRanksArgs
 from components.image.image_check import checked_image_ids
 from components.image.node_image import NodeImage, NodeImageArgs
@@ -257,6 +266,8 @@ def verify_after(
         ssh_agent_socket=s.ssh.agent_socket,
         ssh_known_hosts_file=s.ssh.known_hosts_file,
         rendezvous_timeout_s=s.gates.rendezvous_timeout_seconds,
+        poll_interval_s=POLL_INTERVAL_S,
+        progress_interval_s=PROGRESS_INTERVAL_S,
         rerun_on=container_ids,
     ), opts=under(root, pulumi.ResourceOptions(depends_on=list(after))))
     ready = ReadyGate("ready", ReadyGateArgs(
@@ -269,6 +280,9 @@ def verify_after(
         api_key=api_key,
         ready_timeout_s=s.gates.ready_timeout_seconds,
         stall_s=s.gates.stall_seconds,
+        poll_interval_s=POLL_INTERVAL_S,
+        progress_interval_s=PROGRESS_INTERVAL_S,
+        models_timeout_s=MODELS_TIMEOUT_S,
         rerun_on=container_ids,
     ), opts=under(root, pulumi.ResourceOptions(depends_on=[rendezvous])))
     verifier = Verifier("verify", VerifierArgs(

@@ -43,8 +43,8 @@ from components.gates.rank_watch import (
     SystemClock,
 )
 from components.serving import spec as serve_spec
+from components.verify.client import DecodeMeasurement, Passed, measure_decode, probe_endpoint, verify_endpoint
 from components.verify.verdict import DECODE_PROBE_PROMPTS, VERIFY_PROMPT, Failed, Reason
-from components.verify.verifier import DecodeMeasurement, Passed, measure_decode, probe_endpoint, verify_endpoint
 
 REPO = Path(__file__).resolve().parents[1]
 STANDIN_DIR = REPO / "sim" / "standin"

@@ -10,7 +10,7 @@ on every run.
 
 from __future__ import annotations
 
-import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,7 @@ from typing import Any
 import pulumi
 import pulumi.dynamic
 
+from components.dynamic import StateOnlyProvider
 from components.ssh import remove_stack_dir
 
 
@@ -26,17 +27,14 @@ class StackKeysArgs:
     directory: str
 
 
-class StackKeysProvider(pulumi.dynamic.ResourceProvider):
-    def create(self, props: dict[str, Any]) -> pulumi.dynamic.CreateResult:
-        return pulumi.dynamic.CreateResult(id_=f"keys-{uuid.uuid4().hex[:16]}", outs={"directory": props["directory"]})
+class StackKeysProvider(StateOnlyProvider):
+    # Moved (another XDG_STATE_HOME): an in-place update that keeps the old directory, a provider's stored
+    # sshOpts may still name it until its own update succeeds.
+    input_keys = ("directory",)
+    id_prefix = "keys"
 
-    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> pulumi.dynamic.DiffResult:
-        return pulumi.dynamic.DiffResult(changes=olds.get("directory") != news.get("directory"))
-
-    def update(self, _id: str, _olds: dict[str, Any], news: dict[str, Any]) -> pulumi.dynamic.UpdateResult:
-        # Moved (another XDG_STATE_HOME): the old directory is kept, a provider's stored sshOpts may still
-        # name it until its own update succeeds.
-        return pulumi.dynamic.UpdateResult(outs={"directory": news["directory"]})
+    def outputs(self, props: Mapping[str, Any]) -> dict[str, Any]:
+        return {"directory": props["directory"]}
 
     def delete(self, _id: str, props: dict[str, Any]) -> None:
         _remove(str(props.get("directory") or ""))

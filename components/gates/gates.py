@@ -12,16 +12,18 @@ the container's start, so the join and startup lines are found on the first poll
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pulumi
 import pulumi.dynamic
-from pulumi.runtime import rpc
 
+from components.dynamic import StateOnlyProvider, as_rows, as_set, log_progress, plain, secret_or_none, unwrap_secret
 from components.gates.rank_watch import (
+    MODELS_PROBE_TIMEOUT_S,
+    WATCH_POLL_INTERVAL_S,
+    WATCH_PROGRESS_INTERVAL_S,
     ModelsEndpoint,
     RankSpec,
     ReadySettings,
@@ -32,15 +34,18 @@ from components.gates.rank_watch import (
     wait_for_rendezvous,
 )
 
-_SECRET_SIG_KEY = rpc._special_sig_key  # noqa: SLF001 - the wire marker of a secret value
-_SECRET_SIG = rpc._special_secret_sig  # noqa: SLF001
-
 SHARED_INPUT_KEYS = ("ranks", "ssh_private_key", "ssh_agent_socket", "ssh_known_hosts_file", "poll_interval_s",
                      "progress_interval_s", "rerun_on")
 RENDEZVOUS_INPUT_KEYS = (*SHARED_INPUT_KEYS, "rendezvous_timeout_s")
 READY_INPUT_KEYS = (*SHARED_INPUT_KEYS, "api_base", "model_name", "api_key", "ready_timeout_s", "stall_s",
                     "models_timeout_s")
 SECRET_KEYS = ["ssh_private_key", "api_key"]
+
+# Not operator settings: how often the gates look (POLL_INTERVAL_S, <= 5 s so an exited container is noticed
+# within 15 s) and report, and how long one /v1/models look may take. The program wires these.
+POLL_INTERVAL_S = WATCH_POLL_INTERVAL_S
+PROGRESS_INTERVAL_S = WATCH_PROGRESS_INTERVAL_S
+MODELS_TIMEOUT_S = MODELS_PROBE_TIMEOUT_S
 
 
 # ---------------------------------------------------------------------------------------------
@@ -59,16 +64,17 @@ def _check_ranks(ranks: Sequence[GateRank]) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class RendezvousGateArgs:
-    """Inputs of RendezvousGate. `rerun_on`: the ids of every serving container."""
+    """Inputs of RendezvousGate. `rerun_on`: the ids of every serving container. No defaults: the settings
+    come from components/config.py, so a forgotten wire fails the type check."""
 
     ranks: Sequence[GateRank]
     rerun_on: pulumi.Input[Sequence[pulumi.Input[str]]]
-    ssh_private_key: pulumi.Input[str] | None = None
-    ssh_agent_socket: str | None = None
-    ssh_known_hosts_file: str | None = None
-    rendezvous_timeout_s: float = 720.0
-    poll_interval_s: float = 5.0
-    progress_interval_s: float = 30.0
+    ssh_private_key: pulumi.Input[str] | None
+    ssh_agent_socket: str | None
+    ssh_known_hosts_file: str | None
+    rendezvous_timeout_s: float
+    poll_interval_s: float
+    progress_interval_s: float
 
     def __post_init__(self) -> None:
         _check_ranks(self.ranks)
@@ -78,21 +84,22 @@ class RendezvousGateArgs:
 
 @dataclass(frozen=True, kw_only=True)
 class ReadyGateArgs:
-    """Inputs of ReadyGate: the ranks to watch and the head's OpenAI API (`api_base` without /v1)."""
+    """Inputs of ReadyGate: the ranks to watch and the head's OpenAI API (`api_base` without /v1). No defaults,
+    as for RendezvousGateArgs."""
 
     ranks: Sequence[GateRank]
     rerun_on: pulumi.Input[Sequence[pulumi.Input[str]]]
     api_base: pulumi.Input[str]
     model_name: pulumi.Input[str]
-    api_key: pulumi.Input[str] | None = None
-    ssh_private_key: pulumi.Input[str] | None = None
-    ssh_agent_socket: str | None = None
-    ssh_known_hosts_file: str | None = None
-    ready_timeout_s: float = 2700.0
-    stall_s: float = 600.0
-    poll_interval_s: float = 5.0
-    progress_interval_s: float = 30.0
-    models_timeout_s: float = 5.0
+    api_key: pulumi.Input[str] | None
+    ssh_private_key: pulumi.Input[str] | None
+    ssh_agent_socket: str | None
+    ssh_known_hosts_file: str | None
+    ready_timeout_s: float
+    stall_s: float
+    poll_interval_s: float
+    progress_interval_s: float
+    models_timeout_s: float
 
     def __post_init__(self) -> None:
         _check_ranks(self.ranks)
@@ -106,74 +113,49 @@ class ReadyGateArgs:
 # Provider-side: plain values from properties
 
 
-def _unwrap_secret(value: Any) -> Any:
-    # Dynamic providers declare acceptSecrets=False, but be safe if a wrapped secret arrives.
-    if isinstance(value, Mapping) and value.get(_SECRET_SIG_KEY) == _SECRET_SIG:
-        return value.get("value")
-    return value
-
-
-def _ranks_from_prop(value: Any) -> list[RankSpec]:
+def ranks_from_prop(value: Any) -> list[RankSpec]:
+    """The `ranks` property as specs; every provider that watches ranks reads them this way."""
     if not isinstance(value, list) or not value:
         raise ValueError(f"gate ranks must be a non-empty list of {{rank, node, host, port, user, container}}, "
                          f"got {value!r}")
     return [RankSpec.from_prop(r) for r in value]
 
 
-def _float(props: Mapping[str, Any], key: str, default: float) -> float:
-    value = _unwrap_secret(props.get(key))
-    return float(value) if value is not None else default
+def _setting(props: Mapping[str, Any], key: str) -> float:
+    # The program sends every setting (from components/config.py); a missing one is a bug, not a default.
+    value = unwrap_secret(props.get(key))
+    if value is None:
+        raise ValueError(f"gate property {key} is missing: the program sends every setting")
+    return float(value)
 
 
-def _comparable(key: str, value: Any) -> Any:
-    value = _unwrap_secret(value)
-    if key == "rerun_on" and isinstance(value, list | tuple):
-        return tuple(sorted(str(v) for v in value))  # which containers, not their order
-    if key == "ranks" and isinstance(value, list | tuple):
-        rows = [tuple((k, _comparable(k, v)) for k, v in sorted(dict(r).items()))
-                for r in value if isinstance(r, Mapping)]
-        return sorted(rows, key=repr)
-    if isinstance(value, int) and not isinstance(value, bool):
-        return float(value)  # state round-trips numbers as floats
-    return value
+# What makes two values of an input the same: which containers and ranks, not their order.
+NORMALIZE = {"rerun_on": as_set, "ranks": as_rows}
 
 
-def changed_inputs(keys: Sequence[str], olds: Mapping[str, Any], news: Mapping[str, Any]) -> list[str]:
-    """Input keys whose values differ; `__provider` (the pickled code) is deliberately not one."""
-    return [k for k in keys if _comparable(k, olds.get(k)) != _comparable(k, news.get(k))]
-
-
-def _inputs(keys: Sequence[str], props: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: _unwrap_secret(props.get(k)) for k in keys}
-
-
-def _source(props: Mapping[str, Any]) -> SshRankSource:
-    key = _unwrap_secret(props.get("ssh_private_key"))
-    agent = _unwrap_secret(props.get("ssh_agent_socket"))
+def rank_source(props: Mapping[str, Any]) -> SshRankSource:
+    """The ranks of `props`, read over SSH with its key, agent and known_hosts."""
+    key = unwrap_secret(props.get("ssh_private_key"))
+    agent = unwrap_secret(props.get("ssh_agent_socket"))
     known_hosts = props.get("ssh_known_hosts_file")
-    return SshRankSource(_ranks_from_prop(_unwrap_secret(props.get("ranks"))),
+    return SshRankSource(ranks_from_prop(unwrap_secret(props.get("ranks"))),
                          private_key=str(key) if key else None, agent_socket=str(agent) if agent else None,
                          known_hosts_file=str(known_hosts) if known_hosts else None)
 
 
-def _log_progress(message: str) -> None:
-    # No engine connection in the provider process: pulumi.log falls back to stderr, which the CLI shows.
-    pulumi.log.info(message)
-
-
 def run_rendezvous_gate(props: Mapping[str, Any]) -> dict[str, Any]:
     """Wait for every rank to join; return the outputs (inputs echoed plus the verdict)."""
-    secrets = tuple(str(s) for s in (_unwrap_secret(props.get(k)) for k in SECRET_KEYS) if s)
+    secrets = tuple(str(s) for s in (unwrap_secret(props.get(k)) for k in SECRET_KEYS) if s)
     settings = RendezvousSettings(
-        rendezvous_timeout_s=_float(props, "rendezvous_timeout_s", 720.0),
-        poll_interval_s=_float(props, "poll_interval_s", 5.0),
-        progress_interval_s=_float(props, "progress_interval_s", 30.0),
+        rendezvous_timeout_s=_setting(props, "rendezvous_timeout_s"),
+        poll_interval_s=_setting(props, "poll_interval_s"),
+        progress_interval_s=_setting(props, "progress_interval_s"),
         secrets=secrets,
     )
-    ranks = _ranks_from_prop(_unwrap_secret(props.get("ranks")))
-    result = wait_for_rendezvous(ranks, _source(props), settings, SystemClock(), _log_progress)
+    ranks = ranks_from_prop(unwrap_secret(props.get("ranks")))
+    result = wait_for_rendezvous(ranks, rank_source(props), settings, SystemClock(), log_progress)
     return {
-        **_inputs(RENDEZVOUS_INPUT_KEYS, props),
+        **plain(RENDEZVOUS_INPUT_KEYS, props),
         "passed_at": result.passed_at,
         "elapsed_s": result.elapsed_s,
         "world_size": result.world_size,
@@ -183,60 +165,44 @@ def run_rendezvous_gate(props: Mapping[str, Any]) -> dict[str, Any]:
 
 def run_ready_gate(props: Mapping[str, Any]) -> dict[str, Any]:
     """Wait for the head's API to list the model; return the outputs (inputs echoed plus the verdict)."""
-    api_key = _unwrap_secret(props.get("api_key"))
-    secrets = tuple(str(s) for s in (_unwrap_secret(props.get(k)) for k in SECRET_KEYS) if s)
+    api_key = unwrap_secret(props.get("api_key"))
+    secrets = tuple(str(s) for s in (unwrap_secret(props.get(k)) for k in SECRET_KEYS) if s)
     settings = ReadySettings(
-        ready_timeout_s=_float(props, "ready_timeout_s", 2700.0),
-        stall_s=_float(props, "stall_s", 600.0),
-        poll_interval_s=_float(props, "poll_interval_s", 5.0),
-        progress_interval_s=_float(props, "progress_interval_s", 30.0),
+        ready_timeout_s=_setting(props, "ready_timeout_s"),
+        stall_s=_setting(props, "stall_s"),
+        poll_interval_s=_setting(props, "poll_interval_s"),
+        progress_interval_s=_setting(props, "progress_interval_s"),
         secrets=secrets,
     )
-    model = str(_unwrap_secret(props.get("model_name")) or "")
-    api_base = str(_unwrap_secret(props.get("api_base")) or "")
+    model = str(unwrap_secret(props.get("model_name")) or "")
+    api_base = str(unwrap_secret(props.get("api_base")) or "")
     if not model or not api_base.startswith(("http://", "https://")):
         raise ValueError(f"ReadyGate needs model_name and an http(s) api_base, got model_name={model!r} "
                          f"api_base={api_base!r}")
     probe = ModelsEndpoint(api_base, model, str(api_key) if api_key else None,
-                           timeout_s=_float(props, "models_timeout_s", 5.0))
-    ranks = _ranks_from_prop(_unwrap_secret(props.get("ranks")))
-    result = wait_for_ready(ranks, _source(props), settings, SystemClock(), _log_progress, probe, model)
+                           timeout_s=_setting(props, "models_timeout_s"))
+    ranks = ranks_from_prop(unwrap_secret(props.get("ranks")))
+    result = wait_for_ready(ranks, rank_source(props), settings, SystemClock(), log_progress, probe, model)
     return {
-        **_inputs(READY_INPUT_KEYS, props),
+        **plain(READY_INPUT_KEYS, props),
         "passed_at": result.passed_at,
         "elapsed_s": result.elapsed_s,
         "phases": result.phases,
     }
 
 
-class _GateProvider(pulumi.dynamic.ResourceProvider):
-    """CRUD shared by the gates. Nothing exists outside the state, so delete does nothing."""
+class _GateProvider(StateOnlyProvider):
+    """What the gates share: a gate leaves nothing behind, and any input change re-runs it in place."""
 
-    input_keys: tuple[str, ...] = ()
+    normalize = NORMALIZE
     id_prefix = "gate"
-
-    def run(self, props: Mapping[str, Any]) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def create(self, props: dict[str, Any]) -> pulumi.dynamic.CreateResult:
-        return pulumi.dynamic.CreateResult(id_=f"{self.id_prefix}-{uuid.uuid4().hex[:16]}", outs=self.run(props))
-
-    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> pulumi.dynamic.DiffResult:
-        changed = changed_inputs(self.input_keys, olds, news)
-        return pulumi.dynamic.DiffResult(changes=bool(changed), replaces=[], stables=[], delete_before_replace=False)
-
-    def update(self, _id: str, _olds: dict[str, Any], news: dict[str, Any]) -> pulumi.dynamic.UpdateResult:
-        return pulumi.dynamic.UpdateResult(outs=self.run(news))
-
-    def delete(self, _id: str, _props: dict[str, Any]) -> None:
-        """A gate leaves nothing behind."""
 
 
 class RendezvousGateProvider(_GateProvider):
     input_keys = RENDEZVOUS_INPUT_KEYS
     id_prefix = "rendezvous"
 
-    def run(self, props: Mapping[str, Any]) -> dict[str, Any]:
+    def outputs(self, props: Mapping[str, Any]) -> dict[str, Any]:
         return run_rendezvous_gate(props)
 
 
@@ -244,19 +210,15 @@ class ReadyGateProvider(_GateProvider):
     input_keys = READY_INPUT_KEYS
     id_prefix = "ready"
 
-    def run(self, props: Mapping[str, Any]) -> dict[str, Any]:
+    def outputs(self, props: Mapping[str, Any]) -> dict[str, Any]:
         return run_ready_gate(props)
-
-
-def _secret_or_none(value: pulumi.Input[str] | None) -> pulumi.Output[str] | None:
-    return pulumi.Output.secret(value) if value is not None else None
 
 
 def _shared_props(args: RendezvousGateArgs | ReadyGateArgs) -> dict[str, Any]:
     """The inputs both gates take (SHARED_INPUT_KEYS): which ranks, how to reach them, how often to look."""
     return {
         "ranks": [r.to_prop() for r in args.ranks],
-        "ssh_private_key": _secret_or_none(args.ssh_private_key),
+        "ssh_private_key": secret_or_none(args.ssh_private_key),
         "ssh_agent_socket": args.ssh_agent_socket,
         "ssh_known_hosts_file": args.ssh_known_hosts_file,
         "poll_interval_s": args.poll_interval_s,
@@ -305,7 +267,7 @@ class ReadyGate(pulumi.dynamic.Resource, module="gates", name="ReadyGate"):
             **_shared_props(args),
             "api_base": args.api_base,
             "model_name": args.model_name,
-            "api_key": _secret_or_none(args.api_key),
+            "api_key": secret_or_none(args.api_key),
             "ready_timeout_s": args.ready_timeout_s,
             "stall_s": args.stall_s,
             "models_timeout_s": args.models_timeout_s,

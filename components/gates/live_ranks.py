@@ -11,7 +11,7 @@ rendezvous of a group that no longer exists), and the gates and the verifier re-
 
 A container that runs can still be useless: a hung rank (the head's `/health` stays 200 while completions never
 return) or a model that turned to NaN. So when every rank runs, `diff` also sends one 1-token completion with
-logprobs to the endpoint (`verify.probe_endpoint`, judged by the verifier's own rules, bounded by
+logprobs to the endpoint (`verify.client.probe_endpoint`, judged by the verifier's own rules, bounded by
 `PROBE_TIMEOUT_S`); NaN, -inf, an error, connection refused or no answer from a frozen engine is drift too.
 
 A healthy deployment costs one `docker inspect` per node and one 1-token completion per preview and up, and
@@ -22,7 +22,6 @@ about the ranks then, and replacing a serving deployment on a guess would be wor
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,9 +29,10 @@ from typing import Any
 import pulumi
 import pulumi.dynamic
 
-from components.gates.gates import GateRank, _ranks_from_prop, _secret_or_none, _source, _unwrap_secret, changed_inputs
+from components.dynamic import StateOnlyProvider, changed_inputs, secret_or_none, unwrap_secret
+from components.gates.gates import NORMALIZE, GateRank, rank_source, ranks_from_prop
 from components.gates.rank_watch import ContainerState, SourceError
-from components.verify.verifier import (
+from components.verify.client import (
     GUARD_MARGIN_S,
     Probe,
     VerificationTimeout,
@@ -80,11 +80,11 @@ def drifted(observed: Mapping[str, str]) -> list[str]:
 
 def probe_target(olds: Mapping[str, Any], news: Mapping[str, Any]) -> tuple[str, str, str | None] | None:
     """Endpoint, model and key of what is deployed (the state), else of the config (a stack from before)."""
-    props = olds if _unwrap_secret(olds.get("endpoint")) else news
-    endpoint, model = _unwrap_secret(props.get("endpoint")), _unwrap_secret(props.get("model"))
+    props = olds if unwrap_secret(olds.get("endpoint")) else news
+    endpoint, model = unwrap_secret(props.get("endpoint")), unwrap_secret(props.get("model"))
     if not endpoint or not model:
         return None
-    key = _unwrap_secret(props.get("api_key"))
+    key = unwrap_secret(props.get("api_key"))
     return str(endpoint), str(model), str(key) if key else None
 
 
@@ -97,10 +97,18 @@ def probe(target: tuple[str, str, str | None]) -> Probe:
         return Probe("unknown", str(err))
 
 
-class LiveRanksProvider(pulumi.dynamic.ResourceProvider):
+class LiveRanksProvider(StateOnlyProvider):
+    input_keys = INPUT_KEYS
+    normalize = NORMALIZE
+    id_prefix = "live"
+
+    def outputs(self, props: Mapping[str, Any]) -> dict[str, Any]:
+        # The inputs only: created before the containers it watches, it observes on every diff and read.
+        return {**{k: props.get(k) for k in INPUT_KEYS}, "observed": {}, "endpoint_observed": None}
+
     def _observe(self, props: Mapping[str, Any]) -> dict[str, str]:
-        ranks = _ranks_from_prop(_unwrap_secret(props.get("ranks")))
-        return observe(ranks, _source(props).state)
+        ranks = ranks_from_prop(unwrap_secret(props.get("ranks")))
+        return observe(ranks, rank_source(props).state)
 
     def _probe(self, observed: Mapping[str, str], olds: Mapping[str, Any],
                news: Mapping[str, Any]) -> tuple[str, Probe] | None:
@@ -109,10 +117,6 @@ class LiveRanksProvider(pulumi.dynamic.ResourceProvider):
         if target is None or any(status != "running" for status in observed.values()):
             return None
         return target[0], probe(target)
-
-    def create(self, props: dict[str, Any]) -> pulumi.dynamic.CreateResult:
-        # Created before the containers it watches: nothing to observe yet.
-        return pulumi.dynamic.CreateResult(id_=f"live-{uuid.uuid4().hex[:16]}", outs=_outs(props))
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> pulumi.dynamic.DiffResult:
         observed = self._observe(news)
@@ -133,10 +137,7 @@ class LiveRanksProvider(pulumi.dynamic.ResourceProvider):
         if probed is not None and probed[1].state == "unknown":
             pulumi.log.warn(f"live ranks: {probed[0]} {probed[1].seen}")
         # New ranks, endpoint or SSH settings: stored in place (the containers follow their own inputs).
-        return pulumi.dynamic.DiffResult(changes=bool(changed_inputs(INPUT_KEYS, olds, news)))
-
-    def update(self, _id: str, _olds: dict[str, Any], news: dict[str, Any]) -> pulumi.dynamic.UpdateResult:
-        return pulumi.dynamic.UpdateResult(outs=_outs(news))
+        return pulumi.dynamic.DiffResult(changes=bool(changed_inputs(INPUT_KEYS, olds, news, NORMALIZE)))
 
     def read(self, id_: str, props: dict[str, Any]) -> pulumi.dynamic.ReadResult:
         observed = self._observe(props)
@@ -144,12 +145,6 @@ class LiveRanksProvider(pulumi.dynamic.ResourceProvider):
         seen = probed[1].seen if probed is not None else "not probed: not every rank runs"
         return pulumi.dynamic.ReadResult(id_=id_, outs={**props, "observed": observed, "endpoint_observed": seen})
 
-    def delete(self, _id: str, _props: dict[str, Any]) -> None:
-        """Nothing exists outside the state."""
-
-
-def _outs(props: Mapping[str, Any]) -> dict[str, Any]:
-    return {**{k: props.get(k) for k in INPUT_KEYS}, "observed": {}, "endpoint_observed": None}
 
 
 class LiveRanks(pulumi.dynamic.Resource, module="drift", name="LiveRanks"):
@@ -164,12 +159,12 @@ class LiveRanks(pulumi.dynamic.Resource, module="drift", name="LiveRanks"):
     def __init__(self, name: str, args: LiveRanksArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         props: dict[str, Any] = {
             "ranks": [r.to_prop() for r in args.ranks],
-            "ssh_private_key": _secret_or_none(args.ssh_private_key),
+            "ssh_private_key": secret_or_none(args.ssh_private_key),
             "ssh_agent_socket": args.ssh_agent_socket,
             "ssh_known_hosts_file": args.ssh_known_hosts_file,
             "endpoint": args.endpoint,
             "model": args.model,
-            "api_key": _secret_or_none(args.api_key),
+            "api_key": secret_or_none(args.api_key),
             "observed": None,
             "endpoint_observed": None,
         }

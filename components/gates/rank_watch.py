@@ -9,6 +9,7 @@ log pattern below is deliberately tolerant (substring or loose regex, case where
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import subprocess
@@ -17,10 +18,11 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from http.client import HTTPException
 from typing import Any, Literal, Protocol
 
-import requests
-
+from components.http import ConnectionRefusedOrReset, DeadlineExceeded, exchange
+from components.redaction import redact
 from components.ssh import SshTarget, ssh_argv
 
 # ---------------------------------------------------------------------------------------------
@@ -243,36 +245,29 @@ def phase_of(text: str) -> str | None:
     return None
 
 
-# vLLM logs its non-default args at startup, api_key included; tracebacks can echo env.
-_SECRET_SHAPES = (
-    re.compile(r"""((?:api[_-]?key|token|password|secret)['"]?\s*[:=]\s*['"]?)[^'",\s}]+""", re.IGNORECASE),
-    re.compile(r"(Bearer\s+)\S+"),
-    re.compile(r"()\bhf_[A-Za-z0-9]{16,}"),
-)
-
-
-def redact(text: str, secrets: Sequence[str] = ()) -> str:
-    """Remove known secret values and anything shaped like a key/token from a log line."""
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "***")
-    for shape in _SECRET_SHAPES:
-        text = shape.sub(lambda m: m.group(1) + "***", text)
-    return text
-
-
 # ---------------------------------------------------------------------------------------------
 # Settings and results
 
 
+# How often the gates look (<= 5 s so an exited container is noticed within 15 s) and report.
+WATCH_POLL_INTERVAL_S = 5.0
+WATCH_PROGRESS_INTERVAL_S = 30.0
+# Once loading is done (KV cache, graphs, warm-up, API start), readiness is minutes away at most:
+# poll faster then, so the update returns within about this long of "Application startup complete."
+NEAR_READY_POLL_S = 0.5
+# One GET /v1/models, connect and read.
+MODELS_PROBE_TIMEOUT_S = 5.0
+
+
 @dataclass(frozen=True, kw_only=True)
 class WatchSettings:
-    """What both gates share. Poll <= 5 s so an exited container is noticed within 15 s."""
+    """What both gates share. The timeouts (in the subclasses) have no defaults: they are operator settings,
+    whose defaults live in components/config.py."""
 
-    poll_interval_s: float = 5.0
+    poll_interval_s: float = WATCH_POLL_INTERVAL_S
     tail_lines: int = 20
     max_source_errors: int = 3
-    progress_interval_s: float = 30.0
+    progress_interval_s: float = WATCH_PROGRESS_INTERVAL_S
     secrets: tuple[str, ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
@@ -291,8 +286,7 @@ class WatchSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class RendezvousSettings(WatchSettings):
-    # Longer than torch's own ~600 s store timeout, so vLLM's DistStoreError (more specific) lands first.
-    rendezvous_timeout_s: float = 720.0
+    rendezvous_timeout_s: float
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -302,14 +296,10 @@ class RendezvousSettings(WatchSettings):
 
 @dataclass(frozen=True, kw_only=True)
 class ReadySettings(WatchSettings):
-    # A first boot after an NCCL topology change has spent ~36 min in JIT: 45 min leaves margin.
-    ready_timeout_s: float = 2700.0
-    # No rank logged a (non-noise) line for this long = hung. A1 uses 420 s on the head alone;
-    # we watch every rank, and a worker streaming weights over NFS can be quiet for minutes.
-    stall_s: float = 600.0
-    # Once loading is done (KV cache, graphs, warm-up, API start), readiness is minutes away at most:
-    # poll faster then, so the update returns within about this long of "Application startup complete."
-    near_ready_poll_s: float = 0.5
+    ready_timeout_s: float
+    stall_s: float
+    """No rank logged a (non-noise) line for this long = hung."""
+    near_ready_poll_s: float = NEAR_READY_POLL_S
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -389,7 +379,7 @@ class _Cluster:
             raise GateFailure(self.message(
                 f"cannot observe {view.spec.label()} on {view.spec.user}@{view.spec.host}:{view.spec.port}: "
                 f"{view.source_errors} failures in a row, last: "
-                f"{redact(view.last_error, self.settings.secrets)}",
+                f"{redact(view.last_error, self.settings.secrets, key_shapes=True)}",
                 "check that the node is up and reachable over SSH with the configured key, and that "
                 "the docker CLI works there for that user",
             ))
@@ -449,7 +439,7 @@ class _Cluster:
         parts = [f"{cause}. What to do: {what_to_do}."]
         for view in self.views.values():
             parts.append(f"--- {view.spec.label()}, last {len(view.tail)} lines ---")
-            parts.extend(redact(t, secrets) for t in view.tail)
+            parts.extend(redact(t, secrets, key_shapes=True) for t in view.tail)
             if not view.tail:
                 parts.append("(no log lines seen)")
         return "\n".join(parts)
@@ -484,7 +474,7 @@ def wait_for_rendezvous(ranks: Sequence[RankSpec], source: RankSource, settings:
             if is_rendezvous_failure(line.text):
                 raise GateFailure(cluster.message(
                     f"{view.spec.label()} logged a rendezvous failure: "
-                    f"{redact(line.text.strip(), settings.secrets)}",
+                    f"{redact(line.text.strip(), settings.secrets, key_shapes=True)}",
                     _rendezvous_advice([v.spec for v in cluster.views.values() if not v.joined], master),
                 ))
             if is_reached_line(line.text):
@@ -561,7 +551,7 @@ def wait_for_ready(ranks: Sequence[RankSpec], source: RankSource, settings: Read
             if is_rendezvous_failure(line.text):
                 raise GateFailure(cluster.message(
                     f"{view.spec.label()} logged a rendezvous failure: "
-                    f"{redact(line.text.strip(), settings.secrets)}",
+                    f"{redact(line.text.strip(), settings.secrets, key_shapes=True)}",
                     _rendezvous_advice([r for r in ranks if r.rank != view.spec.rank], None),
                 ))
             seen = phase_of(line.text)
@@ -617,10 +607,11 @@ def wait_for_ready(ranks: Sequence[RankSpec], source: RankSource, settings: Read
 
 
 class ModelsEndpoint:
-    """GET {api_base}/v1/models with a short timeout; the API key goes in a header, never a message."""
+    """GET {api_base}/v1/models within `timeout_s` (connect and read); the API key goes in a header, never a
+    message."""
 
     def __init__(self, api_base: str, model_name: str, api_key: str | None = None,
-                 timeout_s: float = 5.0) -> None:
+                 timeout_s: float = MODELS_PROBE_TIMEOUT_S) -> None:
         base = api_base.rstrip("/")
         self.url = (base if base.endswith("/v1") else base + "/v1") + "/models"
         self.model_name = model_name
@@ -633,15 +624,15 @@ class ModelsEndpoint:
     def __call__(self) -> ModelsProbeResult:
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
         try:
-            resp = requests.get(self.url, headers=headers, timeout=self.timeout_s)
-        except requests.RequestException as err:
+            reply = exchange("GET", self.url, headers=headers, deadline=time.monotonic() + self.timeout_s)
+        except (ConnectionRefusedOrReset, DeadlineExceeded, HTTPException, OSError) as err:
             return ModelsProbeResult("unreachable", f"GET {self.url}: {type(err).__name__}")
-        if resp.status_code in (401, 403):
-            return ModelsProbeResult("unauthorized", f"GET {self.url}: HTTP {resp.status_code}")
-        if resp.status_code != 200:
-            return ModelsProbeResult("unreachable", f"GET {self.url}: HTTP {resp.status_code}")
+        if reply.status in (401, 403):
+            return ModelsProbeResult("unauthorized", f"GET {self.url}: HTTP {reply.status}")
+        if reply.status != 200:
+            return ModelsProbeResult("unreachable", f"GET {self.url}: HTTP {reply.status}")
         try:
-            data = resp.json().get("data", [])
+            data = json.loads(reply.body).get("data", [])
             ids = tuple(str(m.get("id")) for m in data if isinstance(m, dict))
         except (ValueError, AttributeError):
             return ModelsProbeResult("unreachable", f"GET {self.url}: answer is not the OpenAI models list")

@@ -1,4 +1,5 @@
-"""The verifier, its logprob verdict, and the operators' check (`python -m components.verify`)."""
+"""The verifier resource, its client (talking to the server), its logprob verdict, and the operators' check
+(`python -m components.verify`)."""
 
 from __future__ import annotations
 

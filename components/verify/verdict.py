@@ -16,7 +16,7 @@ import json
 import math
 import re
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -339,37 +339,6 @@ def judge_completion(status: int, headers: Mapping[str, str], body: bytes | str)
         if isinstance(message, Mapping) and isinstance(value := message.get(key), str)
     )
     return Verified(answer=answer.strip(), logprobs=tokens, reasoning=reasoning.strip())
-
-
-class SseDecoder:
-    """Incremental server-sent-events parser: feed lines, get each event's data when it completes."""
-
-    def __init__(self) -> None:
-        self._data: list[str] = []
-
-    def feed_line(self, line: str) -> str | None:
-        line = line.rstrip("\r\n")
-        if line == "":
-            if not self._data:
-                return None
-            data, self._data = "\n".join(self._data), []
-            return data
-        if line.startswith("data:"):
-            value = line[5:]
-            self._data.append(value[1:] if value.startswith(" ") else value)
-        return None  # comments, event:, id:, retry: lines carry nothing we use
-
-    def flush(self) -> str | None:
-        """The last event when the stream ended without a blank line."""
-        return self.feed_line("")
-
-
-def sse_payloads(lines: Iterable[str]) -> list[str]:
-    decoder = SseDecoder()
-    payloads = [data for line in lines if (data := decoder.feed_line(line)) is not None]
-    if (last := decoder.flush()) is not None:
-        payloads.append(last)
-    return payloads
 
 
 def _stream_chunks(payloads: Sequence[str]) -> list[Mapping[str, Any]] | Failed:

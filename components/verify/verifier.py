@@ -1,565 +1,31 @@
-"""Prove the deployment computes: one real chat completion with finite logprobs (recipe step 5).
+"""Verifier: a `pulumi.dynamic` resource, so `pulumi up` fails unless the endpoint computes (recipe step 5).
 
-Three ways in, one logic (and a fourth, smaller one: `probe_endpoint`, LiveRanks' 1-token drift probe):
-- `verify_endpoint(...)`: the HTTP exchange, bounded retries while the API starts, the
-  dead-rank diagnosis, and the optional decode-speed probe;
-- `Verifier`: a `pulumi.dynamic` resource so `pulumi up` fails unless the endpoint verifies;
-  it re-verifies whenever a serving container is replaced (`rerun_on`);
-- `python -m components.verify --endpoint URL --model NAME`: the operator's one-line check.
-
-Judging the answer itself is pure and lives in `components.verify.verdict`. This module creates no
-resources at import: Pulumi pickles the provider class by reference and re-imports this module
-in the provider process.
+Its create and update are the verification (`components.verify.client.verify_endpoint`, bounded by
+`run_bounded`); it re-verifies whenever a serving container is replaced (`rerun_on`). This module
+creates no resources at import: Pulumi pickles the provider class by reference and re-imports this
+module in the provider process.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import re
-import socket
-import sys
-import threading
-import time
-import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from http.client import HTTPConnection, HTTPException, HTTPSConnection
-from typing import Any, Literal, TypeVar
-from urllib.parse import urlsplit
+from typing import Any
 
 import pulumi
 import pulumi.dynamic
 
-from components.verify.verdict import (
-    DECODE_PROBE_MAX_TOKENS,
-    DECODE_PROBE_PROMPTS,
-    DecodeSample,
-    Failed,
-    Reason,
-    SseDecoder,
-    TokenLogprob,
-    completion_request,
-    decode_probe_request,
-    decode_sample,
-    drift_probe_request,
-    engine_steps,
-    judge_answer,
-    judge_completion,
-    judge_error,
-    judge_stream,
-    median_rate,
+from components.dynamic import StateOnlyProvider, as_set, log_progress, plain, secret_or_none
+from components.verify.client import (
+    GUARD_MARGIN_S,
+    Progress,
+    normalize_endpoint,
+    run_bounded,
+    verify_endpoint,
+    worst_case_seconds,
 )
-
-Clock = Callable[[], float]
-Sleep = Callable[[float], None]
-Progress = Callable[[str], None]
-T = TypeVar("T")
-
-DEFAULT_TIMEOUT_S = 120.0
-HEALTH_TIMEOUT_S = 5.0
-MAX_BODY_BYTES = 8 << 20
-MAX_LINE_BYTES = 1 << 20
-FIRST_RETRY_PAUSE_S = 1.0
-MAX_RETRY_PAUSE_S = 10.0
-# Eager mode (no CUDA graphs) is what the recipe measured at 11-13 tok/s on two Sparks.
-EAGER_MODE_TOKENS_PER_SECOND = "11-13"
-
-
-# ---------------------------------------------------------------------------------------------
-# HTTP: stdlib http.client, so every socket wait is re-armed with the time left before a deadline.
-
-
-class _Retryable(Exception):
-    """Connection refused or reset: the API port is not serving yet and may be in a moment."""
-
-
-class _DeadlineExceeded(Exception):
-    """No complete answer before the deadline."""
-
-
-@dataclass(frozen=True)
-class HttpReply:
-    status: int
-    headers: Mapping[str, str]
-    body: bytes
-    # SSE data payloads with their arrival time (only for a streamed 200 answer).
-    events: tuple[tuple[float, str], ...] = ()
-
-
-def http_exchange(
-    method: str,
-    url: str,
-    *,
-    body: bytes | None = None,
-    headers: Mapping[str, str] | None = None,
-    deadline: float,
-    clock: Clock = time.monotonic,
-    stream: bool = False,
-) -> HttpReply:
-    """One HTTP request whose total time is bounded by `deadline` (on `clock`)."""
-    parts = urlsplit(url)
-    remaining = deadline - clock()
-    if remaining <= 0:
-        raise _DeadlineExceeded()
-    connection_class = HTTPSConnection if parts.scheme == "https" else HTTPConnection
-    connection = connection_class(parts.hostname or "", parts.port, timeout=remaining)
-    path = parts.path + (f"?{parts.query}" if parts.query else "")
-    try:
-        connection.request(method, path, body=body, headers=dict(headers or {}))
-        sock = connection.sock  # kept: http.client drops its reference when the server closes
-
-        def arm() -> None:
-            left = deadline - clock()
-            if left <= 0:
-                raise _DeadlineExceeded()
-            if sock is not None:
-                sock.settimeout(left)
-
-        arm()
-        response = connection.getresponse()
-        reply_headers = {key.lower(): value for key, value in response.getheaders()}
-        if stream and response.status == 200:
-            events: list[tuple[float, str]] = []
-            decoder = SseDecoder()
-            while True:
-                arm()
-                line = response.readline(MAX_LINE_BYTES)
-                if not line:
-                    break
-                data = decoder.feed_line(line.decode("utf-8", errors="replace"))
-                if data is not None:
-                    events.append((clock(), data))
-                    if data.strip() == "[DONE]":
-                        break
-            if (last := decoder.flush()) is not None:
-                events.append((clock(), last))
-            return HttpReply(response.status, reply_headers, b"", tuple(events))
-        chunks: list[bytes] = []
-        size = 0
-        while size < MAX_BODY_BYTES:
-            arm()
-            chunk = response.read1(65536)  # read1: returns what arrived, so a trickle cannot stall us
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        return HttpReply(response.status, reply_headers, b"".join(chunks))
-    except (ConnectionRefusedError, ConnectionResetError, BrokenPipeError) as error:
-        raise _Retryable(type(error).__name__) from error
-    except TimeoutError as error:
-        raise _DeadlineExceeded() from error
-    finally:
-        connection.close()
-
-
-# ---------------------------------------------------------------------------------------------
-# Verification against a live endpoint.
-
-
-@dataclass(frozen=True)
-class Passed:
-    """The endpoint answered the recipe's request with real logprobs (and fast enough, if asked)."""
-
-    answer: str
-    logprobs: tuple[TokenLogprob, ...]
-    latency_s: float
-    decode_tokens_per_second: float | None = None
-
-
-Outcome = Passed | Failed
-
-
-@dataclass(frozen=True)
-class DecodeMeasurement:
-    median_tokens_per_second: float
-    per_prompt: tuple[float, ...]
-
-
-def normalize_endpoint(endpoint: str) -> str:
-    """The OpenAI base URL without a trailing slash; it must be http(s)://host[:port]/.../v1."""
-    cleaned = endpoint.strip().rstrip("/")
-    parts = urlsplit(cleaned)
-    if parts.scheme not in ("http", "https") or not parts.hostname or not parts.path.endswith("/v1"):
-        raise ValueError(
-            f"endpoint {endpoint!r} is not an OpenAI base URL: use http://HOST:PORT/v1 (vLLM serves "
-            "/v1/chat/completions)"
-        )
-    return cleaned
-
-
-def health_url(endpoint: str) -> str:
-    return normalize_endpoint(endpoint)[: -len("/v1")] + "/health"
-
-
-def _headers(api_key: str | None) -> dict[str, str]:
-    headers = {"Content-Type": "application/json", "Accept": "application/json"}
-    if api_key:
-        headers["Authorization"] = f"Bearer {api_key}"
-    return headers
-
-
-def _redact(text: str, secret: str | None) -> str:
-    return text.replace(secret, "***") if secret else text
-
-
-def _named(failed: Failed, endpoint: str, model: str, api_key: str | None) -> Failed:
-    """Prefix the diagnosis with what was verified; a server echoing the key never leaks it."""
-    return Failed(failed.reason, _redact(f"{endpoint} model {model!r}: {failed.message}", api_key))
-
-
-def worst_case_seconds(
-    timeout_s: float, retry_window_s: float, decode_prompts: int = 0, warmup_timeout_s: float = 0.0
-) -> float:
-    """Upper bound of verify_endpoint's run time; callers add a margin for their own guard."""
-    # retry window + a warm-up + the last attempt + the /health (or /v1/models) look-up + each probe prompt
-    return retry_window_s + warmup_timeout_s + timeout_s + HEALTH_TIMEOUT_S + decode_prompts * timeout_s
-
-
-def _served_models(endpoint: str, api_key: str | None, clock: Clock) -> list[str] | None:
-    try:
-        reply = http_exchange(
-            "GET", f"{endpoint}/models", headers=_headers(api_key), deadline=clock() + HEALTH_TIMEOUT_S, clock=clock
-        )
-        payload = json.loads(reply.body)
-        return [str(item["id"]) for item in payload["data"]]
-    except (OSError, HTTPException, _Retryable, _DeadlineExceeded, ValueError, KeyError, TypeError):
-        return None
-
-
-def _diagnose_timeout(endpoint: str, timeout_s: float, clock: Clock) -> Failed:
-    """A completion that never returns while /health says 200 is vLLM's signature of a lost rank."""
-    url = health_url(endpoint)
-    try:
-        reply = http_exchange("GET", url, deadline=clock() + min(HEALTH_TIMEOUT_S, timeout_s), clock=clock)
-        health = f"answered HTTP {reply.status}"
-    except (OSError, HTTPException, _Retryable, _DeadlineExceeded):
-        reply, health = None, "did not answer"
-    if reply is not None and reply.status == 200:
-        return Failed(
-            Reason.HUNG_RANK,
-            f"a rank is dead or hung: {url} answers 200 but a completion did not return within "
-            f"{timeout_s:g} s; /health only sees the head's local processes, so check that every "
-            "serving container (head and workers) is running and restart the set",
-        )
-    return Failed(
-        Reason.TIMEOUT,
-        f"no completion within {timeout_s:g} s and {url} {health}: the server is stuck or unreachable; "
-        "check the head container's logs",
-    )
-
-
-def _post_completion(
-    endpoint: str, model: str, api_key: str | None, *, stream: bool, timeout_s: float, clock: Clock
-) -> HttpReply:
-    body = json.dumps(completion_request(model, stream=stream)).encode()
-    return http_exchange(
-        "POST",
-        f"{endpoint}/chat/completions",
-        body=body,
-        headers=_headers(api_key),
-        deadline=clock() + timeout_s,
-        clock=clock,
-        stream=stream,
-    )
-
-
-def verify_endpoint(
-    endpoint: str,
-    model: str,
-    api_key: str | None = None,
-    *,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
-    retry_window_s: float = 0.0,
-    min_decode_tokens_per_second: float | None = None,
-    stream: bool = False,
-    decode_prompts: Sequence[str] = DECODE_PROBE_PROMPTS,
-    decode_max_tokens: int = DECODE_PROBE_MAX_TOKENS,
-    warmup_timeout_s: float | None = None,
-    clock: Clock = time.monotonic,
-    sleep: Sleep = time.sleep,
-    on_progress: Progress | None = None,
-) -> Outcome:
-    """Send the recipe's request and judge it; retry only what clears by itself.
-
-    Connection refused/reset (the port is not serving until the engine is ready) and HTTP 503
-    are retried until `retry_window_s` is spent; a NaN, a bad logprob or any other answer is
-    final. With `warmup_timeout_s`, the first answered request is a warm-up: the first request
-    after a boot can spend minutes in JIT, so it may take until `warmup_timeout_s` after the
-    start; its answer fails only on a hard fault (NaN, ...), and the next request, bounded by
-    `timeout_s`, is the one judged. The judged answer must also say Paris. Total time is
-    bounded by `worst_case_seconds(...)`.
-    """
-    endpoint = normalize_endpoint(endpoint)
-    if timeout_s <= 0 or retry_window_s < 0 or (warmup_timeout_s is not None and warmup_timeout_s <= 0):
-        raise ValueError(
-            f"timeout_s and warmup_timeout_s must be > 0 and retry_window_s >= 0, got {timeout_s!r}, "
-            f"{warmup_timeout_s!r} and {retry_window_s!r}"
-        )
-    start = clock()
-    window_end = start + retry_window_s
-    warming = warmup_timeout_s is not None
-    pause = FIRST_RETRY_PAUSE_S
-    attempts = 0
-    while True:
-        attempts += 1
-        sent_at = clock()
-        bound = timeout_s
-        if warming and warmup_timeout_s is not None:
-            bound = max(timeout_s, start + warmup_timeout_s - sent_at)
-        try:
-            reply = _post_completion(endpoint, model, api_key, stream=stream, timeout_s=bound, clock=clock)
-        except _Retryable as error:
-            retry_reason, last = Reason.UNREACHABLE, f"connection {'refused' if 'Refused' in str(error) else 'reset'}"
-        except _DeadlineExceeded:
-            return _named(_diagnose_timeout(endpoint, bound, clock), endpoint, model, api_key)
-        except HTTPException as error:
-            failed = Failed(Reason.HTTP_ERROR, f"the server does not speak HTTP correctly ({error!r})")
-            return _named(failed, endpoint, model, api_key)
-        except OSError as error:
-            failed = Failed(Reason.UNREACHABLE, f"cannot connect ({error}); check the host name and port")
-            return _named(failed, endpoint, model, api_key)
-        else:
-            latency = clock() - sent_at
-            if stream and reply.status == 200:
-                verdict = judge_stream(reply.status, reply.headers, [data for _, data in reply.events])
-            else:
-                verdict = judge_completion(reply.status, reply.headers, reply.body)
-            if isinstance(verdict, Failed) and verdict.reason is Reason.NOT_READY:
-                retry_reason, last = Reason.NOT_READY, verdict.message
-            elif isinstance(verdict, Failed):
-                if verdict.reason is Reason.UNKNOWN_MODEL and (served := _served_models(endpoint, api_key, clock)):
-                    verdict = Failed(verdict.reason, f"{verdict.message}; served: {', '.join(served)}")
-                return _named(verdict, endpoint, model, api_key)
-            elif warming:
-                warming = False
-                if on_progress is not None:
-                    on_progress(f"{endpoint} warm-up request answered in {latency:.0f} s; judging the next answer")
-                continue
-            else:
-                break
-        now = clock()
-        if now >= window_end:
-            waited = f"for {retry_window_s:g} s ({attempts} attempt{'s' if attempts > 1 else ''})"
-            fix = (
-                "the API is not listening: check the head container is running and its log shows "
-                "'Application startup complete' (model loading takes minutes; raise retry_window_s)"
-                if retry_reason is Reason.UNREACHABLE
-                else "the server kept answering 503: check the head container's log"
-            )
-            return _named(Failed(retry_reason, f"not ready {waited}, last: {last}; {fix}"), endpoint, model, api_key)
-        wait = min(pause, window_end - now)
-        if on_progress is not None:
-            on_progress(
-                f"{endpoint} not ready ({last}); retrying in {wait:.0f} s "
-                f"({now - start:.0f} of {retry_window_s:g} s spent, attempt {attempts})"
-            )
-        sleep(wait)
-        pause = min(pause * 2, MAX_RETRY_PAUSE_S)
-
-    wrong = judge_answer(verdict)
-    if wrong is not None:
-        return _named(wrong, endpoint, model, api_key)
-    decode_rate: float | None = None
-    if min_decode_tokens_per_second is not None:
-        measured = measure_decode(
-            endpoint,
-            model,
-            api_key,
-            timeout_s=timeout_s,
-            prompts=decode_prompts,
-            max_tokens=decode_max_tokens,
-            clock=clock,
-        )
-        if isinstance(measured, Failed):
-            return _named(measured, endpoint, model, api_key)
-        decode_rate = measured.median_tokens_per_second
-        if decode_rate < min_decode_tokens_per_second:
-            rates = ", ".join(f"{rate:.1f}" for rate in measured.per_prompt)
-            failed = Failed(
-                Reason.SLOW_DECODE,
-                f"decode speed {decode_rate:.1f} tok/s is below the required {min_decode_tokens_per_second:g} "
-                f"tok/s (median of {len(measured.per_prompt)} prompts: {rates}); "
-                f"{EAGER_MODE_TOKENS_PER_SECOND} tok/s is eager mode: check the serving command has no "
-                "--enforce-eager and the head log shows 'Capturing CUDA graphs'",
-            )
-            return _named(failed, endpoint, model, api_key)
-    return Passed(
-        answer=verdict.answer, logprobs=verdict.logprobs, latency_s=latency, decode_tokens_per_second=decode_rate
-    )
-
-
-def measure_decode(
-    endpoint: str,
-    model: str,
-    api_key: str | None = None,
-    *,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
-    prompts: Sequence[str] = DECODE_PROBE_PROMPTS,
-    max_tokens: int = DECODE_PROBE_MAX_TOKENS,
-    clock: Clock = time.monotonic,
-) -> DecodeMeasurement | Failed:
-    """Stream each prompt and report the median decode rate (tokens after the first / their time)."""
-    if len(prompts) < 3:
-        raise ValueError(f"the decode probe needs at least 3 prompts for a meaningful median, got {len(prompts)}")
-    endpoint = normalize_endpoint(endpoint)
-    samples: list[DecodeSample] = []
-    for index, prompt in enumerate(prompts):
-        body = json.dumps(decode_probe_request(model, prompt, max_tokens)).encode()
-        try:
-            reply = http_exchange(
-                "POST",
-                f"{endpoint}/chat/completions",
-                body=body,
-                headers=_headers(api_key),
-                deadline=clock() + timeout_s,
-                clock=clock,
-                stream=True,
-            )
-        except _DeadlineExceeded:
-            return Failed(
-                Reason.TIMEOUT,
-                f"decode probe prompt {index} did not finish within {timeout_s:g} s "
-                f"({max_tokens} tokens); the server is stalled or slower than {max_tokens / timeout_s:.1f} tok/s",
-            )
-        except (_Retryable, OSError, HTTPException) as error:
-            return Failed(Reason.UNREACHABLE, f"decode probe prompt {index} lost the connection ({error!r})")
-        if reply.status != 200:
-            return judge_error(reply.status, reply.body.decode("utf-8", errors="replace"))
-        sample = decode_sample(reply.events)
-        if isinstance(sample, Failed):
-            return Failed(sample.reason, f"decode probe prompt {index}: {sample.message}")
-        samples.append(sample)
-    return DecodeMeasurement(
-        median_tokens_per_second=median_rate(samples), per_prompt=tuple(s.tokens_per_second for s in samples)
-    )
-
-
-# ---------------------------------------------------------------------------------------------
-# Drift probe: is a verified endpoint still computing? (LiveRanks asks on every preview and up.)
-
-# After a probe timed out: how long between the two /metrics reads that tell busy from hung.
-BUSY_CHECK_GAP_S = 2.0
-# Reasons that say nothing about the ranks: the configured key or name, not the deployment, is wrong.
-_NOT_DRIFT = (Reason.UNAUTHORIZED,)
-
-
-ProbeState = Literal["healthy", "drift", "unknown"]
-
-
-@dataclass(frozen=True)
-class Probe:
-    """One drift probe's finding: `healthy`, `drift` (replace every rank) or `unknown` (cannot tell)."""
-
-    state: ProbeState
-    seen: str
-
-
-def _engine_steps(endpoint: str, clock: Clock) -> float | None:
-    url = normalize_endpoint(endpoint)[: -len("/v1")] + "/metrics"
-    try:
-        reply = http_exchange("GET", url, deadline=clock() + HEALTH_TIMEOUT_S, clock=clock)
-    except (OSError, HTTPException, _Retryable, _DeadlineExceeded):
-        return None
-    return engine_steps(reply.body.decode("utf-8", errors="replace")) if reply.status == 200 else None
-
-
-def _accepts(endpoint: str) -> bool:
-    """A hung server still accepts TCP connections (the kernel's backlog); a dropped route does not."""
-    parts = urlsplit(endpoint)
-    try:
-        socket.create_connection((parts.hostname or "", parts.port or 80), timeout=HEALTH_TIMEOUT_S).close()
-    except OSError:
-        return False
-    return True
-
-
-def probe_worst_case_seconds(timeout_s: float) -> float:
-    """Upper bound of probe_endpoint's run time: the probe, two /metrics reads a gap apart, a TCP connect."""
-    return timeout_s + 3 * HEALTH_TIMEOUT_S + BUSY_CHECK_GAP_S
-
-
-def probe_endpoint(
-    endpoint: str,
-    model: str,
-    api_key: str | None = None,
-    *,
-    timeout_s: float,
-    clock: Clock = time.monotonic,
-    sleep: Sleep = time.sleep,
-) -> Probe:
-    """One 1-token completion with logprobs, judged by the verifier's rules; no retries.
-
-    Real finite logprobs: healthy. NaN, -inf, a bad answer, an error, connection refused, or no
-    answer within `timeout_s` while vLLM's engine steps stay frozen: drift. No answer while the
-    engine keeps stepping is a busy server, not drift; a network error or a refused key says
-    nothing about the ranks. Bounded by `probe_worst_case_seconds(timeout_s)`.
-    """
-    endpoint = normalize_endpoint(endpoint)
-
-    def found(state: ProbeState, seen: str) -> Probe:
-        return Probe(state, _redact(seen, api_key))
-
-    body = json.dumps(drift_probe_request(model)).encode()
-    try:
-        reply = http_exchange("POST", f"{endpoint}/chat/completions", body=body, headers=_headers(api_key),
-                              deadline=clock() + timeout_s, clock=clock)
-    except _Retryable as error:
-        return found("drift", f"refuses connections ({error}) while every rank container runs: the API is down")
-    except _DeadlineExceeded:
-        first = _engine_steps(endpoint, clock)
-        sleep(BUSY_CHECK_GAP_S)
-        second = _engine_steps(endpoint, clock)
-        if first is not None and second is not None and second > first:
-            return found("unknown", f"did not answer a 1-token request within {timeout_s:g} s, but the engine "
-                                    f"is stepping ({first:g} -> {second:g} steps): busy, not treated as drift")
-        if (first is None or second is None) and not _accepts(endpoint):
-            return found("unknown", f"cannot be reached (no TCP connection within {HEALTH_TIMEOUT_S:g} s): "
-                                    "nothing is known about the ranks")
-        engine = ("/metrics does not answer" if first is None or second is None
-                  else f"the engine's step counter stayed at {second:g}")
-        return found("drift", f"did not answer a 1-token request within {timeout_s:g} s and {engine}: "
-                              "a rank is dead or hung")
-    except HTTPException as error:
-        return found("drift", f"does not speak HTTP correctly ({error!r})")
-    except OSError as error:
-        return found("unknown", f"cannot be reached ({error}): nothing is known about the ranks")
-    verdict = judge_completion(reply.status, reply.headers, reply.body)
-    if isinstance(verdict, Failed):
-        return found("unknown" if verdict.reason in _NOT_DRIFT else "drift", f"{verdict.reason}: {verdict.message}")
-    pairs = ", ".join(f"{t.token!r} {t.logprob:.3f}" for t in verdict.logprobs)
-    return found("healthy", f"answers with real logprobs ({pairs})")
-
-
-class VerificationTimeout(Exception):
-    """The verification overran its own guard (e.g. a name look-up that sockets cannot bound)."""
-
-
-def run_bounded(work: Callable[[], T], budget_s: float, what: str) -> T:
-    """Run `work` in a daemon thread and give up after `budget_s`; the last-resort deadline."""
-    results: list[T] = []
-    errors: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            results.append(work())
-        except BaseException as error:  # re-raised in the caller's thread
-            errors.append(error)
-
-    worker = threading.Thread(target=target, name=f"bounded: {what}", daemon=True)
-    worker.start()
-    worker.join(budget_s)
-    if worker.is_alive():
-        raise VerificationTimeout(f"{what} did not finish within its {budget_s:g} s deadline")
-    if errors:
-        raise errors[0]
-    return results[0]
-
-
-# ---------------------------------------------------------------------------------------------
-# Pulumi: a dynamic resource whose create/update is the verification.
+from components.verify.verdict import DECODE_PROBE_PROMPTS, Failed
 
 INPUT_KEYS = (
     "endpoint",
@@ -572,20 +38,10 @@ INPUT_KEYS = (
     "rerun_on",
 )
 OUTPUT_KEYS = ("answer", "logprobs", "latency_s", "verified_at", "decode_tokens_per_second")
-GUARD_MARGIN_S = 30.0
-_SECRET_SIG_KEY = "4dabf18193072939515e22adb298388d"
-_SECRET_SIG = "1b47061264138c4ac30d75fd1eb44270"
 
 
 class VerificationFailed(Exception):
     """Raised from create/update; Pulumi shows the message under the resource."""
-
-
-def _unwrap_secret(value: Any) -> Any:
-    # The dynamic provider declares acceptSecrets=False, but be safe if a wrapped secret arrives.
-    if isinstance(value, Mapping) and value.get(_SECRET_SIG_KEY) == _SECRET_SIG:
-        return value.get("value")
-    return value
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -594,19 +50,19 @@ class VerifierInputs:
 
     endpoint: str
     model: str
-    api_key: str | None = None
-    timeout_s: float = DEFAULT_TIMEOUT_S
-    retry_window_s: float = 1800.0
-    min_decode_tokens_per_second: float | None = None
-    warmup_timeout_s: float | None = None
-    rerun_on: tuple[str, ...] = ()
+    api_key: str | None
+    timeout_s: float
+    retry_window_s: float
+    min_decode_tokens_per_second: float | None
+    warmup_timeout_s: float | None
+    rerun_on: tuple[str, ...]
 
     def __repr__(self) -> str:  # keep the key out of tracebacks
         return f"VerifierInputs(endpoint={self.endpoint!r}, model={self.model!r}, rerun_on={self.rerun_on!r})"
 
     @classmethod
     def from_props(cls, props: Mapping[str, Any]) -> VerifierInputs:
-        values = {key: _unwrap_secret(props.get(key)) for key in INPUT_KEYS}
+        values = plain(INPUT_KEYS, props)
         if not isinstance(values["endpoint"], str) or not isinstance(values["model"], str) or not values["model"]:
             raise ValueError(
                 f"Verifier needs endpoint and model as strings, got endpoint={values['endpoint']!r} "
@@ -615,6 +71,11 @@ class VerifierInputs:
         rerun_on = values["rerun_on"] or []
         if not isinstance(rerun_on, list | tuple):
             raise ValueError(f"Verifier rerun_on must be a list of container ids, got {rerun_on!r}")
+        # The settings come from components/config.py through the program: none is invented here. Pulumi
+        # drops None inputs, so an optional one (no threshold, no warm-up) may be absent.
+        missing = [key for key in ("timeout_s", "retry_window_s") if values[key] is None]
+        if missing:
+            raise ValueError(f"Verifier needs {' and '.join(missing)}: the program sends every setting")
         api_key = values["api_key"]
         minimum = values["min_decode_tokens_per_second"]
         warmup = values["warmup_timeout_s"]
@@ -622,8 +83,8 @@ class VerifierInputs:
             endpoint=normalize_endpoint(values["endpoint"]),
             model=values["model"],
             api_key=str(api_key) if api_key else None,
-            timeout_s=float(values["timeout_s"] if values["timeout_s"] is not None else DEFAULT_TIMEOUT_S),
-            retry_window_s=float(values["retry_window_s"] if values["retry_window_s"] is not None else 1800.0),
+            timeout_s=float(values["timeout_s"]),
+            retry_window_s=float(values["retry_window_s"]),
             min_decode_tokens_per_second=float(minimum) if minimum is not None else None,
             warmup_timeout_s=float(warmup) if warmup is not None else None,
             rerun_on=tuple(str(item) for item in rerun_on),
@@ -642,20 +103,12 @@ class VerifierInputs:
         }
 
 
-def _comparable(key: str, value: Any) -> Any:
-    value = _unwrap_secret(value)
-    if key == "endpoint" and isinstance(value, str):
-        return value.strip().rstrip("/")
-    if key == "rerun_on" and isinstance(value, list | tuple):
-        return tuple(sorted(str(item) for item in value))  # the set of containers matters, not its order
-    if isinstance(value, int) and not isinstance(value, bool):
-        return float(value)  # state round-trips numbers as floats
-    return value
+def _endpoint_as_compared(value: Any) -> Any:
+    return value.strip().rstrip("/") if isinstance(value, str) else value
 
 
-def changed_inputs(olds: Mapping[str, Any], news: Mapping[str, Any]) -> list[str]:
-    """Input keys whose values differ; `__provider` (the pickled code) is deliberately not one."""
-    return [key for key in INPUT_KEYS if _comparable(key, olds.get(key)) != _comparable(key, news.get(key))]
+# What makes two values of an input the same: the set of containers matters, not its order.
+NORMALIZE = {"endpoint": _endpoint_as_compared, "rerun_on": as_set}
 
 
 def run_verification(inputs: VerifierInputs, on_progress: Progress | None = None) -> dict[str, Any]:
@@ -688,36 +141,16 @@ def run_verification(inputs: VerifierInputs, on_progress: Progress | None = None
     }
 
 
-def _log_progress(message: str) -> None:
-    # In the provider process there is no engine connection: pulumi.log falls back to stderr,
-    # which the engine relays to the CLI.
-    pulumi.log.info(message)
+class VerifierProvider(StateOnlyProvider):
+    """CRUD for Verifier: create and update are the verification. Any input change re-runs it in place."""
 
+    input_keys = INPUT_KEYS
+    normalize = NORMALIZE
+    id_prefix = "verifier"
 
-class VerifierProvider(pulumi.dynamic.ResourceProvider):
-    """CRUD for Verifier. Stateless: no clients or sockets as attributes (the object is pickled).
-
-    Any input change re-runs the verification as an in-place update: there is no real-world
-    object to replace, the id stays stable for dependents, and a failed update leaves the old
-    state so the next `up` sees the same diff and verifies again.
-    """
-
-    def create(self, props: dict[str, Any]) -> pulumi.dynamic.CreateResult:
+    def outputs(self, props: Mapping[str, Any]) -> dict[str, Any]:
         inputs = VerifierInputs.from_props(props)
-        outs = run_verification(inputs, _log_progress)
-        return pulumi.dynamic.CreateResult(id_=f"verifier-{uuid.uuid4().hex[:16]}", outs={**inputs.to_props(), **outs})
-
-    def diff(self, _id: str, _olds: dict[str, Any], _news: dict[str, Any]) -> pulumi.dynamic.DiffResult:
-        changed = changed_inputs(_olds, _news)
-        return pulumi.dynamic.DiffResult(changes=bool(changed), replaces=[], stables=[], delete_before_replace=False)
-
-    def update(self, _id: str, _olds: dict[str, Any], _news: dict[str, Any]) -> pulumi.dynamic.UpdateResult:
-        inputs = VerifierInputs.from_props(_news)
-        outs = run_verification(inputs, _log_progress)
-        return pulumi.dynamic.UpdateResult(outs={**inputs.to_props(), **outs})
-
-    def delete(self, _id: str, _props: dict[str, Any]) -> None:
-        """Nothing exists outside the state, so there is nothing to tear down."""
+        return {**inputs.to_props(), **run_verification(inputs, log_progress)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -728,11 +161,14 @@ class VerifierArgs:
     endpoint: pulumi.Input[str]
     model: pulumi.Input[str]
     rerun_on: pulumi.Input[Sequence[pulumi.Input[str]]]
-    api_key: pulumi.Input[str] | None = None
-    timeout_s: float = DEFAULT_TIMEOUT_S
-    retry_window_s: float = 1800.0
-    min_decode_tokens_per_second: float | None = None
-    warmup_timeout_s: float | None = None
+    api_key: pulumi.Input[str] | None
+    timeout_s: float
+    """Each judged request's bound."""
+    retry_window_s: float
+    """How long connection refused and 503 are retried while the API starts."""
+    min_decode_tokens_per_second: float | None
+    """None: no decode-speed probe."""
+    warmup_timeout_s: float | None
     """The first answered request may take this long after the start (JIT after a boot); the next is judged."""
 
 
@@ -755,7 +191,7 @@ class Verifier(pulumi.dynamic.Resource, module="verify", name="Verifier"):
             "endpoint": args.endpoint,
             "model": args.model,
             "rerun_on": args.rerun_on,
-            "api_key": pulumi.Output.secret(args.api_key) if args.api_key is not None else None,
+            "api_key": secret_or_none(args.api_key),
             "timeout_s": args.timeout_s,
             "retry_window_s": args.retry_window_s,
             "min_decode_tokens_per_second": args.min_decode_tokens_per_second,
@@ -764,94 +200,3 @@ class Verifier(pulumi.dynamic.Resource, module="verify", name="Verifier"):
         }
         secret = pulumi.ResourceOptions(additional_secret_outputs=["api_key"])
         super().__init__(VerifierProvider(), name, props, pulumi.ResourceOptions.merge(secret, opts))
-
-
-# ---------------------------------------------------------------------------------------------
-# Operator command.
-
-EXIT_VERIFIED = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-
-
-class _UsageError(Exception):
-    pass
-
-
-class _OneLineParser(argparse.ArgumentParser):
-    def error(self, message: str) -> Any:  # argparse's default prints the whole usage block
-        if message.startswith("unrecognized arguments"):
-            # never echo stray arguments: one of them may be a key typed on the command line
-            message = "unrecognized arguments (not shown); the API key is read only via --api-key-env VAR"
-        raise _UsageError(message)
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = _OneLineParser(
-        prog="python -m components.verify",
-        allow_abbrev=False,  # `--api-key SECRET` must not be taken for `--api-key-env`
-        description="Send the recipe's logprobs request and say in one line whether the endpoint computes.",
-    )
-    parser.add_argument("--endpoint", required=True, help="OpenAI base URL, e.g. http://HEAD:8888/v1")
-    parser.add_argument("--model", required=True, help="served model name")
-    parser.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the API key")
-    parser.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS", help="per-request timeout")
-    parser.add_argument(
-        "--retry-window", type=float, default=0.0, metavar="SECONDS", help="keep retrying while the API starts"
-    )
-    parser.add_argument(
-        "--min-decode-tokens-per-second", type=float, metavar="RATE", help="also run the decode-speed probe"
-    )
-    return parser
-
-
-def _format_passed(endpoint: str, model: str, passed: Passed) -> str:
-    pairs = json.dumps([[item.token, item.logprob] for item in passed.logprobs], ensure_ascii=False)
-    line = (
-        f"verified {endpoint} model {model!r}: answer {json.dumps(passed.answer, ensure_ascii=False)} "
-        f"logprobs {pairs} latency {passed.latency_s:.2f}s"
-    )
-    if passed.decode_tokens_per_second is not None:
-        line += f" decode {passed.decode_tokens_per_second:.1f} tok/s"
-    return line
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        options = _parser().parse_args(argv)
-        api_key: str | None = None
-        if options.api_key_env:
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", options.api_key_env):
-                raise _UsageError("--api-key-env takes an environment variable NAME (value not shown), not a key")
-            api_key = os.environ.get(options.api_key_env)
-            if not api_key:
-                raise _UsageError(f"--api-key-env names {options.api_key_env}, which is not set or empty")
-        if options.timeout <= 0 or options.retry_window < 0:
-            raise _UsageError(f"--timeout must be > 0 and --retry-window >= 0, got {options.timeout:g}")
-        endpoint = normalize_endpoint(options.endpoint)
-    except (_UsageError, ValueError) as error:
-        print(f"usage error: {error} (see --help)", file=sys.stderr)
-        return EXIT_USAGE
-    probe_prompts = len(DECODE_PROBE_PROMPTS) if options.min_decode_tokens_per_second is not None else 0
-    budget = worst_case_seconds(options.timeout, options.retry_window, probe_prompts) + GUARD_MARGIN_S
-    try:
-        outcome = run_bounded(
-            lambda: verify_endpoint(
-                endpoint,
-                options.model,
-                api_key,
-                timeout_s=options.timeout,
-                retry_window_s=options.retry_window,
-                min_decode_tokens_per_second=options.min_decode_tokens_per_second,
-            ),
-            budget,
-            f"verification of {endpoint}",
-        )
-    except VerificationTimeout as error:
-        print(f"NOT verified (timeout): {error}", file=sys.stderr)
-        return EXIT_FAILED
-    if isinstance(outcome, Failed):
-        print(f"NOT verified ({outcome.reason}): {outcome.message}", file=sys.stderr)
-        return EXIT_FAILED
-    print(_format_passed(endpoint, options.model, outcome))
-    return EXIT_VERIFIED

@@ -16,6 +16,7 @@ import pytest
 from pulumi.dynamic.dynamic import serialize_provider
 from pulumi.runtime import rpc
 
+from components.config import Gates
 from components.gates import gates
 from components.gates.gates import (
     GateRank,
@@ -38,6 +39,24 @@ RANKS = [
     GateRank(rank=0, node="spark-a", host="127.0.0.2", port=2222, user="root", container="dsv41-rank0"),
     GateRank(rank=1, node="spark-b", host="127.0.0.3", port=2222, user="root", container="dsv41-rank1"),
 ]
+
+
+def _rdv_args(**over: Any) -> RendezvousGateArgs:
+    """What the program wires, with config's default timeout."""
+    args: dict[str, Any] = {"ranks": RANKS, "rerun_on": [], "ssh_private_key": None, "ssh_agent_socket": None,
+                            "ssh_known_hosts_file": None, "rendezvous_timeout_s": 720.0,
+                            "poll_interval_s": gates.POLL_INTERVAL_S, "progress_interval_s": gates.PROGRESS_INTERVAL_S}
+    return RendezvousGateArgs(**{**args, **over})
+
+
+def _ready_args(**over: Any) -> ReadyGateArgs:
+    """What the program wires, with config's default timeouts."""
+    args: dict[str, Any] = {"ranks": RANKS, "rerun_on": [], "api_base": "http://127.0.0.1:8888", "model_name": MODEL,
+                            "api_key": None, "ssh_private_key": None, "ssh_agent_socket": None,
+                            "ssh_known_hosts_file": None, "ready_timeout_s": 2700.0, "stall_s": 600.0,
+                            "poll_interval_s": gates.POLL_INTERVAL_S, "progress_interval_s": gates.PROGRESS_INTERVAL_S,
+                            "models_timeout_s": gates.MODELS_TIMEOUT_S}
+    return ReadyGateArgs(**{**args, **over})
 
 
 def _rdv_props(**over: Any) -> dict[str, Any]:
@@ -67,23 +86,28 @@ def _ready_props(api_base: str, **over: Any) -> dict[str, Any]:
 class TestArgs:
     def test_ranks_must_be_0_to_n_minus_1(self) -> None:
         with pytest.raises(ValueError, match=r"gate ranks \[0, 2\] must be 0..N-1"):
-            RendezvousGateArgs(ranks=[RANKS[0], GateRank(rank=2, node="c", host="127.0.0.4", user="u",
-                                                         container="x")], rerun_on=[])
+            _rdv_args(ranks=[RANKS[0], GateRank(rank=2, node="c", host="127.0.0.4", user="u", container="x")])
         with pytest.raises(ValueError, match=r"gate ranks \[1\]"):
-            RendezvousGateArgs(ranks=[RANKS[1]], rerun_on=[])
+            _rdv_args(ranks=[RANKS[1]])
 
     def test_container_name_and_timeouts_are_checked(self) -> None:
         with pytest.raises(ValueError, match="'bad name;rm' on node 'a' is not a valid docker container name"):
             GateRank(rank=0, node="a", host="h", user="u", container="bad name;rm")
         with pytest.raises(ValueError, match="poll_interval_s=30"):
-            ReadyGateArgs(ranks=RANKS, rerun_on=[], api_base="http://127.0.0.1:8888", model_name=MODEL,
-                          poll_interval_s=30)
+            _ready_args(poll_interval_s=30)
         with pytest.raises(ValueError, match="stall_s=0"):
-            ReadyGateArgs(ranks=RANKS, rerun_on=[], api_base="http://127.0.0.1:8888", model_name=MODEL, stall_s=0)
+            _ready_args(stall_s=0)
 
     def test_ready_default_allows_a_36_minute_boot(self) -> None:
-        args = ReadyGateArgs(ranks=RANKS, rerun_on=[], api_base="http://127.0.0.1:8888", model_name=MODEL)
+        # The default lives in the config, the poll and progress intervals in the gates.
+        args = _ready_args(ready_timeout_s=Gates().ready_timeout_seconds)
         assert args.ready_timeout_s >= 45 * 60 and args.poll_interval_s <= 5 and args.progress_interval_s == 30
+
+    def test_a_missing_setting_is_an_error_not_a_default(self) -> None:
+        props = _rdv_props()
+        del props["rendezvous_timeout_s"]
+        with pytest.raises(ValueError, match="rendezvous_timeout_s is missing"):
+            RendezvousGateProvider().create(props)
 
 
 # --- diff -----------------------------------------------------------------------------------------------
@@ -263,10 +287,8 @@ def test_gates_register_with_secrets_marked(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(recording, "RecordingMonitor", _SecretOutputsMonitor)
 
     def program() -> None:
-        rdv = RendezvousGate("rdv", RendezvousGateArgs(ranks=RANKS, rerun_on=["c0", "c1"],
-                                                       ssh_private_key="KEYTEXT"))
-        ReadyGate("ready", ReadyGateArgs(ranks=RANKS, rerun_on=["c0", "c1"], api_base="http://127.0.0.1:8888",
-                                         model_name=MODEL, api_key="APIKEY"),
+        rdv = RendezvousGate("rdv", _rdv_args(rerun_on=["c0", "c1"], ssh_private_key="KEYTEXT"))
+        ReadyGate("ready", _ready_args(rerun_on=["c0", "c1"], api_key="APIKEY"),
                   pulumi.ResourceOptions(depends_on=[rdv]))
 
     rec = recording.run(program)

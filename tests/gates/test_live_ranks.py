@@ -12,7 +12,7 @@ import pytest
 from components.gates import live_ranks
 from components.gates.gates import GateRank
 from components.gates.rank_watch import ContainerState, SourceError
-from components.verify import verifier as verify
+from components.verify import client as verify
 from tests.support.fake_vllm import NAN_STREAM_ERROR, FakeVllm, Reply, chat_body, free_port, good_items, logprob_item
 
 RANKS = [GateRank(rank=0, node="head", host="10.0.0.1", port=22, user="me", container="c-head"),
@@ -36,7 +36,7 @@ class FakeSource:
 def world(monkeypatch: pytest.MonkeyPatch) -> dict[int, ContainerState | Exception]:
     states: dict[int, ContainerState | Exception] = {0: ContainerState(status="running"),
                                                      1: ContainerState(status="running")}
-    monkeypatch.setattr(live_ranks, "_source", lambda _props: FakeSource(states))
+    monkeypatch.setattr(live_ranks, "rank_source", lambda _props: FakeSource(states))
     return states
 
 

@@ -75,8 +75,9 @@ def test_unfilled_dev_preview_fails_fast_naming_every_missing_key(
 
 def verifier_stack(pulumi_root: Path, env: dict[str, str], tmp_path: Path, endpoint: str, rerun: list[str]) -> Any:
     def program() -> None:
-        v = Verifier("verify", VerifierArgs(endpoint=endpoint, model="fake-model", rerun_on=rerun, timeout_s=5,
-                                            retry_window_s=5))
+        v = Verifier("verify", VerifierArgs(endpoint=endpoint, model="fake-model", rerun_on=rerun, api_key=None,
+                                            timeout_s=5, retry_window_s=5, min_decode_tokens_per_second=None,
+                                            warmup_timeout_s=None))
         pulumi.export("answer", v.answer)
         pulumi.export("logprobs", v.logprobs)
 

@@ -200,6 +200,18 @@ def good_items() -> list[dict[str, Any]]:
     return [logprob_item(token, value) for token, value in GOOD_TOKENS]
 
 
+def items_with(value: Any) -> list[dict[str, Any]]:
+    """The good answer's tokens with the second logprob replaced by `value`."""
+    items = good_items()
+    items[1] = logprob_item(".", value)
+    return items
+
+
+def error_body(message: str, kind: str, code: int, param: str | None = None) -> bytes:
+    """An OpenAI-style error answer as vLLM writes it."""
+    return json.dumps({"error": {"message": message, "type": kind, "param": param, "code": code}}).encode()
+
+
 def with_literal(body: str, literal: str) -> bytes:
     """Replace the first real logprob value with a bare literal (NaN, Infinity) as some servers write."""
     return body.replace(json.dumps(GOOD_TOKENS[0][1]), literal).encode()

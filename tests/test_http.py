@@ -1,0 +1,72 @@
+"""The one HTTP client: a deadline over connect and read, SSE events with their arrival time."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from components.http import ConnectionRefusedOrReset, DeadlineExceeded, exchange, sse_payloads
+from tests.support.fake_vllm import FakeVllm, Reply, chat_body, free_port, good_items, stream_events
+
+pytestmark = pytest.mark.timeout(10)
+
+
+def _post(url: str, *, timeout_s: float, stream: bool = False) -> object:
+    return exchange("POST", f"{url}/chat/completions", body=b"{}", headers={"Content-Type": "application/json"},
+                    deadline=time.monotonic() + timeout_s, stream=stream)
+
+
+def test_sse_payloads_join_multiline_data_and_skip_comments() -> None:
+    lines = [": keep-alive\n", 'data: {"a":\n', "data: 1}\n", "\n", "data:[DONE]\n"]
+    assert sse_payloads(lines) == ['{"a":\n1}', "[DONE]"]
+
+
+def test_a_plain_answer_has_its_status_lowercased_headers_and_body() -> None:
+    with FakeVllm(Reply(body=chat_body(good_items()).encode())) as server:
+        reply = exchange("GET", f"{server.url}/models", deadline=time.monotonic() + 2)
+    assert reply.status == 200 and reply.headers["content-type"] == "application/json"
+    assert [m["id"] for m in json.loads(reply.body)["data"]] == ["fake-model"]
+    assert reply.events == ()
+
+
+def test_a_stream_yields_each_event_with_its_arrival_time_and_stops_at_done() -> None:
+    paced = [(0.2, p) for _, p in stream_events(good_items())]
+    with FakeVllm(Reply(events=paced)) as server:
+        started = time.monotonic()
+        reply = exchange("POST", f"{server.url}/chat/completions", body=b"{}", deadline=started + 5, stream=True)
+    times = [at for at, _ in reply.events]
+    assert [data for _, data in reply.events] == [p for _, p in paced]
+    assert reply.events[-1][1] == "[DONE]" and reply.body == b""
+    assert times == sorted(times) and times[-1] - times[0] >= 0.2 * (len(paced) - 1) * 0.8
+
+
+def test_a_trickling_stream_is_cut_at_the_total_deadline_not_per_read() -> None:
+    # Each event arrives well within the deadline, but the whole answer would take 6 s.
+    trickle = [(0.3, p) for _, p in stream_events(good_items() * 10)]
+    with FakeVllm(Reply(events=trickle)) as server:
+        started = time.monotonic()
+        with pytest.raises(DeadlineExceeded):
+            exchange("POST", f"{server.url}/chat/completions", body=b"{}", deadline=started + 1, stream=True)
+        assert time.monotonic() - started < 1.5
+
+
+def test_an_answer_that_never_comes_raises_at_the_deadline() -> None:
+    with FakeVllm(Reply(hang_s=5)) as server:
+        started = time.monotonic()
+        with pytest.raises(DeadlineExceeded):
+            _post(server.url, timeout_s=0.5)
+        assert time.monotonic() - started < 1.0
+
+
+def test_a_spent_deadline_sends_nothing() -> None:
+    with FakeVllm(Reply()) as server:
+        with pytest.raises(DeadlineExceeded):
+            _post(server.url, timeout_s=0)
+        assert server.requests == []
+
+
+def test_a_refused_connection_is_told_apart() -> None:
+    with pytest.raises(ConnectionRefusedOrReset, match="ConnectionRefusedError"):
+        _post(f"http://127.0.0.1:{free_port()}/v1", timeout_s=2)

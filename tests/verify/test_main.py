@@ -1,0 +1,105 @@
+"""The operators' command `python -m components.verify`: one line, exit 0/1/2, the key only from the environment."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.fake_vllm import (
+    NAN_STREAM_ERROR,
+    FakeVllm,
+    Reply,
+    chat_body,
+    free_port,
+    good_items,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = "fake-model"
+pytestmark = pytest.mark.timeout(10)
+
+
+# --- operator command ---------------------------------------------------------------------------
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "components.verify", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=20,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def _lines(done: subprocess.CompletedProcess[str]) -> list[str]:
+    return (done.stdout + done.stderr).splitlines()
+
+
+def test_cli_verified_prints_one_line_and_reads_the_key_from_the_environment() -> None:
+    with FakeVllm(Reply(body=chat_body(good_items()).encode())) as server:
+        done = _cli(
+            "--endpoint",
+            server.url,
+            "--model",
+            MODEL,
+            "--api-key-env",
+            "TEST_VLLM_KEY",
+            "--timeout",
+            "3",
+            env={"TEST_VLLM_KEY": "k-env-42"},
+        )
+        (request,) = server.completion_requests()
+    assert done.returncode == 0, done.stderr
+    (line,) = _lines(done)
+    assert line.startswith(f"verified {server.url} model 'fake-model': answer \"Paris.\"")
+    assert '[["Paris", -0.00012], [".", -0.3817]]' in line
+    assert request.headers["Authorization"] == "Bearer k-env-42"
+    assert "k-env-42" not in line
+
+
+def test_cli_failure_exits_1_with_one_line() -> None:
+    with FakeVllm(Reply(status=500, body=NAN_STREAM_ERROR.encode(), content_type="text/plain")) as server:
+        done = _cli("--endpoint", server.url, "--model", MODEL, "--timeout", "3")
+    assert done.returncode == 1
+    (line,) = _lines(done)
+    assert line.startswith("NOT verified (nan): ") and "the model produced NaN" in line
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "words"),
+    [
+        (["--endpoint", "http://127.0.0.1:9/v1"], {}, "--model"),
+        (["--endpoint", "http://127.0.0.1:9", "--model", MODEL], {}, "/v1"),
+        (["--endpoint", "http://127.0.0.1:9/v1", "--model", MODEL, "--api-key-env", "UNSET_KEY_VAR_X"], {}, "not set"),
+        (["--endpoint", "http://127.0.0.1:9/v1", "--model", MODEL, "--api-key", "sk-live-77"], {}, "unrecognized"),
+        (["--endpoint", "http://127.0.0.1:9/v1", "--model", MODEL, "--api-key-env", "sk-live-77"], {}, "NAME"),
+        (["--endpoint", "http://127.0.0.1:9/v1", "--model", MODEL, "--timeout", "0"], {}, "--timeout"),
+    ],
+    ids=[
+        "missing-model",
+        "endpoint-without-v1",
+        "key-variable-unset",
+        "key-in-argv-refused",
+        "key-as-variable-name",
+        "zero-timeout",
+    ],
+)
+def test_cli_usage_errors_exit_2_with_one_line(args: list[str], env: dict[str, str], words: str) -> None:
+    done = _cli(*args, env=env)
+    assert done.returncode == 2
+    (line,) = _lines(done)
+    assert line.startswith("usage error: ") and words in line
+    assert "sk-live-77" not in line, "a key typed on the command line is never echoed"
+
+
+def test_cli_unreachable_endpoint_exits_1() -> None:
+    done = _cli("--endpoint", f"http://127.0.0.1:{free_port()}/v1", "--model", MODEL, "--timeout", "1")
+    assert done.returncode == 1
+    (line,) = _lines(done)
+    assert line.startswith("NOT verified (unreachable): ") and "connection refused" in line
