@@ -929,7 +929,8 @@ def test_copy_without_a_workers_copy_root_is_rejected() -> None:
     args = WeightStoreArgs(head=WeightNode(name="h", fabric_ip="10.0.0.1", copy_root=None, **plain),
                            workers=[WeightNode(name="w", fabric_ip="10.0.0.2", copy_root=None, **plain)],
                            root="~/x", share="copy", staging_image="i", model_repo=MODEL_REPO,
-                           engram_repo=ENGRAM_REPO, stage_timeout_s=10, stack_prefix=PREFIX, copy=settings)
+                           engram_repo=ENGRAM_REPO, revision="main", hf_token=None, hf_endpoint=None,
+                           stage_timeout_s=10, stack_prefix=PREFIX, copy=settings)
     with pytest.raises(ValueError, match="worker w has no copy_root"):
         WeightStore._validate(args)
     with pytest.raises(ValueError, match="needs copy settings"):
@@ -946,12 +947,8 @@ def test_nfs_without_worker_docker_provider_is_rejected() -> None:
     args = WeightStoreArgs(head=WeightNode(name="h", fabric_ip="10.0.0.1", **plain),
                            workers=[WeightNode(name="w", fabric_ip="10.0.0.2", **plain)],
                            root="~/x", share="nfs", staging_image="i", model_repo=MODEL_REPO,
-<<<<<<< HEAD
                            engram_repo=ENGRAM_REPO, revision="main", hf_token=None, hf_endpoint=None,
-                           stage_timeout_s=10, stack_prefix=PREFIX)
-=======
-                           engram_repo=ENGRAM_REPO, stage_timeout_s=10, stack_prefix=PREFIX, copy=None)
->>>>>>> d5ff527 (weights.share: copy — each worker keeps its own verified copy, filled from the head's throwaway source over the fabric (resumable, parallel, sha256-checked, temp name + rename), checked on every preview/up by record and stat; worker preflight checks its disk; ranks mount the local copy read-only (issue #15, wiring and unit tests))
+                           stage_timeout_s=10, stack_prefix=PREFIX, copy=None)
     with pytest.raises(ValueError, match="worker w has no docker_provider"):
         WeightStore._validate(args)
     bad_root = WeightStoreArgs(**{**args.__dict__, "root": "x", "share": "bind"})
