@@ -238,8 +238,9 @@ class WeightStore(pulumi.ComponentResource):
                     timeout_s=args.copy.timeout_s, stack_prefix=args.stack_prefix,
                 ), opts=pulumi.ResourceOptions(parent=self, depends_on=[staging, *worker.ready]))
                 # Read-only local files: the rank loads at local disk speed, never over the network.
-                self.model_source[worker.name] = copy.root.apply(lambda r: f"{r}/{wm.MODEL_DIR}")
-                self.engram_source[worker.name] = copy.root.apply(lambda r: f"{r}/{wm.ENGRAM_DIR}")
+                # From the id (the absolute root), which a preview of a repair keeps known: the rank is untouched.
+                self.model_source[worker.name] = copy.id.apply(lambda r: f"{r}/{wm.MODEL_DIR}")
+                self.engram_source[worker.name] = copy.id.apply(lambda r: f"{r}/{wm.ENGRAM_DIR}")
                 self.mount_type[worker.name] = "bind"
                 self.visible[worker.name] = copy
 

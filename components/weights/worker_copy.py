@@ -22,7 +22,6 @@ import secrets
 import subprocess
 import threading
 import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -38,6 +37,8 @@ from components.weights import manifest as wm
 
 # What decides the copy's content: a change re-runs it (images, streams and credentials do not).
 COPY_INPUT_KEYS = ("worker", "worker_host", "worker_port", "head_root", "copy_root", "files", "sha256")
+# Where the copy is: a change is a new copy (a new resource id), never an update.
+WHERE_KEYS = ("worker", "worker_host", "worker_port", "copy_root")
 INPUT_KEYS = (*COPY_INPUT_KEYS, "worker_user", "worker_fabric_ip", "head", "head_host", "head_port", "head_user",
               "head_fabric_ip", "head_image", "worker_image", "streams", "timeout_s", "stack_prefix",
               "ssh_private_key", "ssh_agent_socket", "ssh_known_hosts_file")
@@ -214,12 +215,17 @@ def check_copy(props: Mapping[str, Any]) -> dict[str, str]:
 
 class WorkerCopyProvider(pulumi.dynamic.ResourceProvider):
     def create(self, props: dict[str, Any]) -> pulumi.dynamic.CreateResult:
-        return pulumi.dynamic.CreateResult(id_=f"copy-{uuid.uuid4().hex[:16]}", outs=run_copy(props))
+        # The id is the copy's absolute root on the worker: an update (a repair) keeps its id, and a preview keeps
+        # an updated resource's id known, so the worker's rank, which mounts it, is neither shown nor made to
+        # change. Moving the copy replaces this resource (a new id).
+        outs = run_copy(props)
+        return pulumi.dynamic.CreateResult(id_=str(outs["root"]), outs=outs)
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> pulumi.dynamic.DiffResult:
         changed = changed_inputs(COPY_INPUT_KEYS, olds, news)
+        moved = sorted(set(changed) & set(WHERE_KEYS))
         if changed:
-            return pulumi.dynamic.DiffResult(changes=True, replaces=[], delete_before_replace=False)
+            return pulumi.dynamic.DiffResult(changes=True, replaces=moved, delete_before_replace=False)
         try:
             stale = check_copy(news)
         except (CopyFailed, subprocess.TimeoutExpired, OSError, ValueError) as err:
@@ -252,7 +258,8 @@ class WorkerCopy(pulumi.dynamic.Resource, module="weights", name="WorkerCopy"):
     """One worker's verified local copy of the staged weights, refreshed when it differs."""
 
     root: pulumi.Output[str]
-    """The copy root on the worker, absolute."""
+    """The copy root on the worker, absolute (also the resource's id, which stays known while a repair is
+    previewed)."""
     copied_files: pulumi.Output[int]
     copied_bytes: pulumi.Output[int]
     copy_seconds: pulumi.Output[float]

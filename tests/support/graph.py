@@ -55,8 +55,9 @@ WORKER_COPY = "pulumi-python:dynamic/weights:WorkerCopy"
 
 
 def copied_root(args: pulumi.runtime.MockResourceArgs) -> dict[str, Any]:
-    """What a worker's copier reports: the copy root, absolute."""
-    return {"root": str(args.inputs["copy_root"]).replace("~", "/home/me", 1)}
+    """What a worker's copier reports: the copy root, absolute (also the resource's id)."""
+    root = str(args.inputs["copy_root"]).replace("~", "/home/me", 1)
+    return {"root": root, "__id": root}
 
 
 FIXTURES = {COMMAND: fake_stdout, WORKER_COPY: copied_root}

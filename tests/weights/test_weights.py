@@ -752,7 +752,8 @@ def _mocked_program(share: str, *, workers: int = 1, token: str | None = TOKEN) 
                 outs["stdout"] = "log\n" + sw.MANIFEST_MARKER + " " + json.dumps(
                     {"root": STAGED_ROOT, "files": STAGED_FILES, "sha256": STAGED_DIGESTS})
             if args.name.startswith("ws-copy-"):
-                outs["root"] = f"/copies/{args.inputs['worker']}"  # what the copier reports back
+                outs["root"] = f"/copies/{args.inputs['worker']}"  # what the copier reports back: also the id
+                return outs["root"], outs
             return f"{args.name}-id", outs
 
         def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict[str, Any], list[tuple[str, str]]]:

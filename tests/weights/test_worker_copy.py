@@ -115,6 +115,10 @@ def test_diff_runs_the_copy_again_only_when_the_content_would_differ(ssh_dir: Pa
     assert diff(ssh_dir, "COPY_CHECK 0\n", old, props(worker_image="sha256:" + "3" * 64)).changes is True
     assert diff(ssh_dir, "MODIFIED model/a\nCOPY_CHECK 1\n", old, props()).changes is True
     assert diff(ssh_dir, "COPY_CHECK 0\n", old, props(sha256={"model/a": "c" * 64, "model/b": "b" * 64})).changes
+    # Moving the copy is a new copy (a new id, which the rank mounts), never an update in place.
+    moved = diff(ssh_dir, "COPY_CHECK 0\n", old, props(copy_root="/nvme/dsv41"))
+    assert moved.changes and moved.replaces == ["copy_root"]
+    assert diff(ssh_dir, "MODIFIED model/a\nCOPY_CHECK 1\n", old, props()).replaces == []
     # An unreachable worker is reported, never taken for a change.
     assert diff(ssh_dir, "", old, props(), rc=255).changes is False
 
@@ -125,6 +129,11 @@ def test_update_for_a_non_content_change_copies_nothing(ssh_dir: Path) -> None:
     outs = wc.WorkerCopyProvider().update("copy-1", old, props(streams=8)).outs
     assert outs["streams"] == 8 and outs["root"] == "/copies/spark-1"
     assert not any("copy.sh" in argv for argv, _ in calls(ssh_dir)), "no copier ran"
+
+
+def test_the_id_is_the_absolute_copy_root(ssh_dir: Path) -> None:
+    created = wc.WorkerCopyProvider().create(props())
+    assert created.id == "/copies/spark-1" == created.outs["root"]
 
 
 def test_delete_keeps_the_copy(ssh_dir: Path) -> None:
