@@ -30,7 +30,7 @@ from typing import IO, Any
 import pulumi
 import pulumi.dynamic
 
-from components.gates.gates import _secret_or_none, _unwrap_secret, changed_inputs
+from components.dynamic import changed_inputs, log_progress, plain, secret_or_none, unwrap_secret
 from components.ssh import SshTarget, ssh_argv
 from components.weights import local_copy as lc
 from components.weights import manifest as wm
@@ -83,7 +83,7 @@ class WorkerCopyArgs:
 
 
 def _target(props: Mapping[str, Any], which: str) -> SshTarget:
-    key = _unwrap_secret(props.get("ssh_private_key"))
+    key = unwrap_secret(props.get("ssh_private_key"))
     agent = props.get("ssh_agent_socket")
     known = props.get("ssh_known_hosts_file")
     return SshTarget(host=str(props[f"{which}_host"]), port=int(props[f"{which}_port"]),
@@ -153,7 +153,7 @@ class _Source:
             self.proc.wait()
 
 
-def run_copy(props: Mapping[str, Any], log: Any = pulumi.log.info) -> dict[str, Any]:
+def run_copy(props: Mapping[str, Any], log: Any = log_progress) -> dict[str, Any]:
     """Copy what the worker lacks; return the outputs (inputs echoed plus the report)."""
     worker = str(props["worker"])
     token = secrets.token_urlsafe(32)
@@ -165,7 +165,7 @@ def run_copy(props: Mapping[str, Any], log: Any = pulumi.log.info) -> dict[str, 
             node=worker, copy_root=str(props["copy_root"]), source=f"http://{props['head_fabric_ip']}:{ready.port}",
             source_ident=ready.ident, bind=str(props["worker_fabric_ip"]), image=str(props["worker_image"]),
             container=lc.copier_container(str(props["stack_prefix"])), streams=int(props["streams"]),
-            expected=lc.expected_json(_unwrap_secret(props["files"]), _unwrap_secret(props["sha256"])),
+            expected=lc.expected_json(unwrap_secret(props["files"]), unwrap_secret(props["sha256"])),
             timeout_s=int(props["timeout_s"]))
         proc = subprocess.Popen(ssh_argv(_target(props, "worker"), command), stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -192,7 +192,7 @@ def run_copy(props: Mapping[str, Any], log: Any = pulumi.log.info) -> dict[str, 
     log(f"weights copy: {worker}: {len(report.copied)} of {report.files} files copied "
         f"({report.bytes / 2**30:.2f} GiB in {report.seconds:.1f}s)")
     return {
-        **{k: _unwrap_secret(props.get(k)) for k in INPUT_KEYS},
+        **plain(INPUT_KEYS, props),
         "root": report.root,
         "copied_files": len(report.copied),
         "copied_bytes": report.bytes,
@@ -204,8 +204,8 @@ def run_copy(props: Mapping[str, Any], log: Any = pulumi.log.info) -> dict[str, 
 
 def check_copy(props: Mapping[str, Any]) -> dict[str, str]:
     """{path: why} for every file of the worker's copy that is not the verified one (copy_check.sh)."""
-    command = lc.render_copy_check(copy_root=str(props["copy_root"]), files=_unwrap_secret(props["files"]),
-                                   sha256=_unwrap_secret(props["sha256"]))
+    command = lc.render_copy_check(copy_root=str(props["copy_root"]), files=unwrap_secret(props["files"]),
+                                   sha256=unwrap_secret(props["sha256"]))
     done = subprocess.run(ssh_argv(_target(props, "worker"), command), capture_output=True, text=True,
                           timeout=CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL, check=False)
     if done.returncode != 0:
@@ -244,8 +244,7 @@ class WorkerCopyProvider(pulumi.dynamic.ResourceProvider):
             try:
                 if not check_copy(news):
                     # Only how it is reached changed: the copy is the verified one, nothing to move.
-                    return pulumi.dynamic.UpdateResult(outs={**olds, **{k: _unwrap_secret(news.get(k))
-                                                                        for k in INPUT_KEYS}})
+                    return pulumi.dynamic.UpdateResult(outs={**olds, **plain(INPUT_KEYS, news)})
             except (CopyFailed, subprocess.TimeoutExpired, OSError, ValueError):
                 pass
         return pulumi.dynamic.UpdateResult(outs=run_copy(news))
@@ -271,7 +270,7 @@ class WorkerCopy(pulumi.dynamic.Resource, module="weights", name="WorkerCopy"):
             "worker_user": args.worker_user, "worker_fabric_ip": args.worker_fabric_ip,
             "head": args.head, "head_host": args.head_host, "head_port": args.head_port,
             "head_user": args.head_user, "head_fabric_ip": args.head_fabric_ip,
-            "ssh_private_key": _secret_or_none(args.ssh_private_key),
+            "ssh_private_key": secret_or_none(args.ssh_private_key),
             "ssh_agent_socket": args.ssh_agent_socket, "ssh_known_hosts_file": args.ssh_known_hosts_file,
             "head_root": args.head_root, "head_image": args.head_image, "worker_image": args.worker_image,
             "copy_root": args.copy_root, "files": args.files, "sha256": args.sha256, "streams": args.streams,
