@@ -64,6 +64,14 @@ SPECS: dict[str, MetricSpec] = {s.key: s for s in [
     MetricSpec(key="toolchain_cold_s", name="toolchain_cold_s", unit="s", target="(reported)"),
     MetricSpec(key="toolchain_warm_s", name="toolchain_warm_s", unit="s", target="(reported)"),
     MetricSpec(key="verify_latency_s", name="verify_latency_s", unit="s", target="(reported)"),
+    # Issue 15: `weights.share: copy`.
+    MetricSpec(key="copy_bytes@first", name="copy_bytes", variant="first up, 1 worker", unit="bytes",
+               target="(reported)"),
+    MetricSpec(key="copy_loopback_mib_s", name="copy_loopback_mib_s", variant="1 GiB, 4 streams", unit="MiB/s",
+               target="(reported)"),
+    MetricSpec(key="copy_added_s@first", name="copy_added_s", variant="first up", unit="s", target="(reported)"),
+    MetricSpec(key="copy_added_s@second", name="copy_added_s", variant="second up", unit="s", limit=2.0,
+               target="< 2 s"),
 ]}
 
 
@@ -163,7 +171,7 @@ def machine_info(nproc: str, free_g: str, cpuinfo: str, kernel: str) -> dict[str
 def _fmt(value: Any, unit: str) -> str:
     if value is None:
         return "-"
-    if unit == "sessions":
+    if unit in ("sessions", "bytes"):
         return f"{value:g}"
     return f"{value:.1f} {unit}" if unit == "%" else f"{value:.2f} {unit}"
 

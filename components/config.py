@@ -246,7 +246,13 @@ class Ssh(_Model):
 
 class Weights(_Model):
     root: str = "~/dsv41-exl3"
-    share: Literal["nfs", "bind"] = "nfs"
+    # nfs: workers read the head's read-only export; bind: every node sees the head's filesystem; copy: each
+    # worker keeps its own verified copy under copyRoot, filled from the head once and kept.
+    share: Literal["nfs", "bind", "copy"] = "nfs"
+    # share: copy. Each worker's own root; `{node}` is the node's name (nodes that share one filesystem). None:
+    # the same path as `root`, on each worker's own disk.
+    copy_root: str | None = None
+    copy_streams: int = Field(default=4, ge=1, le=64)
     hf_token: SecretStr | None = None
     hf_endpoint: str | None = None
     model_repo: str = "Mia-AiLab/DeepSeek-V4.1-Flash-EXL3-2.9bpw"
@@ -254,10 +260,12 @@ class Weights(_Model):
     revision: str = "main"
     stage_timeout_minutes: int = Field(default=720, ge=1)
 
-    @field_validator("root")
+    @field_validator("root", "copy_root")
     @classmethod
-    def _dedicated_root(cls, v: str) -> str:
-        path = v.rstrip("/") or "/"
+    def _dedicated_root(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        path = v.replace("{node}", "node").rstrip("/") or "/"
         if path.startswith("~") and not (path == "~" or path.startswith("~/")):
             raise ValueError("must be an absolute path or start with `~/` (`~user` is not expanded)")
         if not (path.startswith("/") or path.startswith("~")):
@@ -406,6 +414,10 @@ class Settings(_Model):
             raise ValueError("must be a docker image reference, e.g. `registry:5000/name:tag` (lowercase "
                              f"name), like the recipe's `{RECIPE_IMAGE}`")
         return v
+
+    def copy_root_of(self, node: Node) -> str:
+        """`weights.copyRoot` on `node` (`{node}` resolved); `weights.root` when unset."""
+        return (self.weights.copy_root or self.weights.root).replace("{node}", node.name)
 
     @property
     def head(self) -> Node:
@@ -562,6 +574,19 @@ def _rules(s: Settings) -> tuple[list[str], list[str]]:
             )
         if "\n" in value or "\0" in value:
             problems.append(f"`serve.extraEnv.{var}` holds a newline or NUL: an environment value is one line")
+
+    if s.weights.share == "copy":
+        roots = [s.copy_root_of(w) for w in s.workers]
+        if len(set(roots)) != len(roots):
+            problems.append(
+                f"`weights.copyRoot` = {json.dumps(s.weights.copy_root)} gives two workers the same directory "
+                f"({roots}): when workers share a filesystem, put `{{node}}` in it, e.g. `/var/lib/dsv41-exl3/{{node}}`"
+            )
+        if not s.workers:
+            warnings.append("`weights.share` = \"copy\" with one node: there is no worker to copy to")
+    elif s.weights.copy_root is not None:
+        warnings.append(f"`weights.copyRoot` is set but `weights.share` = {json.dumps(s.weights.share)}: it is "
+                        "used only with `share: copy`")
 
     for i, n in enumerate(s.nodes):
         if n.ib_hcas and not n.rdma_devices:

@@ -38,7 +38,7 @@ from components.serving.serving import RankInputs, ServingCluster, ServingCluste
 from components.ssh import KeyDirError, stack_dir
 from components.verify.verifier import Verifier, VerifierArgs
 from components.watchdog.watchdog import MemoryWatchdog, MemoryWatchdogArgs, WatchdogKey, WatchdogKeyArgs, WatchdogPeer
-from components.weights.weight_store import WeightNode, WeightStore, WeightStoreArgs
+from components.weights.weight_store import CopySettings, WeightNode, WeightStore, WeightStoreArgs
 
 
 def _node_spec_hash(loaded: Loaded, generation: str, name: str) -> str:
@@ -94,6 +94,7 @@ def _wire(loaded: Loaded, stack: str, *, pins: Mapping[str, host_keys.Pin], keys
             pull_timeout_minutes=s.image_pull_timeout_minutes), opts=under(root))
         for n in s.nodes
     }
+    copy_mode = s.weights.share == "copy"
     preflights = {
         n.name: Preflight(f"preflight-{n.name}", PreflightArgs(
             spec=PreflightSpec(
@@ -103,8 +104,9 @@ def _wire(loaded: Loaded, stack: str, *, pins: Mapping[str, host_keys.Pin], keys
                 gid_index=n.gid_index,
                 check_rdma=bool(n.rdma_devices and n.ib_hcas),
                 min_mem_available_gib=s.preflight.min_mem_available_gib,
-                weights_root=s.weights.root if n is s.head else None,
-                min_free_disk_gib=s.preflight.min_free_disk_gib if n is s.head else None,
+                # The head stages the weights; in copy mode each worker keeps its own copy: its disk is checked too.
+                weights_root=s.weights.root if n is s.head else (s.copy_root_of(n) if copy_mode else None),
+                min_free_disk_gib=s.preflight.min_free_disk_gib if n is s.head or copy_mode else None,
                 # The workers' root-squashed NFS mount must traverse every directory down to the export.
                 check_export_path=n is s.head and s.weights.share == "nfs",
                 stack_label=stack,
@@ -120,6 +122,9 @@ def _wire(loaded: Loaded, stack: str, *, pins: Mapping[str, host_keys.Pin], keys
     def weight_node(name: str) -> WeightNode:
         node = next(n for n in s.nodes if n.name == name)
         return WeightNode(name=name, connection=access[name].connection, fabric_ip=node.fabric_ip,
+                          host=node.host, port=node.port, user=node.user,
+                          copy_root=s.copy_root_of(node) if copy_mode and node is not s.head else None,
+                          ready=[preflights[name]],
                           docker_provider=access[name].docker_provider, image=images[name].image_id)
 
     weights = WeightStore("weights", WeightStoreArgs(
@@ -135,6 +140,9 @@ def _wire(loaded: Loaded, stack: str, *, pins: Mapping[str, host_keys.Pin], keys
         hf_endpoint=s.weights.hf_endpoint,
         stage_timeout_s=s.weights.stage_timeout_minutes * 60,
         stack_prefix=prefix,
+        copy=CopySettings(ssh_private_key=_private_key(s), ssh_agent_socket=s.ssh.agent_socket,
+                          ssh_known_hosts_file=s.ssh.known_hosts_file, streams=s.weights.copy_streams,
+                          timeout_s=s.weights.stage_timeout_minutes * 60) if copy_mode else None,
     ), opts=under(root, pulumi.ResourceOptions(depends_on=[preflights[s.head.name]])))
 
     # Every rank must run the same build of the mutable tag: compared after the pulls, before any container.

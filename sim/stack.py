@@ -40,7 +40,8 @@ def host_memlock_bytes() -> int:
 
 
 def sim_config(sim: dict[str, Any], *, weights_root: str, nodes: int | None = None, port: int = 8888,
-               master_port: int = 29521, extra_env: dict[str, str] | None = None) -> dict[str, Any]:
+               master_port: int = 29521, extra_env: dict[str, str] | None = None,
+               copy_root: str | None = None) -> dict[str, Any]:
     """The namespace's keys (plain JSON values) for a stack on the running sim; ssh.privateKey is separate."""
     chosen = sim["nodes"][:nodes] if nodes else sim["nodes"]
     return {
@@ -50,7 +51,9 @@ def sim_config(sim: dict[str, Any], *, weights_root: str, nodes: int | None = No
             for n in chosen
         ],
         "ssh": {"knownHostsFile": sim["ssh"]["known_hosts"]},
-        "weights": {"root": weights_root, "share": "bind", "hfEndpoint": sim["hub"]},
+        # copy_root: each worker keeps its own copy there (`{node}`: the sim's nodes share one filesystem).
+        "weights": {"root": weights_root, "hfEndpoint": sim["hub"],
+                    **({"share": "copy", "copyRoot": copy_root} if copy_root else {"share": "bind"})},
         "image": sim["image"],
         "imagePullTimeoutMinutes": 5,
         "serve": {

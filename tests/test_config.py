@@ -438,3 +438,32 @@ def test_dedicated_weight_roots_are_accepted(root: str) -> None:
 def test_a_watchdog_floor_above_the_preflight_minimum_is_a_warning() -> None:
     loaded = parse(two_sparks(watchdog={"memAvailableFloorGiB": 100}, preflight={"minMemAvailableGiB": 50}))
     assert any("may stop ranks the preflight admitted" in w for w in loaded.warnings)
+
+
+def test_copy_mode_takes_a_copy_root_per_worker_with_the_node_placeholder() -> None:
+    s = parse(two_sparks(weights={"share": "copy", "copyRoot": "/var/lib/dsv41/{node}", "copyStreams": 8})).settings
+    assert s.weights.share == "copy" and s.weights.copy_streams == 8
+    assert s.copy_root_of(s.workers[0]) == f"/var/lib/dsv41/{s.workers[0].name}"
+    # Unset: the same path as the head's root, on each worker's own disk.
+    plain = parse(two_sparks(weights={"share": "copy", "root": "/data/dsv41"})).settings
+    assert plain.copy_root_of(plain.workers[0]) == "/data/dsv41"
+
+
+def test_copy_roots_that_collide_or_are_not_dedicated_are_refused_with_the_fix() -> None:
+    raw = two_sparks(weights={"share": "copy", "copyRoot": "/var/lib/dsv41"})
+    raw["nodes"].append({**raw["nodes"][1], "name": "spark-2", "host": "10.0.0.3", "fabricIp": "192.168.100.3"})
+    problems = problems_of(raw)
+    assert any(p.startswith("`weights.copyRoot` = \"/var/lib/dsv41\" gives two workers the same directory")
+               and "{node}" in p for p in problems), problems
+    problems = problems_of(two_sparks(weights={"share": "copy", "copyRoot": "/home/{node}"}))
+    assert any(p.startswith("`weights.copyRoot` = \"/home/{node}\"") and "a directory of its own" in p
+               for p in problems), problems
+    problems = problems_of(two_sparks(weights={"share": "copy", "copyStreams": 0}))
+    assert any(p.startswith("`weights.copyStreams` = 0") for p in problems), problems
+    problems = problems_of(two_sparks(weights={"share": "rsync"}))
+    assert any(p.startswith("`weights.share` = \"rsync\"") and "'copy'" in p for p in problems), problems
+
+
+def test_a_copy_root_without_copy_mode_is_a_warning() -> None:
+    loaded = parse(two_sparks(weights={"share": "nfs", "copyRoot": "/var/lib/dsv41"}))
+    assert any("used only with `share: copy`" in w for w in loaded.warnings)

@@ -16,7 +16,7 @@ from components.deployment import deploy
 from components.serving import spec as serve_spec
 from components.weights import manifest as wm
 from tests.support import recording
-from tests.support.graph import COMMAND, CONTAINER, FIXTURES, FULL_MANIFEST, GIDS, config, run
+from tests.support.graph import COMMAND, CONTAINER, FIXTURES, FULL_MANIFEST, GIDS, WORKER_COPY, config, run
 from tests.support.host_keys import fake_host_key
 from tests.support.scripts import header_value
 
@@ -285,3 +285,28 @@ def test_live_ranks_probes_the_verified_endpoint_with_the_api_key_as_a_secret(tw
     assert (live.inputs["endpoint"], live.inputs["model"]) == (verifier.inputs["endpoint"], verifier.inputs["model"]), (
         "the drift probe must ask the endpoint and model the verifier verified")
     assert "api_key" in live.secret_paths(), "serve.apiKey reaches LiveRanks only as a secret, like the ssh key"
+
+
+def test_copy_mode_mounts_each_workers_own_copy_read_only_after_its_disk_check() -> None:
+    """Issue 15: each worker's rank loads its local copy; its preflight checks that worker's disk first."""
+    raw = config(4)
+    raw["weights"] = {"share": "copy", "copyRoot": "/nvme/{node}/dsv41"}
+    rec = run(raw)
+    containers = {c.name: c for c in rec.of_type(CONTAINER)}
+    for node in ("spark-1", "spark-2", "spark-3"):
+        copy = rec.named(f"weights-copy-{node}")
+        assert copy.typ == WORKER_COPY and copy.inputs["copy_root"] == f"/nvme/{node}/dsv41"
+        assert rec.depends_on(copy, rec.named("weights-stage")), "the copy reads what staging verified"
+        preflight = rec.named(f"preflight-{node}-check")
+        assert rec.depends_on(copy, preflight), "the disk is checked before anything is copied"
+        create = preflight.inputs["create"]
+        assert f" WEIGHTS_ROOT=/nvme/{node}/dsv41;" in create and " MIN_DISK=387;" in create
+        rank = containers[f"serving-{node}"] if f"serving-{node}" in containers else next(
+            c for c in containers.values() if c.inputs["name"].endswith(node))
+        mounts = {m["target"]: m for m in rank.inputs["mounts"]}
+        assert mounts[serve_spec.MODEL_MOUNT] == {"target": serve_spec.MODEL_MOUNT, "type": "bind", "readOnly": True,
+                                                  "source": f"/nvme/{node}/dsv41/{wm.MODEL_DIR}"}
+        assert rec.depends_on(rank, copy), f"{node}'s rank starts only on a verified copy"
+    head_preflight = rec.named("preflight-spark-0-check").inputs["create"]
+    assert " CHECK_EXPORT=0;" in head_preflight, "no NFS export in copy mode"
+    assert not [r for r in rec.registrations if r.name == "weights-nfs-export"]

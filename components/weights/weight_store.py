@@ -1,9 +1,10 @@
 """WeightStore: the checkpoint staged once on the head and made visible to every node.
 
 Staging is one remote command on the head that is kept on destroy: destroying the stack never deletes
-hundreds of GiB of weights. Workers see them either through the same filesystem (`bind`) or through
-docker volumes that mount the head's read-only NFS export (`nfs`). A per-node check proves, from that
-node's side, that every staged file is visible with its size before any container is started there.
+hundreds of GiB of weights. Workers see them through the same filesystem (`bind`), through docker volumes
+that mount the head's read-only NFS export (`nfs`), or keep their own verified copy, filled from the head once
+and kept (`copy`, components/weights/worker_copy.py). A per-node check proves, from that node's side, that
+every staged file is there before any container is started on it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pulumi_docker as docker
 from pulumi_command import remote
 
 from components.weights import manifest as wm
+from components.weights.worker_copy import WorkerCopy, WorkerCopyArgs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -25,7 +27,15 @@ class WeightNode:
     connection: remote.ConnectionArgs
     """Secret SSH connection (built by NodeAccess)."""
     fabric_ip: str
-    """The node's CX-7 address: the NFS export is restricted to the workers' ones."""
+    """The node's CX-7 address: the NFS export, and a copy's source, answer only the workers' ones."""
+    host: str
+    port: int
+    user: str
+    """How the deployer reaches the node over ssh (a copy's provider runs both ends)."""
+    copy_root: str | None
+    """share='copy', a worker: its own root for the copy (`{node}` resolved); otherwise None."""
+    ready: list[pulumi.Resource]
+    """What must hold on this node before its copy starts (its preflight: the disk check)."""
     docker_provider: docker.Provider | None = None
     """The node's docker provider (ssh://); needed for the NFS volumes on workers."""
     image: pulumi.Input[str] | None = None
@@ -34,12 +44,22 @@ class WeightNode:
 
 
 @dataclass(frozen=True, kw_only=True)
+class CopySettings:
+    ssh_private_key: pulumi.Input[str] | None
+    """Secret; the copy's provider opens ssh to the head and the worker itself."""
+    ssh_agent_socket: str | None
+    ssh_known_hosts_file: str | None
+    streams: int
+    timeout_s: int
+
+
+@dataclass(frozen=True, kw_only=True)
 class WeightStoreArgs:
     head: WeightNode
     workers: list[WeightNode]
     root: str
     """Weights root on the head, e.g. '~/dsv41-exl3' (`~` expands on the node)."""
-    share: Literal["nfs", "bind"]
+    share: Literal["nfs", "bind", "copy"]
     staging_image: pulumi.Input[str]
     """Image (ref or id) on the head with python3 + huggingface_hub: the serving image."""
     model_repo: str
@@ -54,6 +74,9 @@ class WeightStoreArgs:
     """This stack's names on the nodes (`labels.stack_prefix`): export file, staging and check containers."""
     # Bounds each node's visibility check (a listing of the staged files); not an operator setting.
     check_timeout_s: int = 600
+    copy: CopySettings | None
+    """share='copy': how the copies are made; None otherwise."""
+
 
 
 def _node_key(name: str) -> str:
@@ -199,6 +222,28 @@ class WeightStore(pulumi.ComponentResource):
                 self.mount_type[worker.name] = "volume"
                 self.visible[worker.name] = check
 
+        if args.share == "copy":
+            assert args.copy is not None  # _validate
+            for worker in args.workers:
+                assert worker.copy_root is not None
+                copy = WorkerCopy(f"{name}-copy-{_node_key(worker.name)}", WorkerCopyArgs(
+                    worker=worker.name, worker_host=worker.host, worker_port=worker.port, worker_user=worker.user,
+                    worker_fabric_ip=worker.fabric_ip, head=head.name, head_host=head.host, head_port=head.port,
+                    head_user=head.user, head_fabric_ip=head.fabric_ip,
+                    ssh_private_key=args.copy.ssh_private_key, ssh_agent_socket=args.copy.ssh_agent_socket,
+                    ssh_known_hosts_file=args.copy.ssh_known_hosts_file,
+                    head_root=self.root, head_image=args.staging_image,
+                    worker_image=worker.image if worker.image is not None else args.staging_image,
+                    copy_root=worker.copy_root, files=files, sha256=self.digests, streams=args.copy.streams,
+                    timeout_s=args.copy.timeout_s, stack_prefix=args.stack_prefix,
+                ), opts=pulumi.ResourceOptions(parent=self, depends_on=[staging, *worker.ready]))
+                # Read-only local files: the rank loads at local disk speed, never over the network.
+                # From the id (the absolute root), which a preview of a repair keeps known: the rank is untouched.
+                self.model_source[worker.name] = copy.id.apply(lambda r: f"{r}/{wm.MODEL_DIR}")
+                self.engram_source[worker.name] = copy.id.apply(lambda r: f"{r}/{wm.ENGRAM_DIR}")
+                self.mount_type[worker.name] = "bind"
+                self.visible[worker.name] = copy
+
         self.register_outputs({
             "root": self.root,
             "manifest": self.manifest,
@@ -220,8 +265,16 @@ class WeightStore(pulumi.ComponentResource):
         names = [args.head.name, *(w.name for w in args.workers)]
         if len(set(names)) != len(names):
             raise ValueError(f"weight store node names must be unique, got {names}")
-        if args.share not in ("nfs", "bind"):
-            raise ValueError(f"share={args.share!r} is not supported; use 'nfs' or 'bind'")
+        if args.share not in ("nfs", "bind", "copy"):
+            raise ValueError(f"share={args.share!r} is not supported; use 'nfs', 'bind' or 'copy'")
+        if args.share == "copy":
+            if args.copy is None:
+                raise ValueError("share='copy' needs copy settings (ssh, streams, timeout)")
+            for w in args.workers:
+                wm.validate_ip(f"worker {w.name} fabric_ip", w.fabric_ip)
+                if w.copy_root is None:
+                    raise ValueError(f"worker {w.name} has no copy_root; share='copy' keeps a copy on each worker")
+                wm.root_value(w.copy_root)
         if args.share == "nfs":
             wm.validate_ip(f"head {args.head.name} fabric_ip", args.head.fabric_ip)
             for w in args.workers:

@@ -51,7 +51,16 @@ FULL_MANIFEST = full_manifest()
 FULL_DIGESTS = {path: hashlib.sha256(path.encode()).hexdigest() for path in FULL_MANIFEST}
 
 
-FIXTURES = {COMMAND: fake_stdout}
+WORKER_COPY = "pulumi-python:dynamic/weights:WorkerCopy"
+
+
+def copied_root(args: pulumi.runtime.MockResourceArgs) -> dict[str, Any]:
+    """What a worker's copier reports: the copy root, absolute (also the resource's id)."""
+    root = str(args.inputs["copy_root"]).replace("~", "/home/me", 1)
+    return {"root": root, "__id": root}
+
+
+FIXTURES = {COMMAND: fake_stdout, WORKER_COPY: copied_root}
 GIDS = {f"spark-{i}": 3 + (i % 2) * 2 for i in range(8)}
 
 

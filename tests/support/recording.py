@@ -65,8 +65,9 @@ class Outputs(pulumi.runtime.Mocks):
         self.fixtures = fixtures
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict[str, Any]]:
-        extra = self.fixtures.get(args.typ, lambda a: {})(args)
-        return f"{args.name}-id", {**args.inputs, **extra}
+        extra = dict(self.fixtures.get(args.typ, lambda a: {})(args))
+        # A fixture may give the id a provider returns (`__id`), when the program reads it.
+        return extra.pop("__id", f"{args.name}-id"), {**args.inputs, **extra}
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict[str, Any], list[tuple[str, str]] | None]:
         return {}, None

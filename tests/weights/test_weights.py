@@ -734,6 +734,7 @@ def test_check_timeout_names_the_node(tmp_path: Path) -> None:
 SIG_SECRET = "1b47061264138c4ac30d75fd1eb44270"
 STAGED_ROOT = "/home/u/dsv41-exl3"
 STAGED_FILES = {"model/config.json": 10, "model/a.safetensors": 20, "engram-src/config.json": 5}
+STAGED_DIGESTS = {p: hashlib.sha256(p.encode()).hexdigest() for p in STAGED_FILES}
 
 
 def _mocked_program(share: str, *, workers: int = 1, token: str | None = TOKEN) -> dict[str, Any]:
@@ -742,14 +743,17 @@ def _mocked_program(share: str, *, workers: int = 1, token: str | None = TOKEN) 
     from pulumi.runtime import mocks
     from pulumi_command import remote
 
-    from components.weights.weight_store import WeightNode, WeightStore, WeightStoreArgs
+    from components.weights.weight_store import CopySettings, WeightNode, WeightStore, WeightStoreArgs
 
     class Mocks(pulumi.runtime.Mocks):
         def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
             outs = dict(args.inputs)
             if args.typ == "command:remote:Command" and args.name.endswith("-stage"):
                 outs["stdout"] = "log\n" + sw.MANIFEST_MARKER + " " + json.dumps(
-                    {"root": STAGED_ROOT, "files": STAGED_FILES})
+                    {"root": STAGED_ROOT, "files": STAGED_FILES, "sha256": STAGED_DIGESTS})
+            if args.name.startswith("ws-copy-"):
+                outs["root"] = f"/copies/{args.inputs['worker']}"  # what the copier reports back: also the id
+                return outs["root"], outs
             return f"{args.name}-id", outs
 
         def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict[str, Any], list[tuple[str, str]]]:
@@ -774,17 +778,20 @@ def _mocked_program(share: str, *, workers: int = 1, token: str | None = TOKEN) 
         def node(name: str, ip: str) -> WeightNode:
             provider = docker.Provider(f"{name}-docker", host=f"ssh://u@{ip}")
             conn = remote.ConnectionArgs(host=ip, user="u", private_key=pulumi.Output.secret("KEY"))
-            return WeightNode(name=name, connection=conn, fabric_ip=ip, docker_provider=provider,
-                              image=f"sha256:{name}")
+            copy_root = f"~/copies/{name}" if share == "copy" and name != "head" else None
+            return WeightNode(name=name, connection=conn, fabric_ip=ip, host=ip, port=22, user="u",
+                              copy_root=copy_root, ready=[], docker_provider=provider, image=f"sha256:{name}")
         store = WeightStore("ws", WeightStoreArgs(
             head=node("head", "10.0.0.1"), workers=[node(f"w{i}", f"10.0.0.{i + 1}") for i in range(1, workers + 1)],
             root="~/dsv41-exl3", share=share,  # type: ignore[arg-type]
             staging_image="sha256:serving", model_repo=MODEL_REPO, engram_repo=ENGRAM_REPO, revision="main",
             hf_token=pulumi.Output.secret(token) if token else None, hf_endpoint="http://127.0.0.1:9",
-            stage_timeout_s=3600, stack_prefix=PREFIX))
+            stage_timeout_s=3600, stack_prefix=PREFIX,
+            copy=CopySettings(ssh_private_key=pulumi.Output.secret("KEY"), ssh_agent_socket=None,
+                              ssh_known_hosts_file=None, streams=4, timeout_s=3600) if share == "copy" else None))
         result["store"] = store
         outs = [store.manifest, *store.model_source.values(), *store.engram_source.values(),
-                *(r.stdout for r in store.visible.values())]  # type: ignore[attr-defined]
+                *(getattr(r, "stdout", r.urn) for r in store.visible.values())]
         return pulumi.Output.all(*outs).apply(lambda v: result.__setitem__("values", v))
 
     program()
@@ -888,17 +895,61 @@ def test_nfs_share_mounts_worker_volumes_with_options() -> None:
     assert "ws-visible-head" in reqs and reqs["ws-visible-head"].dependencies
 
 
+def test_copy_share_gives_each_worker_its_own_verified_copy_after_staging() -> None:
+    run = _mocked_program("copy", workers=2)
+    store, reqs = run["store"], _by_name(run["monitor"])
+    assert store.mount_type == {"head": "bind", "w1": "bind", "w2": "bind"}
+    values = run["values"]
+    assert values[1:4] == [f"{STAGED_ROOT}/model", "/copies/w1/model", "/copies/w2/model"]
+    assert values[4:7] == [f"{STAGED_ROOT}/engram-src", "/copies/w1/engram-src", "/copies/w2/engram-src"]
+    assert "ws-nfs-export" not in reqs and not [r for r in run["monitor"].requests
+                                               if r.type == "docker:index/volume:Volume"]
+    for i, w in enumerate(("w1", "w2"), 2):
+        copy = reqs[f"ws-copy-{w}"]
+        assert copy.type == "pulumi-python:dynamic/weights:WorkerCopy"
+        assert any(d.endswith("::ws-stage") for d in copy.dependencies), f"{w}'s copy waits for staging"
+        assert store.visible[w] is not None and f"ws-visible-{w}" not in reqs, "the copy is the worker's check"
+        fields = {k: _field(copy, k) for k in ("worker", "copy_root", "head_root", "files", "sha256",
+                                                "worker_fabric_ip", "head_fabric_ip", "worker_image")}
+        assert fields == {"worker": w, "copy_root": f"~/copies/{w}", "head_root": STAGED_ROOT,
+                          "files": STAGED_FILES, "sha256": STAGED_DIGESTS, "worker_fabric_ip": f"10.0.0.{i}",
+                          "head_fabric_ip": "10.0.0.1", "worker_image": f"sha256:{w}"}
+        assert SIG_SECRET in json.dumps(_field(copy, "ssh_private_key")), "the ssh key reaches the copy as a secret"
+    assert "ws-visible-head" in reqs
+
+
+def test_copy_without_a_workers_copy_root_is_rejected() -> None:
+    from pulumi_command import remote
+
+    from components.weights.weight_store import CopySettings, WeightNode, WeightStore, WeightStoreArgs
+
+    conn = remote.ConnectionArgs(host="127.0.0.1", user="u")
+    plain = {"connection": conn, "host": "127.0.0.1", "port": 22, "user": "u", "ready": []}
+    settings = CopySettings(ssh_private_key=None, ssh_agent_socket=None, ssh_known_hosts_file=None, streams=1,
+                            timeout_s=10)
+    args = WeightStoreArgs(head=WeightNode(name="h", fabric_ip="10.0.0.1", copy_root=None, **plain),
+                           workers=[WeightNode(name="w", fabric_ip="10.0.0.2", copy_root=None, **plain)],
+                           root="~/x", share="copy", staging_image="i", model_repo=MODEL_REPO,
+                           engram_repo=ENGRAM_REPO, revision="main", hf_token=None, hf_endpoint=None,
+                           stage_timeout_s=10, stack_prefix=PREFIX, copy=settings)
+    with pytest.raises(ValueError, match="worker w has no copy_root"):
+        WeightStore._validate(args)
+    with pytest.raises(ValueError, match="needs copy settings"):
+        WeightStore._validate(WeightStoreArgs(**{**args.__dict__, "copy": None}))
+
+
 def test_nfs_without_worker_docker_provider_is_rejected() -> None:
     from pulumi_command import remote
 
     from components.weights.weight_store import WeightNode, WeightStore, WeightStoreArgs
 
     conn = remote.ConnectionArgs(host="127.0.0.1", user="u")
-    args = WeightStoreArgs(head=WeightNode(name="h", connection=conn, fabric_ip="10.0.0.1"),
-                           workers=[WeightNode(name="w", connection=conn, fabric_ip="10.0.0.2")],
+    plain = {"connection": conn, "host": "127.0.0.1", "port": 22, "user": "u", "copy_root": None, "ready": []}
+    args = WeightStoreArgs(head=WeightNode(name="h", fabric_ip="10.0.0.1", **plain),
+                           workers=[WeightNode(name="w", fabric_ip="10.0.0.2", **plain)],
                            root="~/x", share="nfs", staging_image="i", model_repo=MODEL_REPO,
                            engram_repo=ENGRAM_REPO, revision="main", hf_token=None, hf_endpoint=None,
-                           stage_timeout_s=10, stack_prefix=PREFIX)
+                           stage_timeout_s=10, stack_prefix=PREFIX, copy=None)
     with pytest.raises(ValueError, match="worker w has no docker_provider"):
         WeightStore._validate(args)
     bad_root = WeightStoreArgs(**{**args.__dict__, "root": "x", "share": "bind"})

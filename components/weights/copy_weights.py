@@ -1,0 +1,272 @@
+"""Fill one worker's local copy of the weights from the head: runs ON THE WORKER, in a throwaway container.
+
+Self-contained (stdlib only): `copy.sh` ships this file's text and runs it with the serving image's python3,
+the worker's copy root mounted at --dest. The expected files come from the deployer (what the head's staging
+verified against the hub: size and sha256 per file), never from the head's say-so.
+
+Per file, largest first, in --streams parallel streams:
+- kept without reading when the record (`dsv41-weights-copy.tsv` at the copy root) says it was verified
+  with this sha256 and size, and its size and mtime are still the recorded ones;
+- otherwise a file of the right size is hashed once: kept (and recorded) when it matches;
+- otherwise fetched from the head's source into `<name>.dsv41-partial` (a partial file left by an
+  interrupted run is hashed and resumed with a Range request, not fetched again), hashed as it is written,
+  checked, fsynced and only then renamed into place: a rank never sees a half-written file.
+The record is rewritten (temporary name, rename) after every file, so an interrupted copy resumes without
+copying a finished file again. A file the record names that is no longer expected (an older revision this
+program copied) is removed; a file nobody recorded is left alone.
+
+stdin, first line (JSON): {"token": "..."}. Progress and errors on stderr (an error is one line starting with
+"copy_weights: error:"); success prints `DSV41_COPY_REPORT {...}` on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import http.client
+import json
+import os
+import sys
+import threading
+import time
+import urllib.parse
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+REPORT_MARKER = "DSV41_COPY_REPORT"
+RECORD_FILE = "dsv41-weights-copy.tsv"
+PARTIAL_SUFFIX = ".dsv41-partial"
+_CHUNK = 4 << 20
+# A stream that receives nothing for this long is a dead link, not a slow one: fail instead of hanging.
+STALL_S = 120.0
+
+
+class CopyError(Exception):
+    """A failure the operator can act on; the message names the node, the file and the fix."""
+
+
+@dataclass(frozen=True)
+class Expected:
+    path: str
+    size: int
+    sha256: str
+
+
+def mtime_text(st: os.stat_result) -> str:
+    """The mtime as GNU `stat -c %.9Y` prints it: copy_check.sh compares the two texts."""
+    return f"{st.st_mtime_ns // 1_000_000_000}.{st.st_mtime_ns % 1_000_000_000:09d}"
+
+
+def read_record(dest: Path) -> dict[str, tuple[str, int, str]]:
+    """{path: (sha256, size, mtime)} from the record; a malformed line is ignored (that file is re-checked)."""
+    out: dict[str, tuple[str, int, str]] = {}
+    try:
+        text = (dest / RECORD_FILE).read_text()
+    except FileNotFoundError:
+        return out
+    for line in text.splitlines():
+        parts = line.split("\t")
+        if len(parts) == 4 and parts[1].isdigit():
+            out[parts[3]] = (parts[0], int(parts[1]), parts[2])
+    return out
+
+
+class Record:
+    """The record, rewritten atomically after every file (several streams finish files concurrently)."""
+
+    def __init__(self, dest: Path) -> None:
+        self.dest = dest
+        self.rows = read_record(dest)
+        self.lock = threading.Lock()
+
+    def set(self, path: str, sha: str, st: os.stat_result) -> None:
+        with self.lock:
+            self.rows[path] = (sha, st.st_size, mtime_text(st))
+            self._write()
+
+    def drop(self, path: str) -> None:
+        with self.lock:
+            if self.rows.pop(path, None) is not None:
+                self._write()
+
+    def _write(self) -> None:
+        text = "".join(f"{sha}\t{size}\t{mtime}\t{path}\n" for path, (sha, size, mtime) in sorted(self.rows.items()))
+        tmp = self.dest / f".{RECORD_FILE}.{os.getpid()}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, self.dest / RECORD_FILE)
+
+
+def _hash_into(h: hashlib._Hash, f: BinaryIO) -> int:
+    n = 0
+    while chunk := f.read(_CHUNK):
+        h.update(chunk)
+        n += len(chunk)
+    return n
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        _hash_into(h, f)
+    return h.hexdigest()
+
+
+class Copier:
+    def __init__(self, *, node: str, source: str, bind: str, token: str, dest: Path, host_dest: str) -> None:
+        self.node = node
+        self.url = urllib.parse.urlsplit(source)
+        self.bind = bind
+        self.token = token
+        self.dest = dest
+        self.host_dest = host_dest
+        self.record = Record(dest)
+        self.bytes_copied = 0
+        self.lock = threading.Lock()
+
+    def _where(self, rel: str) -> str:
+        return f"{self.host_dest}/{rel} on {self.node}"
+
+    def current(self, e: Expected) -> bool:
+        """True when the file in place is the expected one (by the record, else by hashing it once)."""
+        path = self.dest / e.path
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            return False
+        if st.st_size != e.size:
+            return False
+        row = self.record.rows.get(e.path)
+        if row == (e.sha256, e.size, mtime_text(st)):
+            return True
+        if file_sha256(path) == e.sha256:
+            self.record.set(e.path, e.sha256, path.stat())
+            return True
+        print(f"copy_weights: {self._where(e.path)} has the right size but other content: copying it again",
+              file=sys.stderr)
+        return False
+
+    def fetch(self, e: Expected) -> int:
+        """Copy one file from the head; returns the bytes received."""
+        path = self.dest / e.path
+        partial = path.with_name(path.name + PARTIAL_SUFFIX)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        h = hashlib.sha256()
+        start = 0
+        if partial.exists():
+            with partial.open("rb") as f:
+                start = _hash_into(h, f)
+            if start > e.size:
+                partial.unlink()
+                h, start = hashlib.sha256(), 0
+        received = 0
+        conn = http.client.HTTPConnection(self.url.hostname or "", self.url.port, timeout=STALL_S,
+                                          source_address=(self.bind, 0))
+        try:
+            headers = {"Authorization": f"Bearer {self.token}"}
+            if start:
+                headers["Range"] = f"bytes={start}-"
+            conn.request("GET", "/files/" + urllib.parse.quote(e.path), headers=headers)
+            reply = conn.getresponse()
+            if reply.status not in (200, 206) or (start and reply.status != 206):
+                why = reply.read(500).decode(errors="replace").strip()
+                raise CopyError(f"the head's source answered {reply.status} for {e.path}: {why}")
+            with partial.open("ab" if start else "wb") as out:
+                if not start:
+                    out.truncate(0)
+                while chunk := reply.read(_CHUNK):
+                    out.write(chunk)
+                    h.update(chunk)
+                    received += len(chunk)
+                out.flush()
+                os.fsync(out.fileno())
+        except (OSError, http.client.HTTPException) as err:
+            raise CopyError(f"copying {e.path} from the head to {self.node} failed after {start + received} of "
+                            f"{e.size} bytes ({err}); run `pulumi up` again: it resumes this file") from None
+        finally:
+            conn.close()
+        size = partial.stat().st_size
+        if size != e.size or h.hexdigest() != e.sha256:
+            partial.unlink()
+            raise CopyError(
+                f"{e.path} as read from the head ({size} bytes, sha256 {h.hexdigest()[:12]}...) is not what staging "
+                f"verified ({e.size} bytes, sha256 {e.sha256[:12]}...): the head's copy changed since staging; "
+                "re-stage it (`pulumi up --replace` on the weights stage step) and run again")
+        os.replace(partial, path)
+        self.record.set(e.path, e.sha256, path.stat())
+        return received
+
+    def run(self, expected: list[Expected], streams: int) -> dict[str, object]:
+        began = time.monotonic()
+        wanted = {e.path for e in expected}
+        removed = []
+        for rel in sorted(set(self.record.rows) - wanted):
+            # An older revision's file that this program copied: it would sit beside the new shards.
+            with contextlib.suppress(FileNotFoundError):
+                (self.dest / rel).unlink()
+            self.record.drop(rel)
+            removed.append(rel)
+        todo = [e for e in sorted(expected, key=lambda e: -e.size) if not self.current(e)]
+        total = sum(e.size for e in todo)
+        if todo:
+            print(f"copy_weights: {self.node}: copying {len(todo)} of {len(expected)} files "
+                  f"({total / 2**30:.2f} GiB) in {min(streams, len(todo))} streams", file=sys.stderr)
+        copied: list[str] = []
+        with ThreadPoolExecutor(max_workers=max(1, streams)) as pool:
+            futures = {pool.submit(self.fetch, e): e for e in todo}
+            for done in as_completed(futures):
+                e = futures[done]
+                received = done.result()  # the first failure ends the run with its message
+                with self.lock:
+                    self.bytes_copied += received
+                    copied.append(e.path)
+                    print(f"copy_weights: {self.node}: {e.path} ({e.size / 2**20:.1f} MiB) "
+                          f"[{len(copied)}/{len(todo)}]", file=sys.stderr)
+        seconds = time.monotonic() - began
+        return {"copied": sorted(copied), "bytes": self.bytes_copied, "seconds": round(seconds, 3),
+                "files": len(expected), "removed": removed, "root": self.host_dest}
+
+
+def load_expected(path: Path) -> list[Expected]:
+    raw = json.loads(path.read_text())
+    files, digests = raw["files"], raw["sha256"]
+    missing = sorted(set(files) - set(digests))
+    if missing:
+        raise CopyError(f"no sha256 recorded by staging for {missing[:3]}: re-stage the weights before copying")
+    return [Expected(path=str(p), size=int(files[p]), sha256=str(digests[p])) for p in sorted(files)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--node", required=True)
+    parser.add_argument("--source", required=True, help="http://<head fabric ip>:<port>")
+    parser.add_argument("--bind", required=True, help="this worker's fabric address (the copy uses the fabric)")
+    parser.add_argument("--dest", required=True, help="the copy root as mounted in this container")
+    parser.add_argument("--host-dest", required=True, help="the copy root on the worker, for messages")
+    parser.add_argument("--expected", required=True, help="JSON {files: {path: size}, sha256: {path: hex}}")
+    parser.add_argument("--streams", type=int, default=4)
+    parser.add_argument("--dest-ident", default="", help="machine-id:dev:inode of the copy root on the worker")
+    parser.add_argument("--source-ident", default="", help="the same of the weights root on the head")
+    args = parser.parse_args(argv)
+    try:
+        if args.dest_ident and args.dest_ident == args.source_ident:
+            raise CopyError(f"the copy root {args.host_dest} on {args.node} is the head's weights root itself (one "
+                            "filesystem): set weights.copyRoot to a directory of its own on each worker, e.g. "
+                            "`/var/lib/dsv41-exl3/{node}`")
+        token = json.loads(sys.stdin.readline() or "{}").get("token")
+        if not token:
+            raise CopyError("stdin's first line carried no copy token")
+        copier = Copier(node=args.node, source=args.source, bind=args.bind, token=str(token), dest=Path(args.dest),
+                        host_dest=args.host_dest)
+        report = copier.run(load_expected(Path(args.expected)), args.streams)
+    except CopyError as err:
+        print(f"copy_weights: error: {err}", file=sys.stderr)
+        return 1
+    print(f"{REPORT_MARKER} {json.dumps(report, sort_keys=True)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

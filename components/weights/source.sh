@@ -1,0 +1,36 @@
+#!/bin/sh
+# Serves this head's staged weights to one worker for the length of one copy (weights.share: copy): runs
+# copy_source.py in a throwaway container of the serving image, the weights root mounted read-only, on the
+# host network (it listens on the head's fabric address). stdin: the source's config line (the run's token
+# among it; never argv), then held open by the deployer: EOF stops the server and docker removes it.
+# Header values (local_copy.render_source_command):
+#   WEIGHTS_ROOT  the head's weights root (absolute, as staging reported it)
+#   BIND          the head's fabric address
+#   IMAGE         the image that runs copy_source.py (the head's serving image)
+#   CONTAINER     this stack's and worker's source container name
+#   SOURCE_PY     (text) copy_source.py
+set -eu
+IFS= read -r config || fail "${LINENO:-}" "no source config on stdin"
+[ -d "$WEIGHTS_ROOT" ] || fail "${LINENO:-}" "weights root $WEIGHTS_ROOT is not on the head: staging did not run?"
+root=$(cd "$WEIGHTS_ROOT" && pwd -P)
+# Which directory this is, across machines: a worker whose copy root is this very directory (one shared
+# filesystem) is refused by the copier instead of copying the files onto themselves.
+ident="$(cat /etc/machine-id 2>/dev/null || hostname):$(stat -c '%d:%i' "$root")"
+stage=$(mktemp -d)
+# shellcheck disable=SC2329 # invoked by the EXIT trap below
+on_exit() {
+  st=$?
+  rm -rf "$stage"
+  docker rm -f "$CONTAINER" >/dev/null 2>&1 || true
+  [ "$st" -eq 0 ] || [ -n "${DSV41_FAILED:-}" ] || echo "$DSV41_SCRIPT: exited $st" >&2
+}
+trap on_exit EXIT
+printf '%b' "$SOURCE_PY" > "$stage/copy_source.py"
+chmod 0755 "$stage"
+docker rm -f "$CONTAINER" >/dev/null 2>&1 || true
+echo "DSV41_COPY_SOURCE_IDENT $ident"
+# After the config line, the rest of stdin is the lifeline: cat ends at the deployer's EOF.
+{ printf '%s\n' "$config"; cat; } |
+  docker run --rm -i --name "$CONTAINER" --network host --user "$(id -u):$(id -g)" \
+    -v "$root":/weights:ro -v "$stage":/stage:ro --entrypoint python3 "$IMAGE" \
+    /stage/copy_source.py --root /weights --bind "$BIND"

@@ -1,0 +1,286 @@
+"""Each worker's own copy (`weights.share: copy`): the head's source and the worker's copier run for real as
+processes on loopback (the venv's python standing in for the serving image's python3), the copy check runs
+with sh, and the rendered node scripts keep the token out of every command line."""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from components.weights import local_copy as lc
+from components.weights import manifest as wm
+from components.weights.copy_weights import PARTIAL_SUFFIX, RECORD_FILE, read_record
+from tests.support.scripts import header_value, run_sh
+
+PYTHON = sys.executable
+HERE = Path(lc.__file__).parent
+TOKEN = "copy-token-7f3a9c"
+
+
+@dataclass
+class Source:
+    proc: subprocess.Popen[str]
+    port: int
+
+    def get(self, path: str, token: str = TOKEN, bind: str = "127.0.0.1") -> tuple[int, bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5, source_address=(bind, 0))
+        conn.request("GET", path, headers={"Authorization": f"Bearer {token}"})
+        reply = conn.getresponse()
+        return reply.status, reply.read()
+
+
+def start_source(root: Path, allow: str = "127.0.0.1") -> Source:
+    proc = subprocess.Popen([PYTHON, str(HERE / "copy_source.py"), "--root", str(root), "--bind", "127.0.0.1"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdin and proc.stdout
+    proc.stdin.write(json.dumps({"token": TOKEN, "allow": [allow], "dirs": [wm.MODEL_DIR, wm.ENGRAM_DIR]}) + "\n")
+    proc.stdin.flush()
+    ready = lc.parse_source_line(proc.stdout.readline(), {})
+    assert ready is not None
+    return Source(proc, ready.port)
+
+
+def write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+
+
+@pytest.fixture
+def head(tmp_path: Path) -> Path:
+    root = tmp_path / "head"
+    write(root / wm.MODEL_DIR / "model-00001-of-00002.safetensors", os.urandom(3_000_000))
+    write(root / wm.MODEL_DIR / "model-00002-of-00002.safetensors", os.urandom(2_000_000))
+    write(root / wm.MODEL_DIR / "config.json", b'{"a": 1}\n')
+    write(root / wm.ENGRAM_DIR / "model-00047-of-00048.safetensors", os.urandom(1_000_000))
+    write(root / "dsv41-weights-manifest.json", b"{}")
+    return root
+
+
+@pytest.fixture
+def source(head: Path) -> Iterator[Source]:
+    s = start_source(head)
+    yield s
+    if s.proc.stdin and not s.proc.stdin.closed:
+        s.proc.stdin.close()
+    s.proc.wait(timeout=10)
+
+
+def expected_of(head: Path) -> tuple[dict[str, int], dict[str, str]]:
+    files, digests = {}, {}
+    for p in sorted(head.rglob("*")):
+        rel = p.relative_to(head).as_posix()
+        if p.is_file() and rel.split("/")[0] in (wm.MODEL_DIR, wm.ENGRAM_DIR):
+            files[rel] = p.stat().st_size
+            digests[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return files, digests
+
+
+def copy(source: Source, head: Path, dest: Path, *, streams: int = 3, token: str = TOKEN,
+         idents: tuple[str, str] = ("", "")) -> tuple[subprocess.CompletedProcess[str], lc.CopyReport | None]:
+    files, digests = expected_of(head)
+    expected = dest.parent / "expected.json"
+    expected.write_text(lc.expected_json(files, digests))
+    dest.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        [PYTHON, str(HERE / "copy_weights.py"), "--node", "spark-1", "--source", f"http://127.0.0.1:{source.port}",
+         "--bind", "127.0.0.1", "--dest", str(dest), "--host-dest", str(dest), "--expected", str(expected),
+         "--streams", str(streams), "--dest-ident", idents[0], "--source-ident", idents[1]],
+        input=json.dumps({"token": token}) + "\n", capture_output=True, text=True, timeout=60, check=False)
+    return done, (lc.parse_copy_report(done.stdout) if done.returncode == 0 else None)
+
+
+def same_tree(head: Path, dest: Path) -> bool:
+    files, _ = expected_of(head)
+    return all((dest / p).read_bytes() == (head / p).read_bytes() for p in files)
+
+
+def test_a_first_copy_fetches_every_staged_file_verified_and_records_it(source: Source, head: Path,
+                                                                        tmp_path: Path) -> None:
+    dest = tmp_path / "worker"
+    done, report = copy(source, head, dest)
+    assert done.returncode == 0, done.stderr
+    assert report is not None
+    files, digests = expected_of(head)
+    assert sorted(report.copied) == sorted(files) and report.bytes == sum(files.values())
+    assert same_tree(head, dest)
+    assert not (dest / "dsv41-weights-manifest.json").exists(), "only the staged directories are copied"
+    assert {p: row[0] for p, row in read_record(dest).items()} == digests
+    assert not list(dest.rglob(f"*{PARTIAL_SUFFIX}")), "no temporary file is left in place"
+
+
+def test_a_second_copy_copies_nothing_and_reads_no_weights(source: Source, head: Path, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    dest = tmp_path / "worker"
+    copy(source, head, dest)
+    done, report = copy(source, head, dest)
+    assert done.returncode == 0, done.stderr
+    assert report is not None and report.copied == () and report.bytes == 0
+    assert "copying" not in done.stderr and "other content" not in done.stderr
+
+
+def test_an_interrupted_copy_resumes_the_partial_file_and_keeps_the_finished_ones(source: Source, head: Path,
+                                                                                  tmp_path: Path) -> None:
+    dest = tmp_path / "worker"
+    copy(source, head, dest)
+    big = f"{wm.MODEL_DIR}/model-00001-of-00002.safetensors"
+    record_before = read_record(dest)
+    # As an interruption leaves it: the big file not yet renamed into place, 1 MB of it written.
+    (dest / big).unlink()
+    write(dest / (big + PARTIAL_SUFFIX), (head / big).read_bytes()[:1_000_000])
+    done, report = copy(source, head, dest)
+    assert done.returncode == 0, done.stderr
+    assert report is not None and report.copied == (big,)
+    assert report.bytes == 2_000_000, "only the rest of the partial file is fetched"
+    assert same_tree(head, dest)
+    assert {p: r for p, r in read_record(dest).items() if p != big} == {
+        p: r for p, r in record_before.items() if p != big}
+
+
+def test_a_corrupted_file_of_the_right_size_is_detected_and_copied_again(source: Source, head: Path,
+                                                                         tmp_path: Path) -> None:
+    dest = tmp_path / "worker"
+    copy(source, head, dest)
+    small = f"{wm.ENGRAM_DIR}/model-00047-of-00048.safetensors"
+    with (dest / small).open("r+b") as f:
+        f.seek(1000)
+        f.write(b"\x00\x01\x02")
+    assert (dest / small).stat().st_size == (head / small).stat().st_size
+    done, report = copy(source, head, dest)
+    assert done.returncode == 0, done.stderr
+    assert report is not None and report.copied == (small,)
+    assert "other content" in done.stderr and small in done.stderr
+    assert same_tree(head, dest)
+
+
+def test_a_head_file_that_changed_since_staging_fails_naming_it_and_installs_nothing(source: Source, head: Path,
+                                                                                       tmp_path: Path) -> None:
+    dest = tmp_path / "worker"
+    files, digests = expected_of(head)
+    name = f"{wm.MODEL_DIR}/config.json"
+    (head / name).write_bytes(b'{"a": 2}\n')  # same size, other content than staging verified
+    expected = tmp_path / "expected.json"
+    expected.write_text(lc.expected_json(files, digests))
+    dest.mkdir()
+    done = subprocess.run(
+        [PYTHON, str(HERE / "copy_weights.py"), "--node", "spark-1", "--source", f"http://127.0.0.1:{source.port}",
+         "--bind", "127.0.0.1", "--dest", str(dest), "--host-dest", "/copy", "--expected", str(expected)],
+        input=json.dumps({"token": TOKEN}) + "\n", capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 1
+    assert f"copy_weights: error: {name}" in done.stderr and "is not what staging verified" in done.stderr
+    assert not (dest / name).exists() and not (dest / (name + PARTIAL_SUFFIX)).exists()
+
+
+def test_files_of_an_older_revision_this_copy_made_are_removed_and_unrecorded_files_are_kept(
+        source: Source, head: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "worker"
+    old = f"{wm.MODEL_DIR}/model-00002-of-00002.safetensors"
+    copy(source, head, dest)
+    write(dest / wm.MODEL_DIR / "notes.txt", b"mine")
+    (head / old).rename(head / "moved-away")
+    done, report = copy(source, head, dest)
+    assert done.returncode == 0, done.stderr
+    assert not (dest / old).exists() and old not in read_record(dest)
+    assert (dest / wm.MODEL_DIR / "notes.txt").read_bytes() == b"mine"
+
+
+def test_the_copy_refuses_to_write_into_the_heads_own_directory(source: Source, head: Path, tmp_path: Path) -> None:
+    done, _ = copy(source, head, tmp_path / "worker", idents=("m1:64768:42", "m1:64768:42"))
+    assert done.returncode == 1
+    assert "is the head's weights root itself" in done.stderr and "{node}" in done.stderr
+    assert not list((tmp_path / "worker").rglob("*.safetensors"))
+
+
+def test_the_source_serves_staged_files_only_to_the_worker_with_the_token(source: Source, head: Path) -> None:
+    name = f"{wm.MODEL_DIR}/config.json"
+    assert source.get(f"/files/{name}") == (200, (head / name).read_bytes())
+    assert source.get(f"/files/{name}", token="wrong")[0] == 401
+    for path in ("/files/dsv41-weights-manifest.json", "/files/model/../dsv41-weights-manifest.json",
+                 "/files/%2e%2e/etc/passwd", "/files/model/missing", "/"):
+        assert source.get(path)[0] == 404, path
+
+
+def test_the_source_answers_only_the_workers_fabric_address(head: Path) -> None:
+    s = start_source(head, allow="127.0.0.9")
+    try:
+        status, body = s.get(f"/files/{wm.MODEL_DIR}/config.json")
+        assert status == 403 and b"127.0.0.1 is not a worker" in body
+    finally:
+        assert s.proc.stdin
+        s.proc.stdin.close()
+        s.proc.wait(timeout=10)
+
+
+def test_the_source_stops_when_the_deployer_closes_its_stdin(source: Source) -> None:
+    assert source.proc.stdin
+    source.proc.stdin.close()
+    began = time.monotonic()
+    assert source.proc.wait(timeout=10) == 0
+    assert time.monotonic() - began < 5
+
+
+# --- the copy check: record and stat only ------------------------------------------------------------------------
+
+
+def check(dest: Path, head: Path, **changes: str) -> dict[str, str]:
+    files, digests = expected_of(head)
+    digests.update(changes)
+    done = run_sh(lc.render_copy_check(copy_root=str(dest), files=files, sha256=digests))
+    assert done.returncode == 0, done.stderr
+    return lc.parse_copy_check(done.stdout)
+
+
+def test_the_check_passes_a_verified_copy_and_names_every_file_that_is_not(source: Source, head: Path,
+                                                                           tmp_path: Path) -> None:
+    dest = tmp_path / "worker"
+    copy(source, head, dest)
+    assert check(dest, head) == {}
+    shard = f"{wm.MODEL_DIR}/model-00002-of-00002.safetensors"
+    with (dest / shard).open("r+b") as f:
+        f.write(b"\xff")  # rewritten in place: same size, new mtime
+    (dest / f"{wm.MODEL_DIR}/config.json").unlink()
+    engram = f"{wm.ENGRAM_DIR}/model-00047-of-00048.safetensors"
+    assert check(dest, head, **{engram: "0" * 64}) == {
+        shard: "modified", f"{wm.MODEL_DIR}/config.json": "missing", engram: "changed"}
+
+
+def test_the_check_counts_files_without_a_record_and_a_missing_root(source: Source, head: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "worker"
+    copy(source, head, dest)
+    (dest / RECORD_FILE).unlink()
+    files, _ = expected_of(head)
+    assert check(dest, head) == {p: "unverified" for p in files}
+    assert check(tmp_path / "nowhere", head) == {p: "missing" for p in files}
+
+
+# --- rendered commands -------------------------------------------------------------------------------------------
+
+
+def test_rendered_commands_name_their_containers_and_carry_the_scripts() -> None:
+    source = lc.render_source_command(abs_root="/w", bind="192.168.100.1", image="img@sha256:" + "a" * 64,
+                                      container=lc.source_container("dsv41-exl3-dev", "spark-1"))
+    command = lc.render_copy_command(node="spark-1", copy_root="~/dsv41-exl3", source="http://192.168.100.1:4000",
+                                     source_ident="m:1:2", bind="192.168.100.2", image="img", streams=4,
+                                     container=lc.copier_container("dsv41-exl3-dev"),
+                                     expected=lc.expected_json({"model/a": 1}, {"model/a": "b" * 64}),
+                                     timeout_s=600)
+    assert header_value(source, "CONTAINER") == "dsv41-exl3-dev-weights-source-spark-1"
+    assert header_value(source, "SOURCE_PY", as_text=True) == (HERE / "copy_source.py").read_text()
+    assert header_value(command, "COPY_ROOT") == "~/dsv41-exl3"
+    assert json.loads(header_value(command, "EXPECTED"))["sha256"] == {"model/a": "b" * 64}
+    with pytest.raises(ValueError, match="no sha256"):
+        lc.expected_json({"model/a": 1}, {})
+
+
+def test_copy_root_resolves_the_node_placeholder() -> None:
+    assert lc.copy_root_for("/var/lib/copies/{node}", "spark-2") == "/var/lib/copies/spark-2"
+    assert lc.copy_root_for("~/dsv41-exl3", "spark-2") == "~/dsv41-exl3"

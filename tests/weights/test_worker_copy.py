@@ -1,0 +1,141 @@
+"""WorkerCopy's provider: both ends over ssh (a stand-in `ssh` that records argv and stdin), the per-run token
+on stdin only, the head's source stopped after the copy whatever happened, and `diff` deciding from the
+worker's copy check."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from components.weights import worker_copy as wc
+from components.weights.copy_weights import REPORT_MARKER
+
+FAKE_SSH = r"""#!/bin/sh
+# The remote command is the last argument; argv and stdin are recorded per call.
+d="$FAKE_SSH_DIR"
+n=$(cat "$d/n" 2>/dev/null || echo 0); n=$((n + 1)); echo "$n" > "$d/n"
+for a in "$@"; do printf '%s\n' "$a"; done > "$d/argv.$n"
+for last in "$@"; do :; done
+case "$last" in
+  *components/weights/source.sh*)
+    echo "DSV41_COPY_SOURCE_IDENT m:1:2"
+    echo "DSV41_COPY_SOURCE_LISTENING 40123"
+    cat > "$d/stdin.$n"            # the lifeline: returns at the deployer's EOF
+    echo "source-stopped" > "$d/source.stopped" ;;
+  *components/weights/copy.sh*)
+    cat > "$d/stdin.$n"
+    echo "copy_weights: spark-1: copying 1 of 2 files (0.00 GiB) in 1 streams" >&2
+    if [ -f "$d/copy.fail" ]; then echo "copy_weights: error: disk full on spark-1" >&2; exit 1; fi
+    cat "$d/copy.out" ;;
+  *components/weights/copy_check.sh*)
+    cat "$d/check.out"; exit "$(cat "$d/check.rc" 2>/dev/null || echo 0)" ;;
+esac
+"""
+
+KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nSECRETKEYMATERIAL0123456789\n-----END OPENSSH PRIVATE KEY-----\n"
+
+
+@pytest.fixture
+def ssh_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "ssh").write_text(FAKE_SSH)
+    (bindir / "ssh").chmod(0o755)
+    data = tmp_path / "ssh-data"
+    data.mkdir()
+    monkeypatch.setenv("PATH", f"{bindir}:{__import__('os').environ['PATH']}")
+    monkeypatch.setenv("FAKE_SSH_DIR", str(data))
+    report = {"root": "/copies/spark-1", "copied": ["model/a"], "bytes": 5, "seconds": 0.1, "files": 2,
+              "removed": []}
+    (data / "copy.out").write_text(f"{REPORT_MARKER} {json.dumps(report)}\n")
+    return data
+
+
+def props(**over: Any) -> dict[str, Any]:
+    p: dict[str, Any] = {
+        "worker": "spark-1", "worker_host": "10.0.0.2", "worker_port": 22, "worker_user": "me",
+        "worker_fabric_ip": "192.168.100.2", "head": "spark-0", "head_host": "10.0.0.1", "head_port": 22,
+        "head_user": "me", "head_fabric_ip": "192.168.100.1", "ssh_private_key": KEY, "ssh_agent_socket": None,
+        "ssh_known_hosts_file": None, "head_root": "/home/me/dsv41-exl3", "head_image": "sha256:" + "1" * 64,
+        "worker_image": "sha256:" + "2" * 64, "copy_root": "~/dsv41-exl3",
+        "files": {"model/a": 5, "model/b": 7}, "sha256": {"model/a": "a" * 64, "model/b": "b" * 64},
+        "streams": 4, "timeout_s": 600, "stack_prefix": "dsv41-exl3-dev",
+    }
+    p.update(over)
+    return p
+
+
+def calls(d: Path) -> list[tuple[str, str]]:
+    n = int((d / "n").read_text())
+    return [((d / f"argv.{i}").read_text(), (d / f"stdin.{i}").read_text() if (d / f"stdin.{i}").exists() else "")
+            for i in range(1, n + 1)]
+
+
+def test_a_copy_pairs_source_and_copier_with_a_token_sent_on_stdin_only(ssh_dir: Path) -> None:
+    logged: list[str] = []
+    outs = wc.run_copy(props(), log=logged.append)
+    (source_argv, source_stdin), (copy_argv, copy_stdin) = calls(ssh_dir)
+    token = json.loads(source_stdin.splitlines()[0])["token"]
+    assert len(token) >= 32 and json.loads(copy_stdin.splitlines()[0]) == {"token": token}
+    for argv in (source_argv, copy_argv):
+        assert token not in argv and "SECRETKEYMATERIAL" not in argv
+    assert "root@" not in copy_argv and "me@10.0.0.2" in copy_argv and "me@10.0.0.1" in source_argv
+    assert " SOURCE=http://192.168.100.1:40123;" in copy_argv and " SOURCE_IDENT=m:1:2;" in copy_argv
+    assert json.loads(source_stdin.splitlines()[0])["allow"] == ["192.168.100.2"]
+    assert (ssh_dir / "source.stopped").exists(), "the source is stopped once the copy is done"
+    assert outs["root"] == "/copies/spark-1" and outs["copied_files"] == 1 and outs["copied_bytes"] == 5
+    assert any("1 of 2 files copied" in m for m in logged)
+    # A second run makes another token: none is kept in the state or reused.
+    wc.run_copy(props(), log=logged.append)
+    assert json.loads(calls(ssh_dir)[2][1].splitlines()[0])["token"] != token
+
+
+def test_a_failed_copy_names_the_worker_and_what_it_said_and_still_stops_the_source(ssh_dir: Path) -> None:
+    (ssh_dir / "copy.fail").write_text("")
+    with pytest.raises(wc.CopyFailed, match=r"the weights copy to spark-1 failed \(1\)") as err:
+        wc.run_copy(props(), log=lambda _m: None)
+    assert "disk full on spark-1" in str(err.value)
+    assert (ssh_dir / "source.stopped").exists()
+
+
+def diff(ssh_dir: Path, check_out: str, olds: dict[str, Any], news: dict[str, Any], rc: int = 0) -> Any:
+    (ssh_dir / "check.out").write_text(check_out)
+    (ssh_dir / "check.rc").write_text(str(rc))
+    return wc.WorkerCopyProvider().diff("copy-1", olds, news)
+
+
+def test_diff_runs_the_copy_again_only_when_the_content_would_differ(ssh_dir: Path,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    old = props()
+    assert diff(ssh_dir, "COPY_CHECK 0\n", old, props()).changes is False
+    # Another image or stream count: stored, nothing copied (the check passes).
+    assert diff(ssh_dir, "COPY_CHECK 0\n", old, props(worker_image="sha256:" + "3" * 64)).changes is True
+    assert diff(ssh_dir, "MODIFIED model/a\nCOPY_CHECK 1\n", old, props()).changes is True
+    assert diff(ssh_dir, "COPY_CHECK 0\n", old, props(sha256={"model/a": "c" * 64, "model/b": "b" * 64})).changes
+    # Moving the copy is a new copy (a new id, which the rank mounts), never an update in place.
+    moved = diff(ssh_dir, "COPY_CHECK 0\n", old, props(copy_root="/nvme/dsv41"))
+    assert moved.changes and moved.replaces == ["copy_root"]
+    assert diff(ssh_dir, "MODIFIED model/a\nCOPY_CHECK 1\n", old, props()).replaces == []
+    # An unreachable worker is reported, never taken for a change.
+    assert diff(ssh_dir, "", old, props(), rc=255).changes is False
+
+
+def test_update_for_a_non_content_change_copies_nothing(ssh_dir: Path) -> None:
+    (ssh_dir / "check.out").write_text("COPY_CHECK 0\n")
+    old = {**props(), "root": "/copies/spark-1", "copied_files": 2}
+    outs = wc.WorkerCopyProvider().update("copy-1", old, props(streams=8)).outs
+    assert outs["streams"] == 8 and outs["root"] == "/copies/spark-1"
+    assert not any("copy.sh" in argv for argv, _ in calls(ssh_dir)), "no copier ran"
+
+
+def test_the_id_is_the_absolute_copy_root(ssh_dir: Path) -> None:
+    created = wc.WorkerCopyProvider().create(props())
+    assert created.id == "/copies/spark-1" == created.outs["root"]
+
+
+def test_delete_keeps_the_copy(ssh_dir: Path) -> None:
+    wc.WorkerCopyProvider().delete("copy-1", props())
+    assert not (ssh_dir / "n").exists(), "destroy opens no ssh: the worker's copy stays"
