@@ -11,8 +11,9 @@
 #   GENERATION        the generation this update asks for ("" = none known: stop every own container)
 #   INSPECT_FORMAT    docker inspect template: name|gpu capabilities|device paths|stack label
 #   MIN_MEM           minimum MemAvailable, GiB
-#   WEIGHTS_ROOT      head: where the weights are staged (may start with ~/); "" on a worker
-#   MIN_DISK          head: minimum free + staged GiB at WEIGHTS_ROOT; "" on a worker
+#   WEIGHTS_ROOT      the head: where the weights are staged; a worker with `share: copy`: its copy root (may start
+#                     with ~/); "" on other workers
+#   MIN_DISK          minimum free + already staged (or copied) GiB at WEIGHTS_ROOT; "" when WEIGHTS_ROOT is
 #   CHECK_RDMA        1: check /dev/infiniband and the RoCE GID index; 0: skip
 #   CHECK_EXPORT      1: every directory on the path to WEIGHTS_ROOT must be o+x (NFS share); 0: skip
 #   HCAS              the configured HCAs, space-separated (only named in the findings)
@@ -173,16 +174,17 @@ if [ -n "$WEIGHTS_ROOT" ]; then
   if [ -z "$free_k" ] || [ -z "$staged_k" ]; then
     refuse "cannot measure disk at $d (df/du failed); fix: check that $d is readable on $NODE"
   else
-    read -r free_g staged_g total_g <<EOF
-$(awk -v f="$free_k" -v s="$staged_k" \
-  'BEGIN { printf "%.1f %.1f %.1f", f / 1048576, s / 1048576, (f + s) / 1048576 }')
+    read -r free_g staged_g total_g short_g <<EOF
+$(awk -v f="$free_k" -v s="$staged_k" -v m="$MIN_DISK" \
+  'BEGIN { printf "%.1f %.1f %.1f %.1f", f / 1048576, s / 1048576, (f + s) / 1048576, m - (f + s) / 1048576 }')
 EOF
     if ge "$total_g" "$MIN_DISK"; then
       note "disk: $free_g GiB free at $d + $staged_g GiB staged in $WEIGHTS_ROOT"
     else
       refuse "disk at $d has $free_g GiB free + $staged_g GiB already staged in $WEIGHTS_ROOT = $total_g GiB,\
  below the\
- required $MIN_DISK GiB; fix: free space on that filesystem or point weights_root at a larger disk"
+ required $MIN_DISK GiB (short by $short_g GiB); fix: free space on that filesystem, or point weights.root (the\
+ head) or weights.copyRoot (a worker, share: copy) at a larger disk"
     fi
   fi
 fi

@@ -446,7 +446,24 @@ def test_head_checks_free_disk_at_the_nearest_existing_parent_with_numbers(node:
     (refusal,) = run.refusals
     assert (f"disk at {tmp_path / 'disk'} has 100.0 GiB free + 0.0 GiB already staged in {weights} = 100.0 GiB, "
             "below the required 387 GiB") in refusal
+    assert "(short by 287.0 GiB)" in refusal and "weights.copyRoot (a worker, share: copy)" in refusal
     assert run.df_calls == [f"-Pk {tmp_path / 'disk'}"]
+
+
+def test_a_copy_mode_worker_is_refused_naming_the_node_its_copy_root_and_the_shortfall(
+        node: FakeNode, tmp_path: Path) -> None:
+    """Issue 15: with `share: copy` a worker's preflight checks its own disk for the copy."""
+    node.df_free_kib = 300 * GIB_KIB
+    copy_root = tmp_path / "copies" / "spark-1"
+    copy_root.mkdir(parents=True)
+    (copy_root / "model-00001.safetensors").write_bytes(b"x" * (512 * 1024 * 1024))  # 0.5 GiB already copied
+    spec = make_spec(node_name="spark-1", weights_root=str(copy_root), min_free_disk_gib=387)
+    run = node.run(spec)
+    assert run.rc == 1
+    (refusal,) = [r for r in run.refusals if "disk at" in r]
+    assert (f"disk at {copy_root} has 300.0 GiB free + 0.5 GiB already staged in {copy_root} = 300.5 GiB, below "
+            "the required 387 GiB (short by 86.5 GiB)") in refusal
+    assert "preflight refused on node spark-1: " in run.stderr + run.stdout
 
 
 def test_head_counts_already_staged_weights_toward_the_disk_minimum(node: FakeNode, tmp_path: Path) -> None:
