@@ -75,14 +75,15 @@ class WatchdogPeer:
     host_key: str
 
     def __post_init__(self) -> None:
-        # Invariants of values config.py already checked (nodes[]), written into a shell script; one gap: the
-        # user pattern here refuses a leading '_', which config.py's login-name rule admits.
+        # Invariants of values config.py already checked (nodes[]), written into a shell script.
         if not _NODE_NAME.match(self.node_name):
             raise ValueError(f"watchdog peer node_name {self.node_name!r} must match [A-Za-z0-9][A-Za-z0-9._-]*")
         if not re.fullmatch(r"(ssh|ecdsa|sk)-[A-Za-z0-9@.-]+ [A-Za-z0-9+/]+={0,3}", self.host_key):
             raise ValueError(f"watchdog peer {self.node_name}: host_key {self.host_key!r} is not `type base64`")
-        for what, value in (("host", self.host), ("user", self.user)):
-            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._:-]*", value):
+        # A login name may start with '_' (config.py's rule, as useradd's); never with '-' (an ssh option).
+        for what, value, pattern in (("host", self.host, r"[A-Za-z0-9][A-Za-z0-9._:-]*"),
+                                     ("user", self.user, r"[A-Za-z0-9_][A-Za-z0-9._-]*")):
+            if not re.fullmatch(pattern, value):
                 raise ValueError(f"watchdog peer {self.node_name}: {what} {value!r} is not a plain host or user name")
         if not 1 <= self.port <= 65535:
             raise ValueError(f"watchdog peer {self.node_name}: port {self.port} must be 1-65535")

@@ -495,3 +495,13 @@ def test_deployment_gives_every_watchdog_the_other_ranks_and_their_keys() -> Non
         pinned = [f"10.0.0.{j + 1} {fake_host_key(f'10.0.0.{j + 1}', 22).line()}" for j in {0, 1, 2, 3} - {i}]
         known = header_value(watchdog, "KNOWN_HOSTS", as_text=True).splitlines()
         assert sorted(known) == sorted(pinned), "each peer's pinned host key, as the operator's machine saw it"
+
+
+def test_a_peer_login_name_is_checked_as_config_checks_it() -> None:
+    """A login name config.py admits (a leading '_', as useradd's) is a valid peer; a leading '-' (an ssh option)
+    or a shell character never is."""
+    ok = WatchdogPeer(node_name="spark-a", host="10.0.0.1", port=22, user="_ops", host_key=HOST_KEY_A)
+    assert ok.user == "_ops"
+    for user in ("-oProxyCommand=x", "me;rm", "a b", "me:x"):
+        with pytest.raises(ValueError, match="is not a plain host or user name"):
+            WatchdogPeer(node_name="spark-a", host="10.0.0.1", port=22, user=user, host_key=HOST_KEY_A)
