@@ -70,3 +70,43 @@ def test_a_spent_deadline_sends_nothing() -> None:
 def test_a_refused_connection_is_told_apart() -> None:
     with pytest.raises(ConnectionRefusedOrReset, match="ConnectionRefusedError"):
         _post(f"http://127.0.0.1:{free_port()}/v1", timeout_s=2)
+
+
+def test_a_chunked_stream_as_uvicorn_sends_it_yields_each_event_as_it_arrives() -> None:
+    """vLLM's server (uvicorn) streams with Transfer-Encoding: chunked; each event must be seen when it arrives,
+    not when the response ends."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    payloads = ['{"n": 1}', '{"n": 2}', "[DONE]"]
+
+    class Chunked(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+            pass
+
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for payload in payloads:
+                time.sleep(0.3)
+                data = f"data: {payload}\n\n".encode()
+                self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Chunked)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        started = time.monotonic()
+        reply = exchange("POST", f"http://127.0.0.1:{server.server_address[1]}/v1/chat/completions", body=b"{}",
+                         deadline=started + 5, stream=True)
+    finally:
+        server.shutdown()
+    assert [data for _, data in reply.events] == payloads
+    gaps = [b - a for (a, _), (b, _) in zip(reply.events, reply.events[1:], strict=False)]
+    assert all(g > 0.2 for g in gaps), f"events seen together, not as they arrived: {gaps}"
