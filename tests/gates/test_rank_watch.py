@@ -149,8 +149,8 @@ class ScriptedRank:
     state_calls: int = 0
 
 
-class ScriptedSource:
-    """Lines appear and containers exit at scripted times on the fake clock."""
+class ScriptedPoller:
+    """Lines appear and containers exit at scripted times on the fake clock, looked at by polling."""
 
     def __init__(self, clock: FakeClock, ranks: dict[int, ScriptedRank]) -> None:
         self.clock, self.ranks = clock, ranks
@@ -172,6 +172,13 @@ class ScriptedSource:
         if r.restarted_at is not None and self.clock.t >= r.restarted_at:
             started = "2026-09-22T10:05:00Z"
         return ContainerState("running", 0, started)
+
+
+def ScriptedSource(clock: FakeClock, ranks: dict[int, ScriptedRank],  # noqa: N802 - stands for the old class
+                   wait_clock: rw.Clock | None = None) -> rw.PollingRankSource:
+    """The scripted ranks polled as the gates used to poll (and still do for a node that cannot stream); the
+    polls wait on `wait_clock` (default: the fake clock)."""
+    return rw.PollingRankSource(ScriptedPoller(clock, ranks), sorted(ranks), wait_clock or clock)
 
 
 def _cumulative(sleeps: list[float]) -> list[float]:
@@ -300,7 +307,8 @@ class TestRendezvous:
         assert all("waiting for rank 1" in m for _, m in seen)
 
     def test_real_time_bound(self) -> None:
-        src = ScriptedSource(FakeClock(), {0: ScriptedRank(), 1: ScriptedRank()})  # fake clock never advances
+        src = ScriptedSource(FakeClock(), {0: ScriptedRank(), 1: ScriptedRank()},  # fake clock never advances
+                             wait_clock=SystemClock())
         t0 = time.monotonic()
         with pytest.raises(GateFailure, match="within 0.4 s"):
             rw.wait_for_rendezvous(RANKS, src, _rdv(rendezvous_timeout_s=0.4, poll_interval_s=0.05),
@@ -444,7 +452,8 @@ class TestReady:
             ReadySettings(poll_interval_s=10, ready_timeout_s=gates.ready_timeout_seconds, stall_s=gates.stall_seconds)
 
     def test_real_time_bound_on_stall(self) -> None:
-        src = ScriptedSource(FakeClock(), {0: ScriptedRank(lines=[(0, L_LOAD)]), 1: ScriptedRank()})
+        src = ScriptedSource(FakeClock(), {0: ScriptedRank(lines=[(0, L_LOAD)]), 1: ScriptedRank()},
+                             wait_clock=SystemClock())
         t0 = time.monotonic()
         with pytest.raises(GateFailure, match="stall limit 0.4 s"):
             rw.wait_for_ready(RANKS, src, _ready(stall_s=0.4, poll_interval_s=0.05, ready_timeout_s=30),
