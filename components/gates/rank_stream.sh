@@ -33,7 +33,9 @@ cleanup() {
   rm -rf "$dir"
 }
 trap cleanup EXIT
-trap 'exit 0' HUP INT TERM PIPE
+# A signal only marks the stop: exiting at once could leave a docker client started but not yet in $pids.
+stop=""
+trap 'stop=1' HUP INT TERM PIPE
 
 state() {
   out=$(docker inspect -f '{{.State.Status}} {{.State.ExitCode}} {{.State.StartedAt}} {{.State.OOMKilled}}' "$1" 2>&1)
@@ -84,6 +86,6 @@ for w in $WATCH; do
 done
 echo R
 
-# Until the ssh channel closes: the reader went away, so stop.
-while read -r _; do :; done
+# Until the ssh channel closes (or a signal): the reader went away, so stop.
+while [ -z "$stop" ] && read -r _; do :; done
 exit 0

@@ -352,9 +352,19 @@ def is_ready_line(text: str) -> bool:
     return bool(_READY.search(text))
 
 
+# Every phase pattern's every alternative holds one of these (lower case): a line with none of them names no
+# phase, found with a few substring tests instead of the case-insensitive searches (a flood stays cheap).
+_PHASE_WORDS = ("startup", "server", "routes are", "init engine", "warm", "torch.compile", "dynamo", "graph",
+                "kv cache", "concurrency", "load", "world_size=", "distributed_init_method=", "dp group leader",
+                "headless multiproc", "in world size", "nccl")
+
+
 def phase_of(text: str) -> str | None:
     """The boot phase a log line belongs to, or None for lines that say nothing about it."""
     if is_noise(text):
+        return None
+    low = text.lower()
+    if not any(word in low for word in _PHASE_WORDS):
         return None
     for name, pattern in _PHASE_PATTERNS:
         if pattern.search(text):
@@ -982,10 +992,11 @@ STREAM_RECONNECT_S = 0.2
 RECONNECT_BACKOFF_S = (2.0, 4.0, 5.0)
 # A node whose ssh works but whose stream does not start this many times in a row is polled instead.
 STREAM_START_FAILURES = 2
-# Items waiting for the gate: a reader blocks beyond this (back-pressure down to the node), so a flood of lines
-# never grows memory here; and at most this many items per batch.
-STREAM_QUEUE_ITEMS = 10_000
-STREAM_BATCH_ITEMS = 2_000
+# Log lines waiting for the gate: a reader blocks beyond this (back-pressure down to the node), so a flood of
+# lines never grows memory here; the gate takes at most STREAM_BATCH_ITEMS at a time. States, events and
+# notices wait apart and go first, so a die behind a backlog of lines is decided within one batch of reading it.
+STREAM_QUEUE_ITEMS = 2_000
+STREAM_BATCH_ITEMS = 500
 # Texts remembered at one docker timestamp for the dedupe after a reconnect (lines sharing one nanosecond).
 _AT_SINCE_MAX = 1_000
 
@@ -1247,6 +1258,8 @@ class StreamRankSource:
         self.popen = popen
         self._runner = runner
         self._queue: queue.Queue[Observation] = queue.Queue(maxsize=STREAM_QUEUE_ITEMS)
+        self._urgent: queue.Queue[Observation] = queue.Queue(maxsize=STREAM_QUEUE_ITEMS)
+        self._arrived = threading.Event()
         self._stop = threading.Event()
         self.pace = WATCH_POLL_INTERVAL_S
         nodes: dict[tuple[str, str, int], list[RankSpec]] = {}
@@ -1273,13 +1286,26 @@ class StreamRankSource:
         self._stop.wait(seconds)
 
     def put(self, item: Observation) -> None:
-        """From a node's reader: blocks while the gate is behind (back-pressure), never once closed."""
+        """From a node's reader: blocks while the gate is behind (back-pressure), never once closed. A line and
+        its log's end keep their order; the rest is urgent."""
+        target = self._queue if isinstance(item, LineSeen | LogEnded) else self._urgent
         while not self._stop.is_set():
             try:
-                self._queue.put(item, timeout=0.2)
-                return
+                target.put(item, timeout=0.2)
             except queue.Full:
                 continue
+            self._arrived.set()
+            return
+
+    def _take(self) -> list[Observation]:
+        items: list[Observation] = []
+        for source, limit in ((self._urgent, STREAM_QUEUE_ITEMS), (self._queue, STREAM_BATCH_ITEMS)):
+            while len(items) < limit:
+                try:
+                    items.append(source.get_nowait())
+                except queue.Empty:
+                    break
+        return items
 
     def next_items(self, timeout_s: float, pace_s: float) -> list[Observation]:
         self.pace = pace_s
@@ -1287,17 +1313,14 @@ class StreamRankSource:
             self._started = True
             for stream in self.streams:
                 stream.start()
-        try:
-            first = self._queue.get(timeout=timeout_s) if timeout_s > 0 else self._queue.get_nowait()
-        except queue.Empty:
-            return []
-        items = [first]
-        while len(items) < STREAM_BATCH_ITEMS:
-            try:
-                items.append(self._queue.get_nowait())
-            except queue.Empty:
-                break
-        return items
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self._arrived.clear()
+            items = self._take()
+            left = deadline - time.monotonic()
+            if items or left <= 0:
+                return items
+            self._arrived.wait(left)
 
     def close(self) -> None:
         self._stop.set()

@@ -18,7 +18,8 @@ FAKE_SSH = r"""#!/bin/sh
 # Records its argv, answers from canned files chosen by the remote command (the last argument). The gates'
 # stream script (components/gates/rank_stream.sh) is run here with `sh`, against the fake `docker` of
 # FAKE_DOCKER_BIN, as sshd would run it: until its stdin closes. Files in the answers directory steer it:
-# `refuse` (a count: that many connections fail with 255), `drop` (the running session is cut, 255).
+# `refuse` (a count: that many connections fail with 255), `drop` (the running session is cut, 255),
+# `nostream` (the script answers that it cannot stream).
 d="$FAKE_SSH_DIR"
 for a in "$@"; do printf '%s\n' "$a"; done >> "$d/argv.log"
 printf '%s\n' '---' >> "$d/argv.log"
@@ -32,6 +33,10 @@ case "$last" in
 esac
 n=$(cat "$d/$kind.n" 2>/dev/null || echo 0); n=$((n + 1)); echo "$n" > "$d/$kind.n"
 if [ "$kind" = stream ]; then
+  if [ -f "$d/nostream" ]; then
+    echo "F awk is not installed on the node"
+    exit 0
+  fi
   left=$(cat "$d/refuse" 2>/dev/null || echo 0)
   if [ "$left" -gt 0 ]; then
     echo $((left - 1)) > "$d/refuse"
@@ -74,6 +79,8 @@ d = Path(os.environ["FAKE_DOCKER_DIR"])
 args = sys.argv[1:]
 with open(d / "docker.log", "a") as f:
     f.write(" ".join(args) + "\n")
+with open(d / "docker.pids", "a") as f:
+    f.write(f"{{os.getpid()}}\n")
 
 
 def canned(kind):
@@ -121,13 +128,16 @@ if args[0] == "events":
         forever()
     with open(path) as f:
         f.seek(0, 2)
+        (d / "events.ready").touch()  # subscribed: what is appended from now on is seen
         while True:
             line = f.readline()
-            if line:
+            if line.endswith("\n"):
                 sys.stdout.write(line)
                 sys.stdout.flush()
-            else:
-                time.sleep(0.01)
+                continue
+            if line:  # a line being written: read it again whole
+                f.seek(f.tell() - len(line))
+            time.sleep(0.01)
 if args[0] == "logs":
     name = args[-1]
     since = args[args.index("--since") + 1] if "--since" in args else ""
