@@ -6,8 +6,10 @@ resources at import: Pulumi pickles the provider classes by reference and re-imp
 module in the provider process. Providers hold no sessions or clients as attributes.
 
 Any input change (a replaced serving container above all, through `rerun_on`) re-runs the gate
-as an in-place update. That is cheap on a server that is already up: the logs are read from
-the container's start, so the join and startup lines are found on the first poll.
+as an in-place update. That is cheap on a server that is already up: each node's stream reads the
+logs from the container's start, so the join and startup lines arrive at once. The gates follow the
+ranks through `StreamRankSource` (one ssh session per node); `poll_interval_s` is the pace of the
+polling fallback for a node that cannot stream.
 """
 
 from __future__ import annotations
@@ -42,8 +44,9 @@ READY_INPUT_KEYS = (*SHARED_INPUT_KEYS, "api_base", "model_name", "api_key", "re
                     "models_timeout_s")
 SECRET_KEYS = ["ssh_private_key", "api_key"]
 
-# Not operator settings: how often the gates look (POLL_INTERVAL_S, <= 5 s so an exited container is noticed
-# within 15 s) and report, and how long one /v1/models look may take. The program wires these.
+# Not operator settings: how often a node that cannot stream is polled (POLL_INTERVAL_S, <= 5 s so an exited
+# container is noticed within 15 s even then), how often the gates report, and how long one /v1/models look
+# may take. The program wires these.
 POLL_INTERVAL_S = WATCH_POLL_INTERVAL_S
 PROGRESS_INTERVAL_S = WATCH_PROGRESS_INTERVAL_S
 MODELS_TIMEOUT_S = MODELS_PROBE_TIMEOUT_S
