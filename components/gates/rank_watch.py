@@ -542,6 +542,7 @@ class _Cluster:
         if not state.running:
             view.oom = view.oom or state.oom_killed
             return True
+        view.log_ended = False  # running (a new session's read): an end seen before was that session's
         if view.first_state.started_at and state.started_at and state.started_at != view.first_state.started_at:
             raise GateFailure(self.message(
                 f"{view.spec.label()} restarted (started at {view.first_state.started_at}, "
@@ -990,8 +991,10 @@ STREAM_MAX_LINE = 2000
 STREAM_RECONNECT_S = 0.2
 # After a failed attempt (ssh failed, the script did not start): wait these in turn, the last one repeating.
 RECONNECT_BACKOFF_S = (2.0, 4.0, 5.0)
-# A node whose ssh works but whose stream does not start this many times in a row is polled instead.
+# A node whose ssh works but whose stream does not start (or ends within STREAM_HEALTHY_S of starting, e.g. a
+# log driver docker cannot follow) this many times in a row is polled instead.
 STREAM_START_FAILURES = 2
+STREAM_HEALTHY_S = 5.0
 # Log lines waiting for the gate: a reader blocks beyond this (back-pressure down to the node), so a flood of
 # lines never grows memory here; the gate takes at most STREAM_BATCH_ITEMS at a time. States, events and
 # notices wait apart and go first, so a die behind a backlog of lines is decided within one batch of reading it.
@@ -1111,6 +1114,10 @@ class _NodeStream(threading.Thread):
                 self.owner.wait(STREAM_RECONNECT_S)
                 continue
             failures += 1
+            if kind == "dropped":
+                self.owner.put(Notice(f"rank watch: the stream from node {self.node} ({self._where()}) ended "
+                                      f"soon after it started ({detail}); reconnecting, each log resumes after its "
+                                      "last line"))
             if kind == "no-start":
                 start_failures += 1
                 if start_failures >= STREAM_START_FAILURES:
@@ -1120,7 +1127,10 @@ class _NodeStream(threading.Thread):
                 self.owner.put(Unobservable(spec.rank, detail))
             self.owner.wait(RECONNECT_BACKOFF_S[min(failures, len(RECONNECT_BACKOFF_S)) - 1])
 
-    def _session(self) -> tuple[Literal["streamed", "refused", "no-start", "fallback"], str]:
+    def _session(self) -> tuple[Literal["streamed", "dropped", "refused", "no-start", "fallback"], str]:
+        """One session: `streamed` (it ran STREAM_HEALTHY_S or more), `dropped` (ssh failed soon after it
+        started), `refused` (ssh failed before), `no-start` (ssh worked, the stream did not, or ended at once),
+        `fallback` (the node says it cannot stream)."""
         for res in self.resume.values():
             res.reconnect()
         watch = " ".join(f"{c}={self.resume[r].since}" for c, r in self.ranks.items())
@@ -1136,6 +1146,7 @@ class _NodeStream(threading.Thread):
             if self.owner.stopping():
                 self._end(proc)
             self.sessions += 1
+            began = time.monotonic()
             try:
                 ready, why, fallback = self._read(proc)
             finally:
@@ -1147,8 +1158,13 @@ class _NodeStream(threading.Thread):
         if fallback is not None:
             return "fallback", fallback
         rc = proc.returncode
+        ended = why or (f"ssh exited {rc}: {last}" if last else f"ssh exited {rc}")
+        if ready and time.monotonic() - began >= STREAM_HEALTHY_S:
+            return "streamed", ended
+        if ready and rc == 255:
+            return "dropped", ended
         if ready:
-            return "streamed", why or (f"ssh exited {rc}: {last}" if last else f"ssh exited {rc}")
+            return "no-start", f"the stream from node {self.node} ended within {STREAM_HEALTHY_S:g} s ({ended})"
         if rc == 255:
             return "refused", f"ssh {self._where()} failed: {last or 'no message'}"
         return "no-start", (f"the stream script on node {self.node} exited {rc} before streaming"
@@ -1200,6 +1216,9 @@ class _NodeStream(threading.Thread):
             elif tag == "R":
                 ready = True
             elif tag == "Z":
+                # the session ending (its docker clients stopped) or docker events alone: tell them apart
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=1.0)
                 return ready, "docker events ended", None
             elif tag == "F":
                 return ready, "", f"node {self.node} cannot stream: {rest}"

@@ -50,6 +50,11 @@ def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     (d / "log").write_text("")
     (d / "events").write_text("")
     yield d
+    # the readers of this test's watches end before the next test changes PATH and FAKE_SSH_DIR under them
+    for thread in threading.enumerate():
+        if thread.name.startswith("rank-stream-"):
+            thread.join(timeout=10)
+            assert not thread.is_alive(), f"{thread.name} outlived its test"
     for pid in _pids(d):  # nothing the fakes started outlives a test (only our fake docker, by its pid)
         try:
             ours = str(tmp_path) in Path(f"/proc/{pid}/cmdline").read_text()
@@ -317,6 +322,21 @@ class TestStreamRankSource:
         with pytest.raises(GateFailure, match=r"cannot observe rank 0 .* 3 failures in a row.*Connection refused"):
             rw.wait_for_rendezvous([HEAD], StreamRankSource([HEAD]),
                                    rw.RendezvousSettings(rendezvous_timeout_s=20), SystemClock(), lambda _: None)
+
+    def test_a_log_that_keeps_ending_while_the_rank_runs_falls_back_to_polling(self, fake: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(rw, "RECONNECT_BACKOFF_S", (0.1,))
+        (fake / "logs.end").touch()  # e.g. a log driver docker cannot follow
+        log(fake, f"{stamp(1)} one line")
+        src = StreamRankSource([HEAD])
+        try:
+            got = collect(src, lambda g: any(isinstance(i, Notice) and "polling" in i.text for i in g))
+        finally:
+            src.close()
+        notice = next(i.text for i in got if isinstance(i, Notice) and "polling" in i.text)
+        assert "ended within 5 s (the log of dsv41-rank0 ended while it runs)" in notice
+        assert (fake / "stream.n").read_text().strip() == str(rw.STREAM_START_FAILURES)
+        assert texts(got).count("one line") == 1, "resumed, not read again"
 
     def test_a_node_that_cannot_stream_is_polled_and_the_progress_says_so(self, fake: Path) -> None:
         (fake / "nostream").touch()

@@ -69,8 +69,9 @@ exit "$(cat "$f.rc" 2>/dev/null || echo 0)"
 # The fake `docker` the stream script meets: `inspect`, `logs -f`, `events`, from FAKE_DOCKER_DIR. Live files
 # when present (`state`: one `<status> <exit> <started> <oom>` line; `log`: `<timestamp> <text>` lines, followed
 # as they are appended, `--since` honoured, ending when `state` is no longer running; `events`: JSON lines
-# appended after the stream started), else the canned answers of `canned` (inspect.N / inspect, logs.N / logs),
-# a canned log stream staying open while the canned state runs. Every call is logged to docker.log.
+# appended after the stream started; `logs.end`: the log ends while the container runs), else the canned
+# answers of `canned` (inspect.N / inspect, logs.N / logs), a canned log stream staying open while the canned
+# state runs. Every call is logged to docker.log.
 FAKE_DOCKER = r"""#!{python}
 import os, re, sys, time
 from pathlib import Path
@@ -159,7 +160,7 @@ if args[0] == "logs":
                 continue
             if line:
                 f.seek(f.tell() - len(line))
-            if not state().startswith("running"):
+            if not state().startswith("running") or (d / "logs.end").exists():
                 sys.exit(0)
             time.sleep(0.01)
 sys.exit(f"fake docker: {{args}} not faked")
