@@ -1,7 +1,9 @@
-"""Watching the serving ranks from the operator's machine: pure gate logic plus the real SSH source.
+"""Watching the serving ranks from the operator's machine: pure gate logic plus the real SSH sources.
 
 No Pulumi resources here. The gates in `components/gates/gates.py` wrap `wait_for_rendezvous` and
-`wait_for_ready`; tests drive the same functions with a fake `RankSource` and a fake `Clock`.
+`wait_for_ready`, fed by `StreamRankSource` (one ssh session per node running `rank_stream.sh`: container
+events and log streams, reconnected and resumed; a node that cannot stream is polled through
+`SshRankSource`). Tests drive the same functions with fake `RankSource`s and a fake `Clock`.
 
 vLLM's wording changes between releases and the recipe image runs a patched vLLM, so every
 log pattern below is deliberately tolerant (substring or loose regex, case where it helps).
