@@ -30,6 +30,8 @@ pids=""
 # shellcheck disable=SC2329 # invoked by the traps below
 cleanup() {
   for p in $pids; do kill "$p" 2>/dev/null; done
+  # a reader still opening its fifo (its writer gone) is let through, sees the end and exits
+  for f in "$dir"/*; do if [ -p "$f" ]; then : <>"$f"; fi; done
   rm -rf "$dir"
 }
 trap cleanup EXIT
@@ -60,10 +62,11 @@ tag() {
 filters=""
 for w in $WATCH; do filters="$filters --filter container=${w%%=*}"; done
 mkfifo "$dir/events"
+# Every job drops the traps first (it would inherit them): a kill then stops it even while it opens its fifo.
 # shellcheck disable=SC2086 # $filters: one word per option, container names have no spaces
-docker events $filters --format '{{json .}}' >"$dir/events" 2>&1 &
+(trap - HUP INT TERM PIPE; exec docker events $filters --format '{{json .}}' >"$dir/events" 2>&1) &
 pids="$pids $!"
-tag "E " "$dir/events" "Z" &
+(trap - HUP INT TERM PIPE; tag "E " "$dir/events" "Z") &
 pids="$pids $!"
 
 i=0
@@ -79,9 +82,9 @@ for w in $WATCH; do
   fi
   case "$line" in S\ *\ missing|S\ *\ error\ *) continue ;; esac
   mkfifo "$dir/log$i"
-  docker logs -f --timestamps --since "$since" "$c" >"$dir/log$i" 2>&1 &
+  (trap - HUP INT TERM PIPE; exec docker logs -f --timestamps --since "$since" "$c" >"$dir/log$i" 2>&1) &
   pids="$pids $!"
-  { tag "L $c " "$dir/log$i" "X $c"; state "$c"; } &
+  (trap - HUP INT TERM PIPE; tag "L $c " "$dir/log$i" "X $c"; state "$c") &
   pids="$pids $!"
 done
 echo R
