@@ -154,7 +154,7 @@ class RankProcess:
 
 
 class LocalRanks:
-    """rank_watch.RankSource over local processes: their merged stdout/stderr and liveness."""
+    """rank_watch.RankPoller over local processes: their merged stdout/stderr and liveness."""
 
     def __init__(self, ranks: Sequence[RankProcess]) -> None:
         self.ranks = {r.rank: r for r in ranks}
@@ -198,8 +198,8 @@ class Cluster:
             for r in self.ranks
         ]
 
-    def source(self) -> LocalRanks:
-        return LocalRanks(self.ranks)
+    def source(self) -> rank_watch.PollingRankSource:
+        return rank_watch.PollingRankSource(LocalRanks(self.ranks), [r.rank for r in self.ranks], SystemClock())
 
 
 def cluster_settings(

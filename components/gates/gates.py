@@ -6,8 +6,10 @@ resources at import: Pulumi pickles the provider classes by reference and re-imp
 module in the provider process. Providers hold no sessions or clients as attributes.
 
 Any input change (a replaced serving container above all, through `rerun_on`) re-runs the gate
-as an in-place update. That is cheap on a server that is already up: the logs are read from
-the container's start, so the join and startup lines are found on the first poll.
+as an in-place update. That is cheap on a server that is already up: each node's stream reads the
+logs from the container's start, so the join and startup lines arrive at once. The gates follow the
+ranks through `StreamRankSource` (one ssh session per node); `poll_interval_s` is the pace of the
+polling fallback for a node that cannot stream.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from components.gates.rank_watch import (
     ReadySettings,
     RendezvousSettings,
     SshRankSource,
+    StreamRankSource,
     SystemClock,
     wait_for_ready,
     wait_for_rendezvous,
@@ -41,8 +44,9 @@ READY_INPUT_KEYS = (*SHARED_INPUT_KEYS, "api_base", "model_name", "api_key", "re
                     "models_timeout_s")
 SECRET_KEYS = ["ssh_private_key", "api_key"]
 
-# Not operator settings: how often the gates look (POLL_INTERVAL_S, <= 5 s so an exited container is noticed
-# within 15 s) and report, and how long one /v1/models look may take. The program wires these.
+# Not operator settings: how often a node that cannot stream is polled (POLL_INTERVAL_S, <= 5 s so an exited
+# container is noticed within 15 s even then), how often the gates report, and how long one /v1/models look
+# may take. The program wires these.
 POLL_INTERVAL_S = WATCH_POLL_INTERVAL_S
 PROGRESS_INTERVAL_S = WATCH_PROGRESS_INTERVAL_S
 MODELS_TIMEOUT_S = MODELS_PROBE_TIMEOUT_S
@@ -133,14 +137,26 @@ def _setting(props: Mapping[str, Any], key: str) -> float:
 NORMALIZE = {"rerun_on": as_set, "ranks": as_rows}
 
 
-def rank_source(props: Mapping[str, Any]) -> SshRankSource:
-    """The ranks of `props`, read over SSH with its key, agent and known_hosts."""
+def _ssh_settings(props: Mapping[str, Any]) -> dict[str, str | None]:
     key = unwrap_secret(props.get("ssh_private_key"))
     agent = unwrap_secret(props.get("ssh_agent_socket"))
     known_hosts = props.get("ssh_known_hosts_file")
-    return SshRankSource(ranks_from_prop(unwrap_secret(props.get("ranks"))),
-                         private_key=str(key) if key else None, agent_socket=str(agent) if agent else None,
-                         known_hosts_file=str(known_hosts) if known_hosts else None)
+    return {"private_key": str(key) if key else None, "agent_socket": str(agent) if agent else None,
+            "known_hosts_file": str(known_hosts) if known_hosts else None}
+
+
+def rank_source(props: Mapping[str, Any]) -> SshRankSource:
+    """The ranks of `props`, looked at once over SSH with its key, agent and known_hosts (LiveRanks)."""
+    ssh = _ssh_settings(props)
+    return SshRankSource(ranks_from_prop(unwrap_secret(props.get("ranks"))), private_key=ssh["private_key"],
+                         agent_socket=ssh["agent_socket"], known_hosts_file=ssh["known_hosts_file"])
+
+
+def stream_source(props: Mapping[str, Any]) -> StreamRankSource:
+    """The ranks of `props`, followed through one ssh session per node (the gates)."""
+    ssh = _ssh_settings(props)
+    return StreamRankSource(ranks_from_prop(unwrap_secret(props.get("ranks"))), private_key=ssh["private_key"],
+                            agent_socket=ssh["agent_socket"], known_hosts_file=ssh["known_hosts_file"])
 
 
 def run_rendezvous_gate(props: Mapping[str, Any]) -> dict[str, Any]:
@@ -153,7 +169,7 @@ def run_rendezvous_gate(props: Mapping[str, Any]) -> dict[str, Any]:
         secrets=secrets,
     )
     ranks = ranks_from_prop(unwrap_secret(props.get("ranks")))
-    result = wait_for_rendezvous(ranks, rank_source(props), settings, SystemClock(), log_progress)
+    result = wait_for_rendezvous(ranks, stream_source(props), settings, SystemClock(), log_progress)
     return {
         **plain(RENDEZVOUS_INPUT_KEYS, props),
         "passed_at": result.passed_at,
@@ -182,7 +198,7 @@ def run_ready_gate(props: Mapping[str, Any]) -> dict[str, Any]:
     probe = ModelsEndpoint(api_base, model, str(api_key) if api_key else None,
                            timeout_s=_setting(props, "models_timeout_s"))
     ranks = ranks_from_prop(unwrap_secret(props.get("ranks")))
-    result = wait_for_ready(ranks, rank_source(props), settings, SystemClock(), log_progress, probe, model)
+    result = wait_for_ready(ranks, stream_source(props), settings, SystemClock(), log_progress, probe, model)
     return {
         **plain(READY_INPUT_KEYS, props),
         "passed_at": result.passed_at,

@@ -1,7 +1,9 @@
-"""Watching the serving ranks from the operator's machine: pure gate logic plus the real SSH source.
+"""Watching the serving ranks from the operator's machine: pure gate logic plus the real SSH sources.
 
 No Pulumi resources here. The gates in `components/gates/gates.py` wrap `wait_for_rendezvous` and
-`wait_for_ready`; tests drive the same functions with a fake `RankSource` and a fake `Clock`.
+`wait_for_ready`, fed by `StreamRankSource` (one ssh session per node running `rank_stream.sh`: container
+events and log streams, reconnected and resumed; a node that cannot stream is polled through
+`SshRankSource`). Tests drive the same functions with fake `RankSource`s and a fake `Clock`.
 
 vLLM's wording changes between releases and the recipe image runs a patched vLLM, so every
 log pattern below is deliberately tolerant (substring or loose regex, case where it helps).
@@ -9,10 +11,14 @@ log pattern below is deliberately tolerant (substring or loose regex, case where
 
 from __future__ import annotations
 
+import contextlib
 import json
+import queue
 import re
 import shlex
 import subprocess
+import tempfile
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -21,6 +27,7 @@ from datetime import UTC, datetime
 from http.client import HTTPException
 from typing import Any, Literal, Protocol
 
+from components import scripts
 from components.http import ConnectionRefusedOrReset, DeadlineExceeded, exchange
 from components.redaction import redact
 from components.ssh import SshTarget, ssh_argv
@@ -80,6 +87,7 @@ class ContainerState:
     status: str
     exit_code: int | None = None
     started_at: str = ""
+    oom_killed: bool = False
 
     @property
     def running(self) -> bool:
@@ -90,14 +98,125 @@ class SourceError(Exception):
     """The source could not observe a rank this time (ssh failed, docker did not answer)."""
 
 
-class RankSource(Protocol):
-    """Where the gates read ranks from: the SSH source in production, fakes in tests."""
+class RankPoller(Protocol):
+    """One look at a rank at a time: the fallback when its node cannot stream (and LiveRanks' one-shot read)."""
 
     def new_lines(self, rank: int) -> list[LogLine]:
         """Log lines the container wrote since the previous call (first call: since it started)."""
         ...
 
     def state(self, rank: int) -> ContainerState: ...
+
+
+# What a source reports about the ranks, in the order it learnt it.
+
+
+@dataclass(frozen=True)
+class LineSeen:
+    rank: int
+    line: LogLine
+
+
+@dataclass(frozen=True)
+class StateSeen:
+    """The container's state: read (on connect, after a log stream ended, on a poll) or told by an event
+    (`die`: exited with its exit code; `start`: started again, `started_at` the event's time)."""
+
+    rank: int
+    state: ContainerState
+    how: str = "read"
+
+
+@dataclass(frozen=True)
+class LogEnded:
+    """The rank's log stream ended: docker sends nothing more, so its tail is complete."""
+
+    rank: int
+
+
+@dataclass(frozen=True)
+class EventSeen:
+    """An event that decides nothing by itself (`oom` before a `die`, `health_status: ...`)."""
+
+    rank: int
+    action: str
+
+
+@dataclass(frozen=True)
+class Unobservable:
+    """One failed attempt to observe the rank (ssh failed, docker did not answer)."""
+
+    rank: int
+    error: str
+
+
+@dataclass(frozen=True)
+class Notice:
+    """For the progress output: a reconnect, a fallback to polling."""
+
+    text: str
+
+
+Observation = LineSeen | StateSeen | LogEnded | EventSeen | Unobservable | Notice
+
+
+class RankSource(Protocol):
+    """Where the gates read ranks from: the streams over SSH in production (polling per node as the fallback),
+    fakes in tests. The gates never sleep themselves: they wait in `next_items`."""
+
+    def next_items(self, timeout_s: float, pace_s: float) -> list[Observation]:
+        """What arrived, waiting up to `timeout_s` for the first item (an empty list: nothing came).
+        `pace_s`: how often a source that polls looks (a streaming source ignores it)."""
+        ...
+
+    def close(self) -> None:
+        """Stop watching (end the streams); idempotent."""
+        ...
+
+
+class PollingRankSource:
+    """A RankSource over a RankPoller: one look at every rank per `pace_s`, as the gates used to poll."""
+
+    def __init__(self, poller: RankPoller, ranks: Sequence[int], clock: Clock) -> None:
+        self.poller, self.ranks, self.clock = poller, list(ranks), clock
+        self._next_poll: float | None = None
+
+    def next_items(self, timeout_s: float, pace_s: float) -> list[Observation]:
+        now = self.clock.monotonic()
+        if self._next_poll is not None and now < self._next_poll:
+            wait = min(timeout_s, self._next_poll - now)
+            if wait > 0:
+                self.clock.sleep(wait)
+            if self.clock.monotonic() < self._next_poll:
+                return []
+        items = poll_once(self.poller, self.ranks)
+        self._next_poll = self.clock.monotonic() + pace_s
+        return items
+
+    def close(self) -> None:
+        pass
+
+
+def poll_once(poller: RankPoller, ranks: Sequence[int]) -> list[Observation]:
+    """Every rank's state, then every rank's new lines; a rank found not running has its log complete."""
+    items: list[Observation] = []
+    stopped: list[int] = []
+    for rank in ranks:
+        try:
+            state = poller.state(rank)
+        except SourceError as err:
+            items.append(Unobservable(rank, f"docker inspect: {err}"))
+            continue
+        items.append(StateSeen(rank, state, "poll"))
+        if not state.running:
+            stopped.append(rank)
+    for rank in ranks:
+        try:
+            items.extend(LineSeen(rank, line) for line in poller.new_lines(rank))
+        except SourceError as err:
+            items.append(Unobservable(rank, f"docker logs: {err}"))
+    items.extend(LogEnded(rank) for rank in stopped)
+    return items
 
 
 class Clock(Protocol):
@@ -235,9 +354,19 @@ def is_ready_line(text: str) -> bool:
     return bool(_READY.search(text))
 
 
+# Every phase pattern's every alternative holds one of these (lower case): a line with none of them names no
+# phase, found with a few substring tests instead of the case-insensitive searches (a flood stays cheap).
+_PHASE_WORDS = ("startup", "server", "routes are", "init engine", "warm", "torch.compile", "dynamo", "graph",
+                "kv cache", "concurrency", "load", "world_size=", "distributed_init_method=", "dp group leader",
+                "headless multiproc", "in world size", "nccl")
+
+
 def phase_of(text: str) -> str | None:
     """The boot phase a log line belongs to, or None for lines that say nothing about it."""
     if is_noise(text):
+        return None
+    low = text.lower()
+    if not any(word in low for word in _PHASE_WORDS):
         return None
     for name, pattern in _PHASE_PATTERNS:
         if pattern.search(text):
@@ -249,12 +378,17 @@ def phase_of(text: str) -> str | None:
 # Settings and results
 
 
-# How often the gates look (<= 5 s so an exited container is noticed within 15 s) and report.
+# The gates follow the ranks' streams and decide when a line or an event arrives. These paces are what a node
+# that cannot stream is polled at (the fallback; <= 5 s so an exited container is noticed within 15 s) and how
+# often the gates report progress.
 WATCH_POLL_INTERVAL_S = 5.0
 WATCH_PROGRESS_INTERVAL_S = 30.0
-# Once loading is done (KV cache, graphs, warm-up, API start), readiness is minutes away at most:
-# poll faster then, so the update returns within about this long of "Application startup complete."
+# Once loading is done (KV cache, graphs, warm-up, API start), readiness is minutes away at most: a polled
+# node is polled faster then, so the update returns within about this long of "Application startup complete."
 NEAR_READY_POLL_S = 0.5
+# After a rank's exit, how long the gate waits for the rest of its log (the lines written just before the
+# exit usually hold the traceback) before it fails; docker ends the log stream at the exit, so this is a bound.
+EXIT_DRAIN_S = 1.0
 # One GET /v1/models, connect and read.
 MODELS_PROBE_TIMEOUT_S = 5.0
 
@@ -340,9 +474,14 @@ class _RankView:
     last_error: str = ""
     reached: bool = False
     joined: bool = False
+    log_ended: bool = False
+    oom: bool = False
 
 
-def _exit_hint(code: int | None) -> str:
+def _exit_hint(code: int | None, oom: bool = False) -> str:
+    if oom:
+        return ("the kernel OOM killer killed it (docker reported oom): the node ran out of memory; see "
+                "~/.local/state/dsv41-exl3-<stack>/watchdog.log on that node for what held it")
     if code == 137:
         return ("exit 137 = killed by SIGKILL: the kernel OOM killer, the memory watchdog "
                 "(see ~/.local/state/dsv41-exl3-<stack>/watchdog.log on that node) or a docker stop that timed out")
@@ -356,15 +495,18 @@ def _exit_hint(code: int | None) -> str:
 
 
 class _Cluster:
-    """Polls every rank through a RankSource and remembers what the failure messages need."""
+    """Every rank as a RankSource reports it, and what the failure messages need. `step` waits for what
+    arrives and applies it: an exit, a missing or restarted container, or a node that cannot be observed
+    fails at once (GateFailure); the new lines are returned for the gate's own decisions."""
 
     def __init__(self, ranks: Sequence[RankSpec], source: RankSource, settings: WatchSettings,
-                 clock: Clock) -> None:
+                 clock: Clock, report: Reporter) -> None:
         if not ranks:
             raise ValueError("ranks is empty: a gate needs at least the head (rank 0)")
         self.source = source
         self.settings = settings
         self.clock = clock
+        self.report = report
         start = clock.monotonic()
         self.views = {r.rank: _RankView(spec=r, tail=deque(maxlen=settings.tail_lines), last_activity=start)
                       for r in sorted(ranks, key=lambda r: r.rank)}
@@ -372,9 +514,9 @@ class _Cluster:
     def head(self) -> _RankView:
         return self.views[min(self.views)]
 
-    def _source_failed(self, view: _RankView, err: Exception, what: str) -> None:
+    def _source_failed(self, view: _RankView, error: str) -> None:
         view.source_errors += 1
-        view.last_error = f"{what}: {err}"
+        view.last_error = error
         if view.source_errors >= self.settings.max_source_errors:
             raise GateFailure(self.message(
                 f"cannot observe {view.spec.label()} on {view.spec.user}@{view.spec.host}:{view.spec.port}: "
@@ -384,55 +526,93 @@ class _Cluster:
                 "the docker CLI works there for that user",
             ))
 
-    def check_states(self) -> None:
-        """Raise at once when a container is not running or was restarted since the gate began."""
-        for view in self.views.values():
-            try:
-                state = self.source.state(view.spec.rank)
-            except SourceError as err:
-                self._source_failed(view, err, "docker inspect")
-                continue
-            view.source_errors = 0
-            if view.first_state is None:
-                view.first_state = state
-            if state.status == "missing":
-                raise GateFailure(self.message(
-                    f"{view.spec.label()}: the container does not exist",
-                    "something removed it; run `pulumi up` again to recreate it",
-                ))
-            if not state.running:
-                self.drain_logs()  # the last lines usually hold the traceback
-                raise GateFailure(self.message(
-                    f"{view.spec.label()} is {state.status} with exit code {state.exit_code}",
-                    _exit_hint(state.exit_code),
-                ))
-            if view.first_state.started_at and state.started_at != view.first_state.started_at:
-                raise GateFailure(self.message(
-                    f"{view.spec.label()} restarted (started at {view.first_state.started_at}, "
-                    f"now {state.started_at})",
-                    "a restart policy brought it back after a crash; the last lines show the crash",
-                ))
+    def _line(self, view: _RankView, line: LogLine) -> None:
+        view.tail.append(line.text)
+        if not is_noise(line.text):
+            view.last_activity = self.clock.monotonic()
 
-    def drain_logs(self) -> list[tuple[_RankView, LogLine]]:
-        """Read new lines from every rank; update tails and the activity clock."""
+    def _state(self, view: _RankView, state: ContainerState) -> bool:
+        """Apply one state; True when the container is no longer running (the caller drains, then fails)."""
+        view.source_errors = 0
+        if view.first_state is None:
+            view.first_state = state
+        if state.status == "missing":
+            raise GateFailure(self.message(
+                f"{view.spec.label()}: the container does not exist",
+                "something removed it; run `pulumi up` again to recreate it",
+            ))
+        if not state.running:
+            view.oom = view.oom or state.oom_killed
+            return True
+        view.log_ended = False  # running (a new session's read): an end seen before was that session's
+        if view.first_state.started_at and state.started_at and state.started_at != view.first_state.started_at:
+            raise GateFailure(self.message(
+                f"{view.spec.label()} restarted (started at {view.first_state.started_at}, "
+                f"now {state.started_at})",
+                "a restart policy brought it back after a crash; the last lines show the crash",
+            ))
+        return False
+
+    def step(self, wake_at: float, pace_s: float) -> list[tuple[_RankView, LogLine]]:
+        """Wait until something arrives or `wake_at` (monotonic); apply it; return the new lines."""
+        items = self.source.next_items(max(wake_at - self.clock.monotonic(), 0.0), pace_s)
         got: list[tuple[_RankView, LogLine]] = []
-        for view in self.views.values():
-            try:
-                lines = self.source.new_lines(view.spec.rank)
-            except SourceError as err:
-                self._source_failed(view, err, "docker logs")
+        stopped: dict[int, ContainerState] = {}
+        for item in items:
+            if isinstance(item, Notice):
+                self.report(redact(item.text, self.settings.secrets, key_shapes=True))
                 continue
-            now = self.clock.monotonic()
-            for line in lines:
-                view.tail.append(line.text)
-                if not is_noise(line.text):
-                    view.last_activity = now
-                got.append((view, line))
+            view = self.views.get(item.rank)
+            if view is None:
+                continue
+            if isinstance(item, LineSeen):
+                self._line(view, item.line)
+                if not stopped:
+                    got.append((view, item.line))
+            elif isinstance(item, StateSeen):
+                if self._state(view, item.state):
+                    stopped.setdefault(view.spec.rank, item.state)
+            elif isinstance(item, LogEnded):
+                view.log_ended = True
+            elif isinstance(item, EventSeen):
+                if item.action == "oom":
+                    view.oom = True
+                else:
+                    self.report(f"{view.spec.label()}: docker event {item.action}")
+            elif isinstance(item, Unobservable):
+                self._source_failed(view, item.error)
+        if stopped:
+            self._fail_stopped(stopped, pace_s)
         return got
 
+    def _fail_stopped(self, stopped: Mapping[int, ContainerState], pace_s: float) -> None:
+        """A rank stopped: take the rest of its log (up to EXIT_DRAIN_S), then fail naming it."""
+        views = [self.views[r] for r in stopped]
+        until = self.clock.monotonic() + EXIT_DRAIN_S
+        while not all(v.log_ended for v in views) and (now := self.clock.monotonic()) < until:
+            for item in self.source.next_items(until - now, pace_s):
+                view = self.views.get(getattr(item, "rank", -1))
+                if view is None:
+                    continue
+                if isinstance(item, LineSeen):
+                    self._line(view, item.line)
+                elif isinstance(item, LogEnded):
+                    view.log_ended = True
+                elif isinstance(item, EventSeen) and item.action == "oom":
+                    view.oom = True
+        rank, state = next(iter(stopped.items()))
+        view = self.views[rank]
+        raise GateFailure(self.message(
+            f"{view.spec.label()} is {state.status} with exit code {state.exit_code}",
+            _exit_hint(state.exit_code, view.oom or state.oom_killed),
+        ))
+
+    def last_activity(self) -> float:
+        return max(v.last_activity for v in self.views.values())
+
     def quiet_for(self) -> float:
-        """Seconds since any rank logged a non-noise line."""
-        return self.clock.monotonic() - max(v.last_activity for v in self.views.values())
+        """Seconds since any rank logged a non-noise line (timed from when it was received)."""
+        return self.clock.monotonic() - self.last_activity()
 
     def message(self, cause: str, what_to_do: str) -> str:
         secrets = self.settings.secrets
@@ -460,8 +640,16 @@ def _fmt_duration(seconds: float) -> str:
 
 def wait_for_rendezvous(ranks: Sequence[RankSpec], source: RankSource, settings: RendezvousSettings,
                         clock: Clock, report: Reporter) -> RendezvousResult:
-    """Block until every rank's container logged that it joined the distributed group."""
-    cluster = _Cluster(ranks, source, settings, clock)
+    """Block until every rank's container logged that it joined the distributed group. Closes `source`."""
+    try:
+        return _rendezvous(ranks, source, settings, clock, report)
+    finally:
+        source.close()
+
+
+def _rendezvous(ranks: Sequence[RankSpec], source: RankSource, settings: RendezvousSettings,
+                clock: Clock, report: Reporter) -> RendezvousResult:
+    cluster = _Cluster(ranks, source, settings, clock, report)
     start = clock.monotonic()
     deadline = start + settings.rendezvous_timeout_s
     last_report = start
@@ -469,8 +657,8 @@ def wait_for_rendezvous(ranks: Sequence[RankSpec], source: RankSource, settings:
     master: str | None = None
     joined_at: dict[int, str] = {}
     while True:
-        cluster.check_states()
-        for view, line in cluster.drain_logs():
+        for view, line in cluster.step(min(deadline, last_report + settings.progress_interval_s),
+                                       settings.poll_interval_s):
             if is_rendezvous_failure(line.text):
                 raise GateFailure(cluster.message(
                     f"{view.spec.label()} logged a rendezvous failure: "
@@ -504,7 +692,6 @@ def wait_for_rendezvous(ranks: Sequence[RankSpec], source: RankSource, settings:
             last_report = now
             report(f"rendezvous: waiting for {', '.join(f'rank {v.spec.rank}' for v in missing)} "
                    f"to join, elapsed {_fmt_duration(now - start)}")
-        clock.sleep(min(settings.poll_interval_s, max(deadline - now, 0.0)))
 
 
 def _rendezvous_advice(missing: Sequence[RankSpec], master: str | None) -> str:
@@ -534,8 +721,16 @@ ModelsProbe = Callable[[], ModelsProbeResult]
 
 def wait_for_ready(ranks: Sequence[RankSpec], source: RankSource, settings: ReadySettings, clock: Clock,
                    report: Reporter, probe: ModelsProbe, model_name: str) -> ReadyResult:
-    """Block until the head logged startup complete and /v1/models lists `model_name`."""
-    cluster = _Cluster(ranks, source, settings, clock)
+    """Block until the head logged startup complete and /v1/models lists `model_name`. Closes `source`."""
+    try:
+        return _ready(ranks, source, settings, clock, report, probe, model_name)
+    finally:
+        source.close()
+
+
+def _ready(ranks: Sequence[RankSpec], source: RankSource, settings: ReadySettings, clock: Clock,
+           report: Reporter, probe: ModelsProbe, model_name: str) -> ReadyResult:
+    cluster = _Cluster(ranks, source, settings, clock, report)
     start = clock.monotonic()
     deadline = start + settings.ready_timeout_s
     last_report = start
@@ -543,11 +738,17 @@ def wait_for_ready(ranks: Sequence[RankSpec], source: RankSource, settings: Read
     phase = "rendezvous"
     phase_since = start
     head_ready = False
+    next_probe = start
     last_probe = ModelsProbeResult("unreachable", "not probed yet")
     head = cluster.head()
     while True:
-        cluster.check_states()
-        for view, line in cluster.drain_logs():
+        pace = settings.poll_interval_s
+        if phase in NEAR_READY_PHASES:
+            pace = min(pace, settings.near_ready_poll_s)
+        wake = min(deadline, last_report + settings.progress_interval_s, cluster.last_activity() + settings.stall_s)
+        if head_ready:
+            wake = min(wake, next_probe)
+        for view, line in cluster.step(wake, pace):
             if is_rendezvous_failure(line.text):
                 raise GateFailure(cluster.message(
                     f"{view.spec.label()} logged a rendezvous failure: "
@@ -560,11 +761,12 @@ def wait_for_ready(ranks: Sequence[RankSpec], source: RankSource, settings: Read
                     phases[seen] = line.at or _iso(clock.now())
                 if seen != phase:
                     phase, phase_since = seen, clock.monotonic()
-            if view is head and is_ready_line(line.text):
-                head_ready = True
+            if view is head and is_ready_line(line.text) and not head_ready:
+                head_ready, next_probe = True, clock.monotonic()
         now = clock.monotonic()
-        if head_ready:
+        if head_ready and now >= next_probe:
             last_probe = probe()
+            next_probe = clock.monotonic() + pace
             if last_probe.outcome == "listed":
                 phases.setdefault("ready", _iso(clock.now()))
                 return ReadyResult(elapsed_s=round(clock.monotonic() - start, 3), passed_at=_iso(clock.now()),
@@ -600,10 +802,6 @@ def wait_for_ready(ranks: Sequence[RankSpec], source: RankSource, settings: Read
             last_report = now
             report(f"ready gate: phase {phase!r} for {_fmt_duration(now - phase_since)}, elapsed "
                    f"{_fmt_duration(now - start)}, last log line {_fmt_duration(quiet)} ago")
-        interval = settings.poll_interval_s
-        if phase in NEAR_READY_PHASES:
-            interval = min(interval, settings.near_ready_poll_s)
-        clock.sleep(min(interval, max(deadline - now, 0.0)))
 
 
 class ModelsEndpoint:
@@ -660,11 +858,12 @@ def timestamp_key(stamp: str) -> tuple[int, int]:
 
 
 def parse_inspect(output: str) -> ContainerState:
-    """Parse `docker inspect -f '<status> <exit code> <started at>'`."""
+    """Parse `docker inspect -f '<status> <exit code> <started at> [<oom killed>]'`."""
     fields = output.strip().split()
-    if len(fields) != 3 or not fields[1].lstrip("-").isdigit():
+    if len(fields) not in (3, 4) or not fields[1].lstrip("-").isdigit():
         raise SourceError(f"unexpected docker inspect output {output.strip()[:200]!r}")
-    return ContainerState(status=fields[0], exit_code=int(fields[1]), started_at=fields[2])
+    return ContainerState(status=fields[0], exit_code=int(fields[1]), started_at=fields[2],
+                          oom_killed=len(fields) == 4 and fields[3] == "true")
 
 
 def parse_docker_logs(output: str) -> list[LogLine]:
@@ -777,3 +976,374 @@ class SshRankSource:
         since = newest
         self._since[rank], self._seen_at_since[rank] = since, seen
         return fresh
+
+    def resume_at(self, rank: int, since: str, seen: set[str]) -> None:
+        """Continue after a stream's last line (`since`, its docker timestamp; `seen`: the texts at it)."""
+        self._since[rank], self._seen_at_since[rank] = since, set(seen)
+
+
+# ---------------------------------------------------------------------------------------------
+# The streams: one ssh session per node runs components/gates/rank_stream.sh, which follows the containers'
+# events and every rank's log; a reader thread per node turns its records into observations.
+
+STREAM_SCRIPT = "gates/rank_stream.sh"
+# A log line longer than this (characters) is cut on the node, so each record is one atomic pipe write.
+STREAM_MAX_LINE = 2000
+# After a session that streamed ends (the connection dropped): reconnect after this, resuming every log.
+STREAM_RECONNECT_S = 0.2
+# After a failed attempt (ssh failed, the script did not start): wait these in turn, the last one repeating.
+RECONNECT_BACKOFF_S = (2.0, 4.0, 5.0)
+# A node whose ssh works but whose stream does not start (or ends within STREAM_HEALTHY_S of starting, e.g. a
+# log driver docker cannot follow) this many times in a row is polled instead.
+STREAM_START_FAILURES = 2
+STREAM_HEALTHY_S = 5.0
+# Log lines waiting for the gate: a reader blocks beyond this (back-pressure down to the node), so a flood of
+# lines never grows memory here; the gate takes at most STREAM_BATCH_ITEMS at a time. States, events and
+# notices wait apart and go first, so a die behind a backlog of lines is decided within one batch of reading it.
+STREAM_QUEUE_ITEMS = 2_000
+STREAM_BATCH_ITEMS = 500
+# Texts remembered at one docker timestamp for the dedupe after a reconnect (lines sharing one nanosecond).
+_AT_SINCE_MAX = 1_000
+
+Popen = Callable[..., "subprocess.Popen[bytes]"]
+
+
+@dataclass
+class _Resume:
+    """Where a rank's log resumes after a reconnect, and what was delivered at that instant (docker's
+    `--since` is inclusive): lines before it or already delivered at it are dropped, nothing else."""
+
+    since: str = ""
+    key: tuple[int, int] | None = None
+    at_since: set[str] = field(default_factory=set)
+    floor: tuple[int, int] | None = None
+    floor_seen: frozenset[str] = frozenset()
+
+    def reconnect(self) -> None:
+        self.floor, self.floor_seen = self.key, frozenset(self.at_since)
+
+    def accept(self, line: LogLine) -> bool:
+        if line.at is None:
+            return True
+        try:
+            key = timestamp_key(line.at)
+        except SourceError:
+            return True
+        if self.floor is not None and (key < self.floor or (key == self.floor and line.text in self.floor_seen)):
+            return False
+        if self.key is None or key > self.key:
+            self.since, self.key, self.at_since = line.at, key, {line.text}
+        elif key == self.key and len(self.at_since) < _AT_SINCE_MAX:
+            self.at_since.add(line.text)
+        return True
+
+
+def event_time(event: Mapping[str, Any]) -> str:
+    """A docker event's time as an RFC 3339 UTC stamp (nanoseconds when the event has them)."""
+    nanos = event.get("timeNano")
+    if isinstance(nanos, int):
+        seconds, frac = divmod(nanos, 1_000_000_000)
+        base = datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+        return f"{base}.{frac:09d}Z"
+    return datetime.fromtimestamp(int(event.get("time") or 0), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_event(text: str, ranks: Mapping[str, int]) -> Observation | None:
+    """One `docker events --format '{{json .}}'` line as an observation of the rank it names, or None."""
+    try:
+        event = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(event, dict):
+        return None
+    actor = event.get("Actor")
+    attrs = actor.get("Attributes") if isinstance(actor, dict) else None
+    if not isinstance(attrs, dict):
+        return None
+    rank = ranks.get(str(attrs.get("name", "")))
+    if rank is None:
+        return None
+    action = str(event.get("Action") or event.get("status") or "")
+    if action == "die":
+        code = str(attrs.get("exitCode", ""))
+        return StateSeen(rank, ContainerState("exited", int(code) if code.lstrip("-").isdigit() else None, ""),
+                         "die event")
+    if action == "start":
+        return StateSeen(rank, ContainerState("running", 0, event_time(event)), "start event")
+    if action == "oom" or action.startswith("health_status"):
+        return EventSeen(rank, action)
+    return None  # stop, kill, ...: a die follows
+
+
+class _NodeStream(threading.Thread):
+    """One node: its ssh session running the stream script, reconnected with bounded backoff; polled when the
+    stream cannot be started."""
+
+    def __init__(self, owner: StreamRankSource, target: SshTarget, specs: Sequence[RankSpec]) -> None:
+        super().__init__(name=f"rank-stream-{specs[0].node}", daemon=True)
+        self.owner, self.target, self.specs = owner, target, list(specs)
+        self.ranks = {r.container: r.rank for r in specs}
+        self.resume = {r.rank: _Resume() for r in specs}
+        self.node = specs[0].node
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self.polling = False
+        self.sessions = 0
+
+    def _where(self) -> str:
+        return f"{self.target.user}@{self.target.host}:{self.target.port}"
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except Exception as err:  # noqa: BLE001 - a reader that dies silently would leave the gate blind
+            if not self.owner.stopping():
+                self._poll(f"the stream reader failed ({type(err).__name__}: {err})")
+
+    def _run(self) -> None:
+        failures = start_failures = 0
+        while not self.owner.stopping():
+            kind, detail = self._session()
+            if self.owner.stopping():
+                return
+            if kind == "fallback":
+                self._poll(detail)
+                return
+            if kind == "streamed":
+                failures = start_failures = 0
+                self.owner.put(Notice(f"rank watch: the stream from node {self.node} ({self._where()}) ended "
+                                      f"({detail}); reconnecting, each log resumes after its last line"))
+                self.owner.wait(STREAM_RECONNECT_S)
+                continue
+            failures += 1
+            if kind == "dropped":
+                self.owner.put(Notice(f"rank watch: the stream from node {self.node} ({self._where()}) ended "
+                                      f"soon after it started ({detail}); reconnecting, each log resumes after its "
+                                      "last line"))
+            if kind == "no-start":
+                start_failures += 1
+                if start_failures >= STREAM_START_FAILURES:
+                    self._poll(detail)
+                    return
+            for spec in self.specs:
+                self.owner.put(Unobservable(spec.rank, detail))
+            self.owner.wait(RECONNECT_BACKOFF_S[min(failures, len(RECONNECT_BACKOFF_S)) - 1])
+
+    def _session(self) -> tuple[Literal["streamed", "dropped", "refused", "no-start", "fallback"], str]:
+        """One session: `streamed` (it ran STREAM_HEALTHY_S or more), `dropped` (ssh failed soon after it
+        started), `refused` (ssh failed before), `no-start` (ssh worked, the stream did not, or ended at once),
+        `fallback` (the node says it cannot stream)."""
+        for res in self.resume.values():
+            res.reconnect()
+        watch = " ".join(f"{c}={self.resume[r].since}" for c, r in self.ranks.items())
+        text = scripts.render(STREAM_SCRIPT, {"WATCH": watch, "MAX_LINE": STREAM_MAX_LINE})
+        argv = ssh_argv(self.target, text)
+        with tempfile.TemporaryFile() as err:
+            try:
+                proc = self.owner.popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
+            except OSError as exc:
+                return "no-start", f"cannot run ssh: {exc}"
+            with self._lock:
+                self._proc = proc
+            if self.owner.stopping():
+                self._end(proc)
+            self.sessions += 1
+            began = time.monotonic()
+            try:
+                ready, why, fallback = self._read(proc)
+            finally:
+                self._end(proc)
+                with self._lock:
+                    self._proc = None
+            err.seek(0)
+            last = (err.read().decode("utf-8", "replace").strip().splitlines() or [""])[-1][:300]
+        if fallback is not None:
+            return "fallback", fallback
+        rc = proc.returncode
+        ended = why or (f"ssh exited {rc}: {last}" if last else f"ssh exited {rc}")
+        if ready and time.monotonic() - began >= STREAM_HEALTHY_S:
+            return "streamed", ended
+        if ready and rc == 255:
+            return "dropped", ended
+        if ready:
+            return "no-start", f"the stream from node {self.node} ended within {STREAM_HEALTHY_S:g} s ({ended})"
+        if rc == 255:
+            return "refused", f"ssh {self._where()} failed: {last or 'no message'}"
+        return "no-start", (f"the stream script on node {self.node} exited {rc} before streaming"
+                            + (f": {last}" if last else ""))
+
+    def _read(self, proc: subprocess.Popen[bytes]) -> tuple[bool, str, str | None]:
+        """Records until the session ends: (streamed, why it was ended here, fallback reason)."""
+        assert proc.stdout is not None
+        ready = False
+        ended: set[str] = set()
+        for raw in proc.stdout:
+            record = raw.rstrip(b"\n").decode("utf-8", "replace")
+            tag, _, rest = record.partition(" ")
+            if tag == "L":
+                container, _, log = rest.partition(" ")
+                rank = self.ranks.get(container)
+                if rank is not None:
+                    for line in parse_docker_logs(log):
+                        if self.resume[rank].accept(line):
+                            self.owner.put(LineSeen(rank, line))
+            elif tag == "E":
+                seen = parse_event(rest, self.ranks)
+                if seen is not None:
+                    self.owner.put(seen)
+            elif tag == "S":
+                container, _, state_text = rest.partition(" ")
+                rank = self.ranks.get(container)
+                if rank is None:
+                    continue
+                if state_text == "missing":
+                    self.owner.put(StateSeen(rank, ContainerState("missing")))
+                    continue
+                if state_text.startswith("error"):
+                    self.owner.put(Unobservable(rank, f"docker inspect {container}: {state_text[6:]}"))
+                    continue
+                try:
+                    state = parse_inspect(state_text)
+                except SourceError as exc:
+                    self.owner.put(Unobservable(rank, str(exc)))
+                    continue
+                self.owner.put(StateSeen(rank, state))
+                if container in ended and state.running:
+                    return ready, f"the log of {container} ended while it runs", None
+            elif tag == "X":
+                rank = self.ranks.get(rest)
+                if rank is not None:
+                    ended.add(rest)
+                    self.owner.put(LogEnded(rank))
+            elif tag == "R":
+                ready = True
+            elif tag == "Z":
+                # the session ending (its docker clients stopped) or docker events alone: tell them apart
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=1.0)
+                return ready, "docker events ended", None
+            elif tag == "F":
+                return ready, "", f"node {self.node} cannot stream: {rest}"
+            if self.owner.stopping():
+                break
+        return ready, "", None
+
+    def _end(self, proc: subprocess.Popen[bytes]) -> None:
+        """End the session: closing its stdin makes the script stop its docker clients; then the client."""
+        with contextlib.suppress(OSError, ValueError):
+            if proc.stdin is not None:
+                proc.stdin.close()
+        if proc.poll() is None:
+            proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def stop(self) -> None:
+        with self._lock:
+            proc = self._proc
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(OSError, ValueError):
+                if proc.stdin is not None:
+                    proc.stdin.close()
+            proc.terminate()
+
+    def _poll(self, why: str) -> None:
+        """The fallback: `docker inspect` and `docker logs --since` once per pace, resuming after the stream."""
+        self.polling = True
+        self.owner.put(Notice(f"rank watch: {why}; polling node {self.node} instead (docker inspect and docker "
+                              f"logs over ssh, every {self.owner.pace:g} s, faster near ready)"))
+        poller = self.owner.poller(self.specs)
+        for spec in self.specs:
+            res = self.resume[spec.rank]
+            if res.since:
+                poller.resume_at(spec.rank, res.since, res.at_since)
+        while not self.owner.stopping():
+            for item in poll_once(poller, [s.rank for s in self.specs]):
+                self.owner.put(item)
+            self.owner.wait(self.owner.pace)
+
+
+class StreamRankSource:
+    """The gates' RankSource: every node followed through one long-lived ssh session (over the node's
+    ControlMaster) running components/gates/rank_stream.sh; see the module's README section.
+
+    Nothing starts until the first `next_items`; `close` ends every session."""
+
+    def __init__(self, ranks: Sequence[RankSpec], *, private_key: str | None = None,
+                 agent_socket: str | None = None, known_hosts_file: str | None = None,
+                 popen: Popen = subprocess.Popen, runner: Runner = _run) -> None:
+        self._key, self._agent, self._known_hosts = private_key, agent_socket, known_hosts_file
+        self.popen = popen
+        self._runner = runner
+        self._queue: queue.Queue[Observation] = queue.Queue(maxsize=STREAM_QUEUE_ITEMS)
+        self._urgent: queue.Queue[Observation] = queue.Queue(maxsize=STREAM_QUEUE_ITEMS)
+        self._arrived = threading.Event()
+        self._stop = threading.Event()
+        self.pace = WATCH_POLL_INTERVAL_S
+        nodes: dict[tuple[str, str, int], list[RankSpec]] = {}
+        for r in ranks:
+            nodes.setdefault((r.user, r.host, r.port), []).append(r)
+        self.streams = [
+            _NodeStream(self, SshTarget(host=host, port=port, user=user, private_key=private_key,
+                                        agent_socket=agent_socket, known_hosts_file=known_hosts_file), specs)
+            for (user, host, port), specs in nodes.items()
+        ]
+        self._started = False
+
+    def __repr__(self) -> str:
+        return f"StreamRankSource(nodes={[s.node for s in self.streams]})"
+
+    def poller(self, specs: Sequence[RankSpec]) -> SshRankSource:
+        return SshRankSource(specs, private_key=self._key, agent_socket=self._agent,
+                             known_hosts_file=self._known_hosts, runner=self._runner)
+
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def wait(self, seconds: float) -> None:
+        self._stop.wait(seconds)
+
+    def put(self, item: Observation) -> None:
+        """From a node's reader: blocks while the gate is behind (back-pressure), never once closed. A line and
+        its log's end keep their order; the rest is urgent."""
+        target = self._queue if isinstance(item, LineSeen | LogEnded) else self._urgent
+        while not self._stop.is_set():
+            try:
+                target.put(item, timeout=0.2)
+            except queue.Full:
+                continue
+            self._arrived.set()
+            return
+
+    def _take(self) -> list[Observation]:
+        items: list[Observation] = []
+        for source, limit in ((self._urgent, STREAM_QUEUE_ITEMS), (self._queue, STREAM_BATCH_ITEMS)):
+            while len(items) < limit:
+                try:
+                    items.append(source.get_nowait())
+                except queue.Empty:
+                    break
+        return items
+
+    def next_items(self, timeout_s: float, pace_s: float) -> list[Observation]:
+        self.pace = pace_s
+        if not self._started:
+            self._started = True
+            for stream in self.streams:
+                stream.start()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self._arrived.clear()
+            items = self._take()
+            left = deadline - time.monotonic()
+            if items or left <= 0:
+                return items
+            self._arrived.wait(left)
+
+    def close(self) -> None:
+        self._stop.set()
+        for stream in self.streams:
+            stream.stop()

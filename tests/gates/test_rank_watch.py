@@ -149,8 +149,8 @@ class ScriptedRank:
     state_calls: int = 0
 
 
-class ScriptedSource:
-    """Lines appear and containers exit at scripted times on the fake clock."""
+class ScriptedPoller:
+    """Lines appear and containers exit at scripted times on the fake clock, looked at by polling."""
 
     def __init__(self, clock: FakeClock, ranks: dict[int, ScriptedRank]) -> None:
         self.clock, self.ranks = clock, ranks
@@ -172,6 +172,13 @@ class ScriptedSource:
         if r.restarted_at is not None and self.clock.t >= r.restarted_at:
             started = "2026-09-22T10:05:00Z"
         return ContainerState("running", 0, started)
+
+
+def ScriptedSource(clock: FakeClock, ranks: dict[int, ScriptedRank],  # noqa: N802 - stands for the old class
+                   wait_clock: rw.Clock | None = None) -> rw.PollingRankSource:
+    """The scripted ranks polled as the gates used to poll (and still do for a node that cannot stream); the
+    polls wait on `wait_clock` (default: the fake clock)."""
+    return rw.PollingRankSource(ScriptedPoller(clock, ranks), sorted(ranks), wait_clock or clock)
 
 
 def _cumulative(sleeps: list[float]) -> list[float]:
@@ -300,7 +307,8 @@ class TestRendezvous:
         assert all("waiting for rank 1" in m for _, m in seen)
 
     def test_real_time_bound(self) -> None:
-        src = ScriptedSource(FakeClock(), {0: ScriptedRank(), 1: ScriptedRank()})  # fake clock never advances
+        src = ScriptedSource(FakeClock(), {0: ScriptedRank(), 1: ScriptedRank()},  # fake clock never advances
+                             wait_clock=SystemClock())
         t0 = time.monotonic()
         with pytest.raises(GateFailure, match="within 0.4 s"):
             rw.wait_for_rendezvous(RANKS, src, _rdv(rendezvous_timeout_s=0.4, poll_interval_s=0.05),
@@ -444,12 +452,171 @@ class TestReady:
             ReadySettings(poll_interval_s=10, ready_timeout_s=gates.ready_timeout_seconds, stall_s=gates.stall_seconds)
 
     def test_real_time_bound_on_stall(self) -> None:
-        src = ScriptedSource(FakeClock(), {0: ScriptedRank(lines=[(0, L_LOAD)]), 1: ScriptedRank()})
+        src = ScriptedSource(FakeClock(), {0: ScriptedRank(lines=[(0, L_LOAD)]), 1: ScriptedRank()},
+                             wait_clock=SystemClock())
         t0 = time.monotonic()
         with pytest.raises(GateFailure, match="stall limit 0.4 s"):
             rw.wait_for_ready(RANKS, src, _ready(stall_s=0.4, poll_interval_s=0.05, ready_timeout_s=30),
                               SystemClock(), _noop, Probe(LISTED), "m")
         assert 0.4 <= time.monotonic() - t0 < 1.0
+
+
+# --- the same decisions on streams: taken when the line or the event arrives ------------------------------
+
+@dataclass
+class StreamedRank:
+    lines: list[tuple[float, str]] = field(default_factory=list)  # (time it is written, text)
+    dies_at: float | None = None
+    exit_code: int = 1
+    oom: bool = False
+    # (drop, reconnected): the stream is cut at `drop`; the lines of the gap arrive at `reconnected`
+    gap: tuple[float, float] | None = None
+    # connection attempts that fail (1 = the first)
+    refused: set[int] = field(default_factory=set)
+
+
+class ScriptedStream:
+    """A RankSource delivering scripted ranks as the streams do: each item when it happens on the fake clock
+    (a state on connect, each line when written, a die with its log's end), with drops and refusals."""
+
+    def __init__(self, clock: FakeClock, ranks: dict[int, StreamedRank]) -> None:
+        self.clock, self.ranks = clock, ranks
+        self.timeouts: list[float] = []
+        self.closed = False
+        self.pending: list[tuple[float, int, rw.Observation]] = []
+        seq = 0
+        for rank, r in ranks.items():
+            at = 0.0
+            for attempt in sorted(r.refused):
+                self.pending.append((at, seq, rw.Unobservable(rank, "ssh root@127.0.0.3:2222 failed: Connection "
+                                                                    "refused")))
+                seq += 1
+                at += 2.0 * attempt
+            self.pending.append((at, seq, rw.StateSeen(rank, ContainerState("running", 0, "2026-09-22T10:00:00Z"))))
+            seq += 1
+            for t, text in r.lines:
+                due = max(t, at)
+                if r.gap and r.gap[0] <= t < r.gap[1]:
+                    due = r.gap[1]
+                self.pending.append((due, seq, rw.LineSeen(rank, LogLine(text=text, at=f"ts+{t:g}"))))
+                seq += 1
+            if r.gap:
+                self.pending.append((r.gap[0], seq, rw.Notice(f"rank watch: the stream from rank {rank}'s node "
+                                                              "ended; reconnecting")))
+                self.pending.append((r.gap[1], seq + 1, rw.StateSeen(rank, ContainerState(
+                    "running", 0, "2026-09-22T10:00:00Z"))))
+                seq += 2
+            if r.dies_at is not None:
+                if r.oom:
+                    self.pending.append((r.dies_at, seq, rw.EventSeen(rank, "oom")))
+                self.pending.append((r.dies_at, seq + 1, rw.StateSeen(
+                    rank, ContainerState("exited", r.exit_code, ""), "die event")))
+                self.pending.append((r.dies_at, seq + 2, rw.LogEnded(rank)))
+                seq += 3
+        self.pending.sort(key=lambda p: (p[0], p[1]))
+        # a rank that died stops logging
+        for rank, r in ranks.items():
+            if r.dies_at is not None:
+                self.pending = [p for p in self.pending if not (isinstance(p[2], rw.LineSeen) and p[2].rank == rank
+                                                                and p[0] > r.dies_at)]
+
+    def next_items(self, timeout_s: float, pace_s: float) -> list[rw.Observation]:
+        assert not self.closed
+        self.timeouts.append(timeout_s)
+        now = self.clock.t
+        if not self.pending or self.pending[0][0] > now + timeout_s:
+            self.clock.sleep(timeout_s)
+            return []
+        due = self.pending[0][0]
+        if due > now:
+            self.clock.sleep(due - now)
+        items = [p[2] for p in self.pending if p[0] <= self.clock.t]
+        self.pending = [p for p in self.pending if p[0] > self.clock.t]
+        return items
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class TestStreamDecisions:
+    def test_die_event_fails_at_once_with_exit_code_and_both_ranks_last_lines(self) -> None:
+        clock = FakeClock()
+        src = ScriptedStream(clock, {0: StreamedRank(lines=BOOT_HEAD),
+                                     1: StreamedRank(lines=BOOT_WORKER, dies_at=203.25, exit_code=137)})
+        with pytest.raises(GateFailure) as err:
+            rw.wait_for_ready(RANKS, src, _ready(), clock, _noop, Probe(LISTED), "m")
+        assert clock.t == 203.25, "failed on the die event itself, not a poll later"
+        msg = str(err.value)
+        assert "rank 1 (node spark-b, container dsv41-rank1) is exited with exit code 137" in msg
+        assert "watchdog.log" in msg and "worker loading 8" in msg and L_LOAD in msg
+        assert src.closed
+
+    def test_oom_event_names_the_oom_killer(self) -> None:
+        clock = FakeClock()
+        src = ScriptedStream(clock, {0: StreamedRank(lines=BOOT_HEAD),
+                                     1: StreamedRank(lines=BOOT_WORKER, dies_at=100, exit_code=137, oom=True)})
+        with pytest.raises(GateFailure, match=r"exit code 137\. What to do: the kernel OOM killer killed it"):
+            rw.wait_for_ready(RANKS, src, _ready(), clock, _noop, Probe(LISTED), "m")
+
+    def test_rendezvous_exit_fails_when_it_happens(self) -> None:
+        clock = FakeClock()
+        src = ScriptedStream(clock, {
+            0: StreamedRank(lines=[(1, L_INIT)]),
+            1: StreamedRank(lines=[(2, "Traceback (most recent call last):"), (11.9, "RuntimeError: NCCL error")],
+                            dies_at=12),
+        })
+        with pytest.raises(GateFailure) as err:
+            rw.wait_for_rendezvous(RANKS, src, _rdv(), clock, _noop)
+        assert clock.t == 12
+        assert str(err.value).startswith("rank 1 (node spark-b, container dsv41-rank1) is exited with exit code 1")
+        assert "RuntimeError: NCCL error" in str(err.value)
+
+    def test_ready_line_is_seen_when_it_is_written(self) -> None:
+        clock = FakeClock()
+        boot = [(t + 0.123, x) for t, x in BOOT_HEAD]
+        src = ScriptedStream(clock, {0: StreamedRank(lines=boot), 1: StreamedRank(lines=BOOT_WORKER)})
+        probe = Probe(LISTED)
+        res = rw.wait_for_ready(RANKS, src, _ready(), clock, _noop, probe, "m")
+        assert res.elapsed_s == 510.123 and probe.calls == 1
+        assert res.phases["ready"] == "ts+510.123"
+        # the gate waits for what arrives: never a wake-up per poll while a long load logs nothing
+        assert max(src.timeouts) > 5
+
+    def test_stall_is_timed_from_the_last_line_received(self) -> None:
+        clock = FakeClock()
+        head = [(1, L_INIT), (20.7, L_LOAD)] + [(20.7 + 10 * i, L_SHM) for i in range(1, 40)]
+        src = ScriptedStream(clock, {0: StreamedRank(lines=head), 1: StreamedRank(lines=[(2, L_INIT_W)])})
+        with pytest.raises(GateFailure) as err:
+            rw.wait_for_ready(RANKS, src, _ready(stall_s=60), clock, _noop, Probe(LISTED), "m")
+        assert clock.t == pytest.approx(80.7)
+        assert str(err.value).startswith("no rank logged anything new for 1m0")
+
+    def test_progress_every_30_s_on_streams_too(self) -> None:
+        clock = FakeClock()
+        seen: list[tuple[float, str]] = []
+        src = ScriptedStream(clock, {0: StreamedRank(lines=BOOT_HEAD), 1: StreamedRank(lines=BOOT_WORKER)})
+        rw.wait_for_ready(RANKS, src, _ready(), clock, lambda m: seen.append((clock.t, m)), Probe(LISTED), "m")
+        assert [t for t, m in seen if m.startswith("ready gate:")] == [30.0 * k for k in range(1, 17)]
+
+    def test_a_dropped_stream_reconnected_does_not_fail_a_healthy_boot(self) -> None:
+        clock = FakeClock()
+        seen: list[str] = []
+        src = ScriptedStream(clock, {0: StreamedRank(lines=BOOT_HEAD),
+                                     1: StreamedRank(lines=BOOT_WORKER, gap=(100, 104.5))})
+        res = rw.wait_for_ready(RANKS, src, _ready(stall_s=120), clock, seen.append, Probe(LISTED), "m")
+        assert res.elapsed_s == 510
+        assert any("reconnecting" in m for m in seen), "the drop is said in the progress output"
+
+    def test_three_failed_connections_in_a_row_fail_two_do_not(self) -> None:
+        clock = FakeClock()
+        src = ScriptedStream(clock, {0: StreamedRank(lines=[(1, L_ASSIGNED_0)]),
+                                     1: StreamedRank(lines=[(1, L_NCCL)], refused={1, 2})})
+        rw.wait_for_rendezvous(RANKS, src, _rdv(), clock, _noop)
+        clock = FakeClock()
+        src = ScriptedStream(clock, {0: StreamedRank(), 1: StreamedRank(refused={1, 2, 3})})
+        with pytest.raises(GateFailure, match=r"cannot observe rank 1 .* 3 failures in a row.*Connection refused"):
+            rw.wait_for_rendezvous(RANKS, src, _rdv(), clock, _noop)
+        assert clock.t <= 20
 
 
 # --- /v1/models probe against a loopback server -------------------------------------------------------

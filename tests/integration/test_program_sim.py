@@ -195,12 +195,22 @@ def test_watchdog_floor_above_memavailable_stops_the_rank_and_records_why(deploy
         message, _ = deployed.up_fails()
         assert "exit 137" in message or "exit 143" in message, f"the gates must see the stopped rank:\n{message}"
         # The sim's nodes share this machine's home directory, where each node's watchdog logs (per stack).
-        log = (Path.home() / ".local" / "state" / f"dsv41-exl3-{deployed.name}" / "watchdog.log").read_text()
-        mine = [line for line in log.splitlines() if deployed.name in line]
-        assert any("STOP: MemAvailable below" in line for line in mine), f"the watchdog logs why:\n{log[-3000:]}"
-        assert any("holder (pid rss_kib command)" in line for line in mine), "and which processes held the memory"
+        path = Path.home() / ".local" / "state" / f"dsv41-exl3-{deployed.name}" / "watchdog.log"
+
+        def mine() -> list[str]:
+            return [line for line in path.read_text().splitlines() if deployed.name in line]
+
+        # The gates fail on the stopped rank's die event, which can be before the tripped watchdog has finished
+        # asking its peer (its ssh to the other node): wait for the watchdog's lines, within a bound.
+        deadline = time.monotonic() + 30
+        while (not any("STOP requested by the watchdog of node-" in line for line in mine())
+               and time.monotonic() < deadline):
+            time.sleep(0.5)
+        log = path.read_text()
+        assert any("STOP: MemAvailable below" in line for line in mine()), f"the watchdog logs why:\n{log[-3000:]}"
+        assert any("holder (pid rss_kib command)" in line for line in mine()), "and which processes held the memory"
         # Every rank is stopped, not one: each tripped watchdog asked its peer over ssh with its own key.
-        assert any("STOP requested by the watchdog of node-" in line for line in mine), (
+        assert any("STOP requested by the watchdog of node-" in line for line in mine()), (
             f"a peer's rank must be stopped at the tripped watchdog's request:\n{log[-3000:]}")
     finally:
         deployed.write_config(healthy)
