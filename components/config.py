@@ -44,6 +44,9 @@ OWNED_FLAGS = {
     "--gpu-memory-utilization": "set `serve.gpuMemoryUtilization`",
     "--enforce-eager": "set `serve.enforceEager: true`",
     "--quantization": "set `serve.quantization`",
+    "--tokenizer-mode": "set `serve.tokenizerMode`",
+    "--tool-call-parser": "set `serve.toolCallParser`",
+    "--reasoning-parser": "set `serve.reasoningParser`",
     "--speculative-config": "set `serve.numSpeculativeTokens`",
     "--api-key": "set `serve.apiKey` as a secret (it is passed by environment, never argv)",
     "--long-prefill-token-threshold": "set `serve.longPrefillTokenThreshold` (derived from the batch size by default)",
@@ -322,7 +325,12 @@ class Serve(_Model):
     kv_cache_memory_bytes: int = Field(default=2_684_354_560, ge=1)
     gpu_memory_utilization: float = Field(default=0.88, gt=0, le=1)
     enforce_eager: bool = False
+    # The recipe image's patched vLLM knows these; another image (the sim's vLLM for CPUs) may not. Empty: the
+    # flag is left out and vLLM's own default applies.
     quantization: str = "exl3"
+    tokenizer_mode: str = "deepseek_v41"
+    tool_call_parser: str = "deepseek_v41"
+    reasoning_parser: str = "deepseek_v41"
     num_speculative_tokens: int = Field(default=3, ge=0)
     # None: maxNumBatchedTokens - 256 (the launcher's rule; 1280 with 1536).
     long_prefill_token_threshold: int | None = Field(default=None, ge=1)
@@ -390,6 +398,17 @@ class Gates(_Model):
     stall_seconds: int = Field(default=600, ge=1)
     verify_timeout_seconds: int = Field(default=300, ge=1)
     min_decode_tokens_per_second: float | None = Field(default=None, gt=0)
+    # The word the answer to the recipe's question must hold (any case, as a whole word). Empty: any answer
+    # with real logprobs passes, for a model that cannot know it (the sim's random-weight model).
+    expected_answer: str = "Paris"
+
+    @field_validator("expected_answer")
+    @classmethod
+    def _one_line_answer(cls, v: str) -> str:
+        if v != v.strip() or any(c in v for c in "\r\n\0"):
+            raise ValueError("must be one word or phrase on one line, without surrounding spaces "
+                             "(the recipe's is `Paris`; empty to judge the logprobs alone)")
+        return v
 
 
 class Settings(_Model):
@@ -632,6 +651,18 @@ def _rules(s: Settings) -> tuple[list[str], list[str]]:
             f"`serve.chatTemplate` = {json.dumps(template)}: must be an absolute path inside the container "
             "(the recipe image has /opt/dsv41/chat_template.jinja), or empty for the checkpoint's template"
         )
+    if s.serve.enable_auto_tool_choice and not s.serve.tool_call_parser:
+        problems.append(
+            "`serve.enableAutoToolChoice` = true with `serve.toolCallParser` = \"\": vLLM refuses to start "
+            "auto tool choice without a parser; set one (the recipe's is deepseek_v41) or "
+            "`serve.enableAutoToolChoice: false`"
+        )
+    for key, value in (("quantization", s.serve.quantization), ("tokenizerMode", s.serve.tokenizer_mode),
+                       ("toolCallParser", s.serve.tool_call_parser),
+                       ("reasoningParser", s.serve.reasoning_parser)):
+        if value != value.strip() or any(c.isspace() for c in value):
+            problems.append(f"`serve.{key}` = {json.dumps(value)}: must be one name without spaces, or empty "
+                            "to leave the flag out")
     if not s.serve.pytorch_cuda_alloc_conf.strip():
         problems.append(
             "`serve.pytorchCudaAllocConf` is empty: use the launcher's expandable_segments:True (without it "

@@ -303,5 +303,6 @@ def verify_after(
         # The first request after a boot can spend minutes in JIT: warm up within the window, then judge.
         warmup_timeout_s=float(s.gates.verify_timeout_seconds),
         min_decode_tokens_per_second=s.gates.min_decode_tokens_per_second,
+        expected_answer=s.gates.expected_answer,
     ), opts=under(root, pulumi.ResourceOptions(depends_on=[ready])))
     return verifier

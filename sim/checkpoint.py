@@ -1,10 +1,14 @@
 """The small, deterministic checkpoint the hub stand-in serves (pure data, stdlib only).
 
-Same names and counts as the real repos, a few KiB per file:
-- the EXL3 repo: 39 shards `model-000NN-of-00039.safetensors`, their index, config and tokenizer files;
-- the base repo: all 48 shards `model-000NN-of-00048.safetensors`, an index naming all 48, config.json and a
-  README (which staging must not fetch).
-Every shard is a valid safetensors file (one U8 tensor), so a loader that parses headers accepts it.
+Same names and counts as the real repos:
+- the EXL3 repo: a real, random-weight tiny Llama that real vLLM serves (4 layers, hidden 128, 4 heads of 32
+  with 2 KV heads, float32, ~2.7 MiB), one tensor per shard, so its 39 tensors are exactly the repo's 39 shards
+  `model-000NN-of-00039.safetensors`; its index, config, generation config, and a byte-level BPE tokenizer
+  written out directly (256 byte tokens, no merges: nothing is trained) with the chat template in
+  `tokenizer_config.json`. Random weights answer nonsense; their logprobs are real and finite.
+- the base repo: all 48 shards `model-000NN-of-00048.safetensors` (one U8 tensor each, a few KiB), an index
+  naming all 48, config.json and a README (which staging must not fetch). Only the recipe's Engram path reads
+  them; real vLLM serving the tiny model does not.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import random
 import struct
 from pathlib import Path
 
@@ -62,19 +67,105 @@ def _shards(repo: str, total: int, base_size: int, step: int, fmt: str) -> tuple
     return files, weight_map
 
 
+# The tiny Llama's shape. vLLM's CPU attention needs a head size of at least 32; 2 KV heads split over TP=2.
+TINY = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 32}
+SPECIAL_TOKENS = ("<s>", "</s>", "<｜User｜>", "<｜Assistant｜>", "<｜end▁of▁sentence｜>")
+VOCAB_SIZE = 256 + len(SPECIAL_TOKENS)
+BOS_ID, EOS_ID = 256, 257
+# The sim chat template (the recipe image's path holds its twin, sim/image/chat_template.jinja).
+CHAT_TEMPLATE = (
+    "{{- bos_token -}}{%- for message in messages -%}"
+    "{%- if message['role'] == 'system' -%}{{ message['content'] }}"
+    "{%- elif message['role'] == 'user' -%}<｜User｜>{{ message['content'] }}"
+    "{%- elif message['role'] == 'assistant' -%}<｜Assistant｜>{{ message['content'] or '' }}<｜end▁of▁sentence｜>"
+    "{%- endif -%}{%- endfor -%}{%- if add_generation_prompt -%}<｜Assistant｜>{%- endif -%}"
+)
+
+
+def tiny_tensors() -> list[tuple[str, list[int]]]:
+    """The tiny Llama's 39 parameter names and shapes, in checkpoint order (HF Llama naming)."""
+    h, i, v = TINY["hidden_size"], TINY["intermediate_size"], VOCAB_SIZE
+    q = TINY["num_attention_heads"] * TINY["head_dim"]
+    kv = TINY["num_key_value_heads"] * TINY["head_dim"]
+    out: list[tuple[str, list[int]]] = [("model.embed_tokens.weight", [v, h])]
+    for layer in range(TINY["num_hidden_layers"]):
+        p = f"model.layers.{layer}"
+        out += [(f"{p}.input_layernorm.weight", [h]), (f"{p}.self_attn.q_proj.weight", [q, h]),
+                (f"{p}.self_attn.k_proj.weight", [kv, h]), (f"{p}.self_attn.v_proj.weight", [kv, h]),
+                (f"{p}.self_attn.o_proj.weight", [h, q]), (f"{p}.post_attention_layernorm.weight", [h]),
+                (f"{p}.mlp.gate_proj.weight", [i, h]), (f"{p}.mlp.up_proj.weight", [i, h]),
+                (f"{p}.mlp.down_proj.weight", [h, i])]
+    return out + [("model.norm.weight", [h]), ("lm_head.weight", [v, h])]
+
+
+def float_tensor_file(tensor: str, shape: list[int], seed: str, metadata: dict[str, str]) -> bytes:
+    """One F32 tensor: norms are ones, every other weight N(0, 0.05) from a seeded generator."""
+    count = 1
+    for d in shape:
+        count *= d
+    if tensor.endswith("norm.weight"):
+        values = [1.0] * count
+    else:
+        rng = random.Random(seed)
+        values = [rng.gauss(0.0, 0.05) for _ in range(count)]
+    data = struct.pack(f"<{count}f", *values)
+    header = json.dumps({"__metadata__": metadata,
+                         tensor: {"dtype": "F32", "shape": shape, "data_offsets": [0, len(data)]}},
+                        separators=(",", ":")).encode()
+    header += b" " * (-len(header) % 8)
+    return struct.pack("<Q", len(header)) + header + data
+
+
+def _byte_chars() -> list[str]:
+    """GPT-2's byte-to-unicode table: the ByteLevel pre-tokenizer's alphabet, byte b -> the b-th entry."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = [], 0
+    for b in range(256):
+        if b in keep:
+            chars.append(chr(b))
+        else:
+            chars.append(chr(256 + extra))
+            extra += 1
+    return chars
+
+
+def tokenizer_json() -> dict[str, object]:
+    """A byte-level BPE tokenizer with no merges: every byte is a token, the specials follow."""
+    vocab = {c: b for b, c in enumerate(_byte_chars())}
+    added = [{"id": 256 + n, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+              "normalized": False, "special": True} for n, t in enumerate(SPECIAL_TOKENS)]
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": None,
+            "pre_tokenizer": byte_level, "post_processor": byte_level, "decoder": byte_level,
+            "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                      "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+                      "ignore_merges": False, "vocab": vocab, "merges": []}}
+
+
 def model_repo() -> Repo:
-    files, weight_map = _shards(MODEL_REPO, MODEL_SHARDS, 2048, 97, "exl3")
+    tensors = tiny_tensors()
+    assert len(tensors) == MODEL_SHARDS, "one tensor per shard: the repo has exactly 39 shards"
+    files: Repo = {}
+    weight_map: dict[str, str] = {}
+    for n, (tensor, shape) in enumerate(tensors, start=1):
+        name = shard_name(n, MODEL_SHARDS)
+        files[name] = float_tensor_file(tensor, shape, f"{MODEL_REPO}/{tensor}", {"format": "pt"})
+        weight_map[tensor] = name
     total = sum(len(d) for d in files.values())
     files[INDEX] = _json({"metadata": {"total_size": total}, "weight_map": weight_map})
     files["config.json"] = _json({
-        "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "hidden_size": 64,
-        "num_hidden_layers": MODEL_SHARDS, "vocab_size": 256, "max_position_embeddings": 1048576,
-        "torch_dtype": "bfloat16",
-        "quantization_config": {"quant_method": "exl3", "bits": 2.9, "head_bits": 6},
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", **TINY, "vocab_size": VOCAB_SIZE,
+        "hidden_act": "silu", "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
+        "max_position_embeddings": 1048576, "torch_dtype": "float32", "bos_token_id": BOS_ID,
+        "eos_token_id": EOS_ID,
     })
-    files["generation_config.json"] = _json({"bos_token_id": 0, "eos_token_id": 1})
-    files["tokenizer_config.json"] = _json({"bos_token": "<s>", "eos_token": "</s>", "model_max_length": 1048576})
-    files["tokenizer.json"] = _json({"version": "1.0", "model": {"type": "BPE", "vocab": {"<s>": 0, "</s>": 1}}})
+    files["generation_config.json"] = _json({"bos_token_id": BOS_ID, "eos_token_id": EOS_ID})
+    files["tokenizer_config.json"] = _json({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
+        "model_max_length": 1048576, "chat_template": CHAT_TEMPLATE, "add_bos_token": False,
+    })
+    files["tokenizer.json"] = _json(tokenizer_json())
     return files
 
 

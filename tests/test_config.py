@@ -467,3 +467,20 @@ def test_copy_roots_that_collide_or_are_not_dedicated_are_refused_with_the_fix()
 def test_a_copy_root_without_copy_mode_is_a_warning() -> None:
     loaded = parse(two_sparks(weights={"share": "nfs", "copyRoot": "/var/lib/dsv41"}))
     assert any("used only with `share: copy`" in w for w in loaded.warnings)
+
+
+def test_auto_tool_choice_without_a_parser_is_refused() -> None:
+    found = problems_of(two_sparks(serve={"toolCallParser": ""}))
+    assert any("`serve.enableAutoToolChoice` = true with `serve.toolCallParser`" in p for p in found), found
+    parse(two_sparks(serve={"toolCallParser": "", "enableAutoToolChoice": False}))
+
+
+@pytest.mark.parametrize("value", [" Paris", "Paris\n", "a\rb"])
+def test_expected_answer_is_one_line(value: str) -> None:
+    found = problems_of(two_sparks(gates={"expectedAnswer": value}))
+    assert any(p.startswith("`gates.expectedAnswer`") and "one line" in p for p in found), found
+
+
+def test_expected_answer_defaults_to_the_recipes_and_may_be_empty() -> None:
+    assert parse(two_sparks()).settings.gates.expected_answer == "Paris"
+    assert parse(two_sparks(gates={"expectedAnswer": ""})).settings.gates.expected_answer == ""

@@ -127,7 +127,7 @@ def model_flags(s: Settings) -> list[str]:
     """The `vllm serve` flags every rank shares (the recipe's, each driven by config)."""
     v = s.serve
     flags = [
-        "--quantization", v.quantization,
+        *(["--quantization", v.quantization] if v.quantization else []),
         "--kv-cache-memory-bytes", str(v.kv_cache_memory_bytes),
         "--block-size", "64",
         "--max-model-len", str(v.max_model_len),
@@ -135,9 +135,9 @@ def model_flags(s: Settings) -> list[str]:
         "--max-num-batched-tokens", str(v.max_num_batched_tokens),
         "--long-prefill-token-threshold", str(long_prefill_token_threshold(s)),
         "--gpu-memory-utilization", str(v.gpu_memory_utilization),
-        "--tokenizer-mode", "deepseek_v41",
-        "--tool-call-parser", "deepseek_v41",
-        "--reasoning-parser", "deepseek_v41",
+        *(["--tokenizer-mode", v.tokenizer_mode] if v.tokenizer_mode else []),
+        *(["--tool-call-parser", v.tool_call_parser] if v.tool_call_parser else []),
+        *(["--reasoning-parser", v.reasoning_parser] if v.reasoning_parser else []),
         *(["--enable-auto-tool-choice"] if v.enable_auto_tool_choice else []),
         *(["--chat-template", v.chat_template] if v.chat_template else []),
         "--enable-prefix-caching",

@@ -27,6 +27,7 @@ from components.redaction import redact
 from components.verify.verdict import (
     DECODE_PROBE_MAX_TOKENS,
     DECODE_PROBE_PROMPTS,
+    VERIFY_EXPECTED,
     DecodeSample,
     Failed,
     Reason,
@@ -174,6 +175,7 @@ def verify_endpoint(
     decode_prompts: Sequence[str] = DECODE_PROBE_PROMPTS,
     decode_max_tokens: int = DECODE_PROBE_MAX_TOKENS,
     warmup_timeout_s: float | None = None,
+    expected_answer: str = VERIFY_EXPECTED,
     clock: Clock = time.monotonic,
     sleep: Sleep = time.sleep,
     on_progress: Progress | None = None,
@@ -185,7 +187,7 @@ def verify_endpoint(
     final. With `warmup_timeout_s`, the first answered request is a warm-up: the first request
     after a boot can spend minutes in JIT, so it may take until `warmup_timeout_s` after the
     start; its answer fails only on a hard fault (NaN, ...), and the next request, bounded by
-    `timeout_s`, is the one judged. The judged answer must also say Paris. Total time is
+    `timeout_s`, is the one judged. The judged answer must also say `expected_answer` (empty: any). Total time is
     bounded by `worst_case_seconds(...)`.
     """
     endpoint = normalize_endpoint(endpoint)
@@ -255,7 +257,7 @@ def verify_endpoint(
         sleep(wait)
         pause = min(pause * 2, MAX_RETRY_PAUSE_S)
 
-    wrong = judge_answer(verdict)
+    wrong = judge_answer(verdict, expected_answer)
     if wrong is not None:
         return _named(wrong, endpoint, model, api_key)
     decode_rate: float | None = None

@@ -24,8 +24,8 @@ from typing import Any
 VERIFY_PROMPT = "What is the capital of France? Answer in one word."
 VERIFY_MAX_TOKENS = 40
 # The recipe's question has one right answer.
+# The recipe's expected answer; `gates.expectedAnswer` sets what the verifier asks for.
 VERIFY_EXPECTED = "Paris"
-_EXPECTED = re.compile(rf"\b{VERIFY_EXPECTED}\b", re.IGNORECASE)
 # Reasoning a server left inline (no reasoning parser): <think>...</think>, or cut off unterminated.
 _THINK = re.compile(r"<think>.*?(?:</think>|$)", re.IGNORECASE | re.DOTALL)
 
@@ -425,8 +425,9 @@ def judge_stream(status: int, headers: Mapping[str, str], payloads: Sequence[str
     return Verified(answer=text.strip(), logprobs=tokens, reasoning="".join(reasoning).strip())
 
 
-def judge_answer(verified: Verified) -> Failed | None:
-    """None when the answer to the recipe's question says Paris (any case), reasoning text aside.
+def judge_answer(verified: Verified, expected: str) -> Failed | None:
+    """None when the answer to the recipe's question says `expected` (any case, a whole word), reasoning text
+    aside; with `expected` empty, any answer passes (the logprobs were judged already).
 
     Finite logprobs prove numbers, not sense: fluent garbage has them too. The reasoning is not
     judged (it may weigh other cities); only when the answer itself is empty (the reasoning took
@@ -437,12 +438,12 @@ def judge_answer(verified: Verified) -> Failed | None:
     if not answer:
         inline = " ".join(m.group(0) for m in _THINK.finditer(verified.answer))
         judged, where = (verified.reasoning or inline).strip(), "reasoning (the answer itself was empty)"
-    if _EXPECTED.search(judged):
+    if not expected or re.search(rf"(?<!\w){re.escape(expected)}(?!\w)", judged, re.IGNORECASE):
         return None
     return Failed(
         Reason.WRONG_ANSWER,
         f"the {where} to {VERIFY_PROMPT!r} is {_snippet(judged, 80)!r}, which does not say "
-        f"{VERIFY_EXPECTED}: the logprobs are finite but the model computes the wrong text; suspect the "
+        f"{expected}: the logprobs are finite but the model computes the wrong text; suspect the "
         "weights (a shard of another revision), one node running a different image build, or a "
         "serve.extraArgs / serve.extraEnv change",
     )

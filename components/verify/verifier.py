@@ -25,7 +25,7 @@ from components.verify.client import (
     verify_endpoint,
     worst_case_seconds,
 )
-from components.verify.verdict import DECODE_PROBE_PROMPTS, Failed
+from components.verify.verdict import DECODE_PROBE_PROMPTS, VERIFY_EXPECTED, Failed
 
 INPUT_KEYS = (
     "endpoint",
@@ -35,6 +35,7 @@ INPUT_KEYS = (
     "retry_window_s",
     "min_decode_tokens_per_second",
     "warmup_timeout_s",
+    "expected_answer",
     "rerun_on",
 )
 OUTPUT_KEYS = ("answer", "logprobs", "latency_s", "verified_at", "decode_tokens_per_second")
@@ -55,6 +56,7 @@ class VerifierInputs:
     retry_window_s: float
     min_decode_tokens_per_second: float | None
     warmup_timeout_s: float | None
+    expected_answer: str
     rerun_on: tuple[str, ...]
 
     def __repr__(self) -> str:  # keep the key out of tracebacks
@@ -87,6 +89,9 @@ class VerifierInputs:
             retry_window_s=float(values["retry_window_s"]),
             min_decode_tokens_per_second=float(minimum) if minimum is not None else None,
             warmup_timeout_s=float(warmup) if warmup is not None else None,
+            # Absent in a state written before the setting existed: the recipe's answer then.
+            expected_answer=str(values["expected_answer"]) if values["expected_answer"] is not None
+            else VERIFY_EXPECTED,
             rerun_on=tuple(str(item) for item in rerun_on),
         )
 
@@ -99,6 +104,7 @@ class VerifierInputs:
             "retry_window_s": self.retry_window_s,
             "min_decode_tokens_per_second": self.min_decode_tokens_per_second,
             "warmup_timeout_s": self.warmup_timeout_s,
+            "expected_answer": self.expected_answer,
             "rerun_on": list(self.rerun_on),
         }
 
@@ -125,6 +131,7 @@ def run_verification(inputs: VerifierInputs, on_progress: Progress | None = None
             retry_window_s=inputs.retry_window_s,
             min_decode_tokens_per_second=inputs.min_decode_tokens_per_second,
             warmup_timeout_s=inputs.warmup_timeout_s,
+            expected_answer=inputs.expected_answer,
             on_progress=on_progress,
         ),
         budget,
@@ -170,6 +177,8 @@ class VerifierArgs:
     """None: no decode-speed probe."""
     warmup_timeout_s: float | None
     """The first answered request may take this long after the start (JIT after a boot); the next is judged."""
+    expected_answer: str
+    """What the judged answer must say (`gates.expectedAnswer`); empty: any answer with real logprobs."""
 
 
 class Verifier(pulumi.dynamic.Resource, module="verify", name="Verifier"):
@@ -196,6 +205,7 @@ class Verifier(pulumi.dynamic.Resource, module="verify", name="Verifier"):
             "retry_window_s": args.retry_window_s,
             "min_decode_tokens_per_second": args.min_decode_tokens_per_second,
             "warmup_timeout_s": args.warmup_timeout_s,
+            "expected_answer": args.expected_answer,
             **dict.fromkeys(OUTPUT_KEYS),
         }
         secret = pulumi.ResourceOptions(additional_secret_outputs=["api_key"])

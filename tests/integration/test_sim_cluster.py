@@ -78,12 +78,37 @@ def test_checkpoint_has_the_names_and_counts_staging_expects() -> None:
     index = json.loads(base[wm.ENGRAM_INDEX])
     assert set(index["weight_map"].values()) == {wm.engram_shard_name(i) for i in range(1, 49)}
     assert {"config.json", wm.ENGRAM_INDEX, "tokenizer.json"} <= set(model)
-    assert all(1024 <= len(d) <= 8192 for n, d in {**model, **base}.items() if n.endswith(".safetensors"))
+    assert all(1024 <= len(d) <= 8192 for n, d in base.items() if n.endswith(".safetensors"))
     assert checkpoint.build() == repos, "the checkpoint must be the same on every build"
     # Each shard is a parseable safetensors file: u64 header length, then a JSON header.
-    shard = model["model-00001-of-00039.safetensors"]
+    shard = base["model-00001-of-00048.safetensors"]
     header = json.loads(shard[8:8 + int.from_bytes(shard[:8], "little")])
     assert header["model.layers.0.weight"]["data_offsets"][1] == len(shard) - 8 - int.from_bytes(shard[:8], "little")
+
+
+def test_the_model_repo_is_a_real_tiny_llama_one_tensor_per_shard() -> None:
+    # Real vLLM serves it: every Llama parameter once, F32, with the shape config.json implies, and the index
+    # naming the shard that holds it.
+    model = checkpoint.build()[MODEL_REPO]
+    config = json.loads(model["config.json"])
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["head_dim"] >= 32  # vLLM CPU's minimum
+    index = json.loads(model[wm.ENGRAM_INDEX])["weight_map"]
+    expected = dict(checkpoint.tiny_tensors())
+    assert set(index) == set(expected) and len(set(index.values())) == 39
+    for tensor, name in index.items():
+        shard = model[name]
+        size = int.from_bytes(shard[:8], "little")
+        header = json.loads(shard[8:8 + size])
+        entry = header[tensor]
+        count = 1
+        for d in entry["shape"]:
+            count *= d
+        assert entry["dtype"] == "F32" and entry["shape"] == expected[tensor]
+        assert entry["data_offsets"] == [0, 4 * count] and len(shard) == 8 + size + 4 * count
+    assert expected["model.embed_tokens.weight"] == [config["vocab_size"], config["hidden_size"]]
+    tokenizer = json.loads(model["tokenizer.json"])
+    assert len(tokenizer["model"]["vocab"]) + len(tokenizer["added_tokens"]) == config["vocab_size"]
+    assert "chat_template" in json.loads(model["tokenizer_config.json"])
 
 
 def test_hub_listing_and_download_with_the_real_client(local_hub: tuple[str, Path], tmp_path: Path) -> None:

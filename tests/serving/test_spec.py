@@ -232,3 +232,15 @@ def test_container_entrypoint_refuses_to_start_vllm_when_the_score_cannot_be_set
     done = subprocess.run(["/bin/sh", "-c", script, "vllm", "serve"], capture_output=True, text=True,
                           timeout=10, check=False, env={"PATH": str(tmp_path)})
     assert done.returncode == 1 and "refusing to start vLLM" in done.stderr
+
+
+def test_image_specific_names_left_empty_leave_their_flags_out() -> None:
+    # Another image's vLLM (the sim's for CPUs) may not know the recipe image's quantization, tokenizer mode or
+    # parsers: empty leaves the flag out, so vLLM's default applies; the recipe's values are the defaults.
+    recipe = serve_spec.rank_command(settings(), 0)
+    for name in ("--quantization", "--tokenizer-mode", "--tool-call-parser", "--reasoning-parser"):
+        assert flag(recipe, name) == ("exl3" if name == "--quantization" else "deepseek_v41")
+    other = serve_spec.rank_command(settings(serve={"quantization": "", "tokenizerMode": "", "reasoningParser": "",
+                                                    "toolCallParser": "hermes"}), 0)
+    assert not {"--quantization", "--tokenizer-mode", "--reasoning-parser"} & set(other)
+    assert flag(other, "--tool-call-parser") == "hermes"

@@ -419,6 +419,35 @@ def test_paris_in_the_reasoning_does_not_save_a_wrong_answer() -> None:
     assert isinstance(outcome, Failed) and outcome.reason is Reason.WRONG_ANSWER and "'Lyon'" in outcome.message
 
 
+def test_the_expected_answer_is_the_stacks_setting() -> None:
+    # gates.expectedAnswer: a model that answers another word passes when the stack expects it, and the
+    # recipe's word is then refused like any other wrong answer.
+    with FakeVllm(_answer("Lyon.")) as server:
+        assert isinstance(verify_endpoint(server.url, MODEL, timeout_s=2, expected_answer="Lyon"), Passed)
+    with FakeVllm(_answer("Paris")) as server:
+        outcome = verify_endpoint(server.url, MODEL, timeout_s=2, expected_answer="Lyon")
+    assert isinstance(outcome, Failed) and outcome.reason is Reason.WRONG_ANSWER
+    assert "does not say Lyon" in outcome.message
+
+
+def test_an_empty_expected_answer_judges_the_logprobs_alone() -> None:
+    # The sim's random-weight model answers bytes of nonsense: with no expected answer, finite logprobs pass
+    # and a NaN still fails.
+    with FakeVllm(_answer("\ufffd`i`i`")) as server:
+        assert isinstance(verify_endpoint(server.url, MODEL, timeout_s=2, expected_answer=""), Passed)
+    body = json.loads(chat_body(good_items(), content="x"))
+    body["choices"][0]["logprobs"]["content"][0]["logprob"] = None
+    with FakeVllm(Reply(body=json.dumps(body).encode())) as server:
+        outcome = verify_endpoint(server.url, MODEL, timeout_s=2, expected_answer="")
+    assert isinstance(outcome, Failed) and outcome.reason is not Reason.WRONG_ANSWER
+
+
+def test_a_partial_word_is_not_the_expected_answer() -> None:
+    with FakeVllm(_answer("Parisian")) as server:
+        outcome = verify_endpoint(server.url, MODEL, timeout_s=2)
+    assert isinstance(outcome, Failed) and outcome.reason is Reason.WRONG_ANSWER
+
+
 def test_streamed_wrong_answer_fails_too() -> None:
     events = [(0.0, p.replace('"Paris"', '"Lyon"')) for _, p in stream_events(good_items())]
     with FakeVllm(Reply(events=events)) as server:

@@ -164,7 +164,7 @@ def test_verifier_resource_registers_inputs_and_a_pickled_provider() -> None:
         "verify",
         verify.VerifierArgs(endpoint="http://10.0.0.1:8888/v1", model=MODEL, rerun_on=["h", "w"], api_key="k-9",
                             timeout_s=120, retry_window_s=1800, min_decode_tokens_per_second=None,
-                            warmup_timeout_s=None),
+                            warmup_timeout_s=None, expected_answer="Paris"),
     )
 
     @pulumi.runtime.test
