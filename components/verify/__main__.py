@@ -1,4 +1,11 @@
-"""`python -m components.verify --endpoint URL --model NAME`: the operator's one-line check (exit 0 verified)."""
+"""The operator's one-line check (exit 0 verified):
+
+    python -m components.verify --stack NAME            # endpoint, model, API key and expected answer from the stack
+    python -m components.verify --endpoint URL --model NAME [--api-key-env VAR] [--expected-answer WORD]
+
+With `--stack`, the endpoint and model come from the stack's outputs and the API key and `gates.expectedAnswer`
+from its config (Automation API, read only: nothing is changed); an explicit flag wins over the stack's value.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +14,9 @@ import json
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from components.verify.client import (
@@ -19,7 +28,7 @@ from components.verify.client import (
     verify_endpoint,
     worst_case_seconds,
 )
-from components.verify.verdict import DECODE_PROBE_PROMPTS, Failed
+from components.verify.verdict import DECODE_PROBE_PROMPTS, VERIFY_EXPECTED, Failed
 
 EXIT_VERIFIED = 0
 EXIT_FAILED = 1
@@ -44,8 +53,13 @@ def _parser() -> argparse.ArgumentParser:
         allow_abbrev=False,  # `--api-key SECRET` must not be taken for `--api-key-env`
         description="Send the recipe's logprobs request and say in one line whether the endpoint computes.",
     )
-    parser.add_argument("--endpoint", required=True, help="OpenAI base URL, e.g. http://HEAD:8888/v1")
-    parser.add_argument("--model", required=True, help="served model name")
+    parser.add_argument("--stack", metavar="NAME", help="read endpoint, model, API key and expected answer from "
+                        "this stack of the project (run in the project's environment: eval \"$(make -s env)\")")
+    parser.add_argument("--endpoint", help="OpenAI base URL, e.g. http://HEAD:8888/v1")
+    parser.add_argument("--model", help="served model name")
+    parser.add_argument("--expected-answer", metavar="WORD",
+                        help=f"what the answer must say (default: the stack's gates.expectedAnswer, else "
+                        f"{VERIFY_EXPECTED!r}; empty: logprobs only)")
     parser.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the API key")
     parser.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS", help="per-request timeout")
     parser.add_argument(
@@ -68,10 +82,65 @@ def _format_passed(endpoint: str, model: str, passed: Passed) -> str:
     return line
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+@dataclass(frozen=True)
+class StackView:
+    """What the check needs from a deployed stack."""
+
+    endpoint: str | None
+    model: str | None
+    api_key: str | None
+    expected_answer: str | None
+
+
+def read_stack(name: str) -> StackView:
+    """The stack's outputs and the two config values, read through the Automation API (never written)."""
+    from pulumi import automation as auto
+
+    from components.config import NAMESPACE
+
+    work_dir = str(Path(__file__).resolve().parents[2])
+    try:
+        stack = auto.select_stack(name, work_dir=work_dir)
+        outputs = stack.outputs()
+        config = stack.get_all_config()
+    except auto.errors.CommandError as error:
+        first = next((line for line in str(error).splitlines() if "error:" in line), str(error).splitlines()[0])
+        raise _UsageError(f"cannot read stack {name!r}: {first.strip()}") from None
+
+    def output(key: str) -> str | None:
+        value = outputs.get(key)
+        return str(value.value) if value is not None and value.value is not None else None
+
+    def setting(path: str, leaf: str) -> Any:
+        whole = config.get(f"{NAMESPACE}:{path}")
+        if whole is not None:  # a section set as one JSON value
+            try:
+                return json.loads(whole.value).get(leaf)
+            except (ValueError, AttributeError):
+                return None
+        item = config.get(f"{NAMESPACE}:{path}.{leaf}")
+        return item.value if item is not None else None
+
+    key = setting("serve", "apiKey")
+    answer = setting("gates", "expectedAnswer")
+    return StackView(endpoint=output("endpoint"), model=output("model"), api_key=str(key) if key else None,
+                     expected_answer=None if answer is None else str(answer))
+
+
+def main(argv: Sequence[str] | None = None, read: Callable[[str], StackView] = read_stack) -> int:
     try:
         options = _parser().parse_args(argv)
-        api_key: str | None = None
+        view = read(options.stack) if options.stack else StackView(None, None, None, None)
+        options.endpoint = options.endpoint or view.endpoint
+        options.model = options.model or view.model
+        if not options.endpoint or not options.model:
+            where = f"stack {options.stack!r} has no endpoint/model output yet (run `pulumi up`)" if options.stack \
+                else "give --stack NAME, or --endpoint and --model"
+            raise _UsageError(where)
+        expected = options.expected_answer
+        if expected is None:
+            expected = view.expected_answer if view.expected_answer is not None else VERIFY_EXPECTED
+        api_key: str | None = view.api_key
         if options.api_key_env:
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", options.api_key_env):
                 raise _UsageError("--api-key-env takes an environment variable NAME (value not shown), not a key")
@@ -95,6 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 timeout_s=options.timeout,
                 retry_window_s=options.retry_window,
                 min_decode_tokens_per_second=options.min_decode_tokens_per_second,
+                expected_answer=expected,
             ),
             budget,
             f"verification of {endpoint}",

