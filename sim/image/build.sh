@@ -48,7 +48,7 @@ standin_sum=$(cd "$standin" && find . -type f ! -path '*/__pycache__/*' ! -name 
 template=$here/chat_template.jinja
 [ -f "$template" ] || { log "$template missing: the program passes --chat-template /opt/dsv41/chat_template.jinja"; exit 1; }
 [ "$flavor" = real ] && standin_sum=none  # the real image carries no stand-in
-final_key=$( { echo "$flavor $base_key $standin_sum"; cat "$here/build.sh" "$template"; } | sha)
+final_key=$( { echo "$flavor $base_key $standin_sum"; cat "$here/build.sh" "$template" "$here/vllm-cli"; } | sha)
 stamp=$stamps/$flavor.key
 
 registry_has() {  # the tag exists in the registry (manifest HEAD)
@@ -107,10 +107,7 @@ if [ "$flavor" = standin ]; then
   ln -s /opt/standin/vllm "$ctx/usr/local/bin/vllm"
   log "adding sim/standin ($standin_sum) on top of $base_image"
 else
-  # vLLM's console script, as its wheel's entry point declares it.
-  printf '#!/bin/sh\nexec python3 -c "import sys; from vllm.entrypoints.cli.main import main; sys.argv[0] = \"vllm\"; sys.exit(main())" "$@"\n' \
-    > "$ctx/usr/local/bin/vllm"
-  chmod 0755 "$ctx/usr/local/bin/vllm"
+  install -m 0755 "$here/vllm-cli" "$ctx/usr/local/bin/vllm"
   log "adding the vllm command on top of $base_image"
 fi
 ctr=$(docker create --network none "$base_image" /bin/true)
