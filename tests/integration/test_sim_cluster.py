@@ -432,3 +432,24 @@ def test_second_sim_up_starts_nothing(sim: dict[str, Any]) -> None:
     assert "starting" not in proc.stderr and "pushed" not in proc.stderr, proc.stderr
     assert {p: p.read_text() for p in pidfiles} == before
     assert time.monotonic() - started < 30
+
+
+def test_a_real_image_that_cannot_fit_fails_at_once_naming_the_shortfall(tmp_path: Path) -> None:
+    # `make demo` / `make sim-up` build the real-vLLM image first: a disk without room for it fails before any
+    # download, naming how much is free and how much is needed, and touches no daemon (docker is never called).
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "df").write_text("#!/bin/sh\necho 'Filesystem 1024-blocks Used Available Capacity Mounted'\n"
+                                "echo '/dev/x 100000000 99000000 3145728 99% /'\n")
+    (bin_dir / "docker").write_text("#!/bin/sh\necho docker was called >&2\nexit 99\n")
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SIM_DOCKER_HOST": "unix:///nonexistent",
+           "SIM_FLAVOR": "real", "SIM_STAMP_DIR": str(tmp_path / "stamps"), "DSV41_CACHE": str(tmp_path / "cache"),
+           "SIM_REGISTRY": "127.0.0.1:9"}
+    proc = subprocess.run(["bash", str(Path(__file__).resolve().parents[2] / "sim" / "image" / "build.sh")],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert "needs 16 GiB free" in proc.stderr and "3 GiB free" in proc.stderr, proc.stderr
+    assert "docker was called" not in proc.stderr
+    assert not list((tmp_path / "cache").rglob("*.tar"))
