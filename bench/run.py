@@ -333,6 +333,48 @@ class Bench:
             out["destroy_s"] = time.monotonic() - began
         return out
 
+    # --- real vLLM: a cold boot to verified, then a worker killed while the ready gate watches -------------
+
+    def real_cycle(self, index: int, shift: float) -> dict[str, Any]:
+        name = f"bench-{self.run_id}-real-{index}"
+        d = new_deployment(self.sim2, name, self.env, self.pulumi_root, weights_root=self.weights, port=PORT_2,
+                           master_port=MASTER_2, server="real")
+        out: dict[str, Any] = {"stack": name}
+        try:
+            cold = self.run_up(d)
+            assert cold.result is not None
+            assert_verified(d, cold.result.outputs)
+            created = min(self.state_time(d, r, "StartedAt") for r in range(len(d.sim["nodes"])))
+            out["cold"] = {"wall_s": cold.wall, "boot_to_verified_s": (cold.events.at("verify", "outputs") or 0)
+                           - created, **self.ready_sample(d, cold)}
+            # A serve change boots both ranks again; the worker is killed once the ready gate watches.
+            events = Events()
+            worker = d.sim["nodes"][1]
+            killed: dict[str, float] = {}
+
+            def kill_when_ready_gate_watches() -> None:
+                deadline = time.monotonic() + 600
+                while events.at("ready", "pre") is None and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                time.sleep(KILL_AFTER_READY_GATE_S + shift)
+                if docker_on(int(worker["index"]), "kill", d.container(worker)).returncode == 0:
+                    killed["at"] = time.time()
+
+            killer = threading.Thread(target=kill_when_ready_gate_watches, daemon=True)
+            killer.start()
+            up = self.run_up(d, with_changes(d.config, gates={"verifyTimeoutSeconds": 121}), expect_failure=True,
+                             events=events)
+            killer.join(timeout=STEP_TIMEOUT)
+            if "at" not in killed or "rank 1" not in up.error:
+                raise RuntimeError(f"real dead rank: killed={killed}, failure: {up.error[-800:]}")
+            exited = self.state_time(d, 1, "FinishedAt")
+            gate_failed = events.at("ready", "failed") or events.at("ready", "error")
+            out["dead_rank"] = {"up_failed_s": up.ended - exited,
+                                "ready_gate_failed_event_s": gate_failed - exited if gate_failed else None}
+        finally:
+            remove_deployment(d)
+        return out
+
     def dead_rank(self, d: Deployment, kill_after: float) -> dict[str, Any]:
         """Kill the worker mid-load once the ready gate is polling; time until `up` fails."""
         cfg = with_changes(d.config, env={"SIM_LOAD_SECONDS": str(DEAD_LOAD_S)},
@@ -921,6 +963,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=5, help="runs per figure (at least 3; issue 14 asks for 5)")
     parser.add_argument("--skip-8", action="store_true", help="leave out the 8-node stack")
     parser.add_argument("--from-raw", type=Path, help="re-analyse a run's bench/tmp/raw-*.json")
+    parser.add_argument("--real-only", action="store_true",
+                        help="measure only the real-vLLM figures and merge them into bench/results.json")
     args = parser.parse_args(argv)
     if args.render:
         render()
@@ -959,6 +1003,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench: staged the checkpoint in {staging_s:.1f} s", flush=True)
         b = Bench(sim2=sim2, sim8=sim8, weights=weights, env=env, pulumi_root=pulumi_root, run_id=run_id,
                   ssh_log=ssh_log)
+        reals = repeat("real-vLLM cycle", args.runs, b.real_cycle)
+        if args.real_only:
+            return merge_real(reals, commit, f"{measured_from} .. {utc_now()}")
         cycles = repeat("2-node cycle", args.runs, b.cycle)
         if not args.skip_8:
             try:
@@ -977,7 +1024,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(weights, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
 
-    raw = {"cycles": cycles, "eight": eight, "eight_error": eight_error, "toolchain_warm_s": toolchain,
+    raw = {"cycles": cycles, "reals": reals, "eight": eight, "eight_error": eight_error, "toolchain_warm_s": toolchain,
            "copies": copies, "copy_loopback_mib_s": loopback,
            "discarded": DISCARDED, "commit": commit, "measured": f"{measured_from} .. {utc_now()}",
            "staging_s": staging_s, "bench_seconds": round(time.monotonic() - bench_began, 1),
@@ -986,11 +1033,50 @@ def main(argv: list[str] | None = None) -> int:
     return write_results(raw, sim, bench_began)
 
 
+def analyse_real(reals: list[dict[str, Any]]) -> dict[str, Any]:
+    boots = [r["cold"]["boot_to_verified_s"] for r in reals]
+    ready = [r["cold"]["ready_gate_passed_s"] for r in reals]
+    dead = [r["dead_rank"]["up_failed_s"] for r in reals]
+    note = "real vLLM 0.32.0 (CPU), TP=2 on two sim nodes, the hub's tiny Llama"
+    return {
+        "boot_to_verified_s@real": report.measured(
+            SPECS["boot_to_verified_s@real"], boots, f"{note}: first container start to the verifier's outputs"),
+        "ready_detect_s@real": report.measured(
+            SPECS["ready_detect_s@real"], ready, f"{note}: the head's '{STARTUP_LINE}' to the ready gate's outputs",
+            cause="two real ranks and the API server keep both cores busy while the gate's stream is read",
+            next_step="compare with the stand-in's figure measured in the same run"),
+        "dead_rank_detect_s@real": report.measured(
+            SPECS["dead_rank_detect_s@real"], dead,
+            f"{note}: the worker killed {KILL_AFTER_READY_GATE_S:g} s after the ready gate started, its exit to "
+            "`up` failing (up_failed_s; the gate's own failure event: "
+            f"{[r['dead_rank']['ready_gate_failed_event_s'] for r in reals]})",
+            cause="up_failed_s includes the engine recording the failure and ending the update",
+            next_step="read ready_gate_failed_event_s in the note: the gate's own decision"),
+    }
+
+
+def merge_real(reals: list[dict[str, Any]], commit: str, measured: str) -> int:
+    """--real-only: the real-vLLM figures replace their rows in results.json; the rest stays as measured."""
+    results = json.loads(RESULTS.read_text())
+    results["metrics"].update(analyse_real(reals))
+    results["raw"]["reals"] = reals
+    results["conditions"] = [c for c in results["conditions"] if not c.startswith("Real vLLM figures")] + [
+        f"Real vLLM figures (`--real-only`, {len(reals)} runs) measured {measured} at {commit}; the others as "
+        "measured in the run named above."]
+    RESULTS.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    render()
+    for key in ("boot_to_verified_s@real", "ready_detect_s@real", "dead_rank_detect_s@real"):
+        print(f"bench: {key:28s} {results['metrics'][key]['status']:13s} {results['metrics'][key]['value']}")
+    return 0
+
+
 def write_results(raw: dict[str, Any], sim: dict[str, Any], bench_began: float) -> int:
     cycles, eight, eight_error, toolchain = raw["cycles"], raw["eight"], raw["eight_error"], raw["toolchain_warm_s"]
     measured = analyse(cycles, eight, toolchain, eight_error)
     if raw.get("copies"):
         measured.update(analyse_copy(raw["copies"], raw["copy_loopback_mib_s"], cycles))
+    if raw.get("reals"):
+        measured.update(analyse_real(raw["reals"]))
     results: dict[str, Any] = {
         "generated_at": raw.get("measured", utc_now()),
         "commit": raw.get("commit") or _sh("git", "-C", str(REPO), "rev-parse", "--short", "HEAD").strip(),
