@@ -387,6 +387,10 @@ class Container(_Model):
     # RLIMIT_MEMLOCK in bytes; -1 is unlimited, which NCCL's RDMA memory registration needs on hardware.
     # A host whose hard limit is lower (a sandbox, a locked-down daemon) sets it here; docker refuses more.
     memlock_bytes: int = Field(default=-1, ge=-1)
+    # The recipe's --ipc=host. vLLM decides which ranks share a node by opening a shared-memory segment another
+    # rank made; containers that share one kernel's /dev/shm but not /tmp (the simulated nodes) then wait
+    # forever on each other's zmq ipc:// sockets, so the sim gives each rank its own IPC namespace.
+    ipc_mode: Literal["host", "private", "shareable"] = "host"
 
 
 class Gates(_Model):

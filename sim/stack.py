@@ -63,6 +63,10 @@ def real_vllm_settings(head_ip: str) -> dict[str, Any]:
         },
         "gates": {"rendezvousTimeoutSeconds": 240, "readyTimeoutSeconds": 600, "stallSeconds": 180,
                   "verifyTimeoutSeconds": 120, "expectedAnswer": ""},
+        # The sim's nodes share one kernel: with the host's IPC namespace vLLM sees both ranks' /dev/shm as one
+        # node's and waits on zmq ipc:// sockets in a /tmp the other container does not have. Two machines share
+        # neither, so a private namespace per rank is the faithful one.
+        "container": {"ipcMode": "private"},
     }
 
 

@@ -127,7 +127,7 @@ class ServingCluster(pulumi.ComponentResource):
             gpus=node.gpus or None,
             devices=[docker.ContainerDeviceArgs(host_path=d, container_path=d) for d in node.rdma_devices],
             network_mode="host",
-            ipc_mode="host",
+            ipc_mode=s.container.ipc_mode,
             shm_size=shape.shm_size_mb,
             ulimits=[
                 docker.ContainerUlimitArgs(name="memlock", soft=s.container.memlock_bytes,

@@ -181,3 +181,12 @@ def test_head_and_worker_containers_render_the_launchers_command_env_and_labels(
         labels = {x["label"]: x["value"] for x in c.inputs["labels"]}
         assert labels[RANK_LABEL] == str(rank) and labels[STACK_LABEL] == "dev"
         assert labels[CONFIG_LABEL] == "g1"
+
+
+def test_the_ipc_namespace_is_the_recipes_host_unless_config_says_otherwise() -> None:
+    # container.ipcMode: the recipe's --ipc=host by default; the simulated nodes, which share one kernel, give each
+    # rank its own (vLLM would otherwise take two "nodes" for one and wait on each other's ipc:// sockets).
+    raw = nodes(2)
+    raw["container"] = {"ipcMode": "private"}
+    assert {c.inputs["ipcMode"] for c in run(raw).of_type(CONTAINER)} == {"private"}
+    assert {c.inputs["ipcMode"] for c in run(nodes(2)).of_type(CONTAINER)} == {"host"}
