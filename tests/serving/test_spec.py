@@ -244,3 +244,12 @@ def test_image_specific_names_left_empty_leave_their_flags_out() -> None:
                                                     "toolCallParser": "hermes"}), 0)
     assert not {"--quantization", "--tokenizer-mode", "--reasoning-parser"} & set(other)
     assert flag(other, "--tool-call-parser") == "hermes"
+
+
+def test_a_container_setting_moves_the_generation_and_the_defaults_keep_it() -> None:
+    # The preflight stops the old ranks only when the generation moves: a container change (ipcMode, memlock)
+    # must move it, or the new worker starts while the old head still holds the rendezvous port.
+    base = serve_spec.cluster_generation(settings())
+    assert serve_spec.cluster_generation(settings(container={"ipcMode": "private"})) != base
+    assert serve_spec.cluster_generation(settings(container={"memlockBytes": 65536})) != base
+    assert serve_spec.cluster_generation(settings(container={"ipcMode": "host", "memlockBytes": -1})) == base
