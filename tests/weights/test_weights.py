@@ -24,6 +24,7 @@ import pytest
 
 from components.weights import manifest as wm
 from components.weights import stage_weights as sw
+from tests.support.fake_docker import install_fake_docker as _fake_docker
 from tests.support.scripts import header_value
 
 PYTHON = sys.executable  # the venv's python: stands for the staging container's python3
@@ -563,43 +564,6 @@ def test_stage_stdin_is_token_line_then_script() -> None:
     with pytest.raises(ValueError, match="line break") as err:
         wm.stage_stdin("a\nb", "x")
     assert "a\nb" not in str(err.value)
-
-
-def _fake_docker(bin_dir: Path, log: Path) -> None:
-    """A `docker` on PATH that runs `docker run ... --entrypoint python3 IMG args` with the local python,
-    mapping -v mounts to host paths and passing only the -e variables, like the real CLI."""
-    bin_dir.mkdir()
-    shim = bin_dir / "docker"
-    shim.write_text(f"""#!{PYTHON}
-import json, os, subprocess, sys
-argv = sys.argv[1:]
-with open({str(log)!r}, "a") as f:
-    f.write(json.dumps(argv) + "\\n")
-if argv[0] != "run":
-    sys.exit(0)
-env, mounts, i = {{"PATH": os.environ["PATH"]}}, [], 1
-while argv[i].startswith("-"):
-    opt = argv[i]
-    if opt in ("--rm", "-i"):
-        i += 1
-        continue
-    val = argv[i + 1]
-    if opt == "-e":
-        k, _, v = val.partition("=")
-        env[k] = v if "=" in val else os.environ.get(k, "")
-    elif opt == "-v":
-        src, dst = val.split(":")[:2]
-        mounts.append((dst, src))
-    i += 2
-rest = argv[i + 1:]
-def host(a):
-    for dst, src in mounts:
-        if a == dst or a.startswith(dst + "/"):
-            return src + a[len(dst):]
-    return a
-sys.exit(subprocess.run([{PYTHON!r}] + [host(a) for a in rest], env=env).returncode)
-""")
-    shim.chmod(0o755)
 
 
 def test_stage_command_runs_end_to_end_with_token_only_on_stdin(hub: FakeHub, tmp_path: Path) -> None:
