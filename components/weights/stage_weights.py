@@ -21,7 +21,9 @@ Success prints one line on stdout:
     DSV41_WEIGHTS_MANIFEST {"root": "<host root>", "files": {"model/x.safetensors": 123, ...},
                             "sha256": {"model/x.safetensors": "<hex>", ...}, "manifest_file": "<host path>"}
 Progress and errors go to stderr; an error is one line starting with "stage_weights: error:".
-The token comes from the environment (HF_TOKEN), never from argv.
+The token is stdin's first line (empty: anonymous), never argv nor the environment: `docker run -e HF_TOKEN`
+would keep it in the container's Config.Env, which `docker inspect` shows while staging runs (hours). An
+HF_TOKEN in the environment (baked into an image) is dropped, so an anonymous run stays anonymous.
 """
 
 from __future__ import annotations
@@ -489,13 +491,20 @@ def stage_repo(plan: RepoPlan, revision: str, st: Staging) -> dict[str, str]:
     return digests
 
 
+def read_token(stream: Any) -> str | None:
+    """The token: the first line of `stream` (stdin); an empty line or no input means anonymous."""
+    line = stream.readline() if stream is not None else ""
+    return line.rstrip("\r\n") or None
+
+
 def run(plan_json: str, dest_root: Path, host_root: str) -> dict[str, Any]:
     from huggingface_hub import HfApi
 
     raw = json.loads(plan_json)
     revision = str(raw["revision"])
     endpoint = os.environ.get("HF_ENDPOINT") or None
-    token = os.environ.pop("HF_TOKEN", "") or None  # empty means anonymous
+    os.environ.pop("HF_TOKEN", None)  # the client would fall back to it
+    token = read_token(sys.stdin)
     st = Staging(dest_root=dest_root, endpoint=endpoint, token=token, api=HfApi(endpoint=endpoint, token=token),
                  records=load_records(dest_root / MANIFEST_FILE), repos=load_repos(dest_root / MANIFEST_FILE))
     digests: dict[str, str] = {}

@@ -157,21 +157,22 @@ def hub() -> Iterator[FakeHub]:
     server.server_close()
 
 
-def hub_env(hub: FakeHub, home: Path, token: str | None = None) -> dict[str, str]:
+def hub_env(hub: FakeHub, home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower() and k != "HF_TOKEN"}
     env.update({"HF_ENDPOINT": hub.url, "HF_HOME": str(home), "HF_HUB_DISABLE_TELEMETRY": "1",
                 "HF_HUB_DISABLE_PROGRESS_BARS": "1", "NO_PROXY": "*", "HF_HUB_ETAG_TIMEOUT": "5",
                 "HF_HUB_DOWNLOAD_TIMEOUT": "10"})
-    if token is not None:
-        env["HF_TOKEN"] = token
     return env
 
 
-def run_stage(hub: FakeHub, root: Path, token: str | None = None) -> subprocess.CompletedProcess[str]:
+def run_stage(hub: FakeHub, root: Path, token: str | None = None,
+              env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """stage_weights.py as the container runs it: the token line (empty: anonymous) on stdin."""
     plan = wm.staging_plan(model_repo=MODEL_REPO, engram_repo=ENGRAM_REPO, revision="main")
     return subprocess.run(
         [PYTHON, str(SCRIPT), "--plan", json.dumps(plan), "--dest-root", str(root), "--host-root", "/host/root"],
-        env=hub_env(hub, root.parent / "hf-home", token), capture_output=True, text=True, timeout=120)
+        env={**hub_env(hub, root.parent / "hf-home"), **(env or {})}, input=f"{token or ''}\n", capture_output=True,
+        text=True, timeout=120)
 
 
 def error_line(proc: subprocess.CompletedProcess[str]) -> str:
@@ -230,12 +231,19 @@ def test_partial_stage_resumes_only_missing_files(hub: FakeHub, tmp_path: Path) 
         wm.engram_shard_name(48)]
 
 
-def test_token_reaches_hub_from_environment(hub: FakeHub, tmp_path: Path) -> None:
+def test_token_reaches_hub_from_stdin(hub: FakeHub, tmp_path: Path) -> None:
     proc = run_stage(hub, tmp_path / "root", token=TOKEN)
     assert proc.returncode == 0, proc.stderr[-3000:]
     auths = {a for _, _, a in hub.requests}
     assert auths == {f"Bearer {TOKEN}"}, f"every hub request must carry the token, saw {auths}"
     assert TOKEN not in proc.stdout + proc.stderr
+
+
+def test_an_anonymous_run_ignores_a_token_in_the_environment(hub: FakeHub, tmp_path: Path) -> None:
+    # A token baked into the image's environment must not turn an anonymous staging into an authenticated one.
+    proc = run_stage(hub, tmp_path / "root", env={"HF_TOKEN": "hf_baked_into_the_image"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert {a for _, _, a in hub.requests} == {None}
 
 
 def test_engram_shard_missing_on_hub_fails_naming_repo_and_file(hub: FakeHub, tmp_path: Path) -> None:
@@ -486,12 +494,14 @@ def stage_command(**kw: Any) -> str:
 @dataclass
 class Logged:
     """What a rendered script ran, with docker and timeout stand-ins on PATH: one `timeout ...` / `docker ...`
-    line per call (argv joined by spaces), HF_TOKEN as each `docker run` saw it, and what it read on stdin."""
+    line per call (argv joined by spaces), HF_TOKEN as each `docker run` saw it, the whole environment of
+    each `docker run`, and what it read on stdin."""
 
     proc: subprocess.CompletedProcess[str]
     argv: list[str]
     docker_env: list[str]
     docker_stdin: str
+    docker_environ: str
 
     def line(self, start: str) -> str:
         found = [ln for ln in self.argv if ln.startswith(start)]
@@ -501,10 +511,12 @@ class Logged:
 
 def run_logged(cmd: str, tmp_path: Path, stdin: str = "", home: Path | None = None) -> Logged:
     bin_dir, log, env_log, stdin_log = tmp_path / "log-bin", tmp_path / "argv", tmp_path / "env", tmp_path / "stdin"
+    environ_log = tmp_path / "environ"
     bin_dir.mkdir(exist_ok=True)
     for name, body in (
             ("docker", f'echo "docker $*" >> {log}\n[ "$1" = run ] || exit 0\n'
-                       f'echo "HF_TOKEN=${{HF_TOKEN-unset}}" >> {env_log}\ncat > {stdin_log}\n'),
+                       f'echo "HF_TOKEN=${{HF_TOKEN-unset}}" >> {env_log}\nenv >> {environ_log}\n'
+                       f'cat > {stdin_log}\n'),
             ("timeout", f'echo "timeout $*" >> {log}\nwhile case "$1" in -*) true;; *) false;; esac; do shift; done\n'
                         'shift\nexec "$@"\n')):
         (bin_dir / name).write_text(f"#!/bin/sh\n{body}")
@@ -516,19 +528,22 @@ def run_logged(cmd: str, tmp_path: Path, stdin: str = "", home: Path | None = No
                           env={"PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(home)})
     assert proc.returncode == 0, proc.stderr
     read = lambda p: p.read_text() if p.exists() else ""  # noqa: E731
-    return Logged(proc, read(log).splitlines(), read(env_log).splitlines(), read(stdin_log))
+    return Logged(proc, read(log).splitlines(), read(env_log).splitlines(), read(stdin_log), read(environ_log))
 
 
-def test_stage_command_passes_token_by_name_and_is_bounded(tmp_path: Path) -> None:
+def test_stage_command_gives_the_token_to_the_container_on_stdin_only_and_is_bounded(tmp_path: Path) -> None:
     cmd = stage_command()
     assert "HF_TOKEN=" not in cmd and TOKEN not in cmd and header_value(cmd, "WITH_TOKEN") == "1"
     ran = run_logged(cmd, tmp_path, stdin=wm.stage_stdin(TOKEN, "script"))
     bounded = ran.line("timeout ")
-    assert bounded.startswith("timeout --kill-after=60 7200 docker run --rm "), bounded
+    assert bounded.startswith("timeout --kill-after=60 7200 docker run --rm -i "), bounded
     run = ran.line("docker run ")
-    assert " -e HF_TOKEN -e HF_ENDPOINT=http://127.0.0.1:9 " in run, "the token by name, never its value"
+    assert " -e HF_TOKEN" not in run and " -e HF_ENDPOINT=http://127.0.0.1:9 " in run, (
+        "no `-e HF_TOKEN`: docker would copy it into the container's Config.Env (`docker inspect`)")
     assert all(TOKEN not in line for line in ran.argv), "the token must never be in argv"
-    assert ran.docker_env == [f"HF_TOKEN={TOKEN}"], "the token read from stdin reaches docker's environment"
+    assert ran.docker_env == ["HF_TOKEN=unset"] and TOKEN not in ran.docker_environ, (
+        "the token is in no environment docker could pass on")
+    assert ran.docker_stdin == f"{TOKEN}\n", "the staging program's stdin is the token line, nothing else"
     assert " --network host " in run and " --entrypoint python3 img:tag /stage/stage_weights.py " in run
     assert " -e HF_HUB_OFFLINE=0 " in run, "the serving image's offline default must not break staging"
     anonymous = stage_command(with_token=False, hf_endpoint=None)
@@ -536,7 +551,7 @@ def test_stage_command_passes_token_by_name_and_is_bounded(tmp_path: Path) -> No
     ran = run_logged(anonymous, _fresh(tmp_path / "anonymous"), stdin=wm.stage_stdin(None, "script"))
     run = ran.line("docker run ")
     assert "HF_TOKEN" not in run and "HF_ENDPOINT" not in run
-    assert ran.docker_env == ["HF_TOKEN=unset"], "anonymous staging exports no token"
+    assert ran.docker_env == ["HF_TOKEN=unset"] and ran.docker_stdin == "\n", "anonymous: an empty token line"
     with pytest.raises(ValueError, match="stage_timeout_s=0"):
         stage_command(timeout_s=0)
 
@@ -582,6 +597,9 @@ def test_stage_command_runs_end_to_end_with_token_only_on_stdin(hub: FakeHub, tm
     assert (home / "dsv41-exl3" / "model" / "config.json").is_file()
     assert {a for _, _, a in hub.requests} == {f"Bearer {TOKEN}"}
     assert TOKEN not in log.read_text(), "the token must never be in docker's argv"
+    container_env = [json.loads(ln) for ln in Path(f"{log}.env").read_text().splitlines()]
+    assert container_env and all(TOKEN not in json.dumps(e) for e in container_env), (
+        "the token must not be in the container's environment (its Config.Env, which `docker inspect` shows)")
     assert TOKEN not in cmd
 
 
@@ -1044,7 +1062,7 @@ def test_stage_and_check_containers_are_named_per_stack(tmp_path: Path) -> None:
     assert header_value(cmd, "CONTAINER") == f"{PREFIX}-stage-weights" and "dsv41-exl3-stage-weights" not in cmd
     ran = run_logged(cmd, _fresh(tmp_path / "stage"), stdin=wm.stage_stdin(None, "script"))
     assert ran.line("docker rm ") == f"docker rm -f {PREFIX}-stage-weights"
-    assert ran.line("docker run ").startswith(f"docker run --rm --name {PREFIX}-stage-weights ")
+    assert ran.line("docker run ").startswith(f"docker run --rm -i --name {PREFIX}-stage-weights ")
     check = wm.render_volume_check(node="w1", image="img", model_volume="m", engram_volume="e",
                                    files={"model/a": 1}, stack_prefix=OTHER)
     assert header_value(check, "CONTAINER") == f"{OTHER}-weights-check"
