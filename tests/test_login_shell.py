@@ -7,6 +7,7 @@ behaves exactly as under sh; the bare script, without `sh_command`, does not.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
 import shutil
@@ -24,7 +25,9 @@ from components.deployment import deploy
 from components.gates import rank_watch as rw
 from components.ssh import SshTarget, ssh_argv
 from components.weights import manifest as wm
+from components.weights import worker_copy as wc
 from tests.support import recording
+from tests.support.fake_docker import install_fake_docker
 from tests.support.fake_ssh import install_fake_ssh
 from tests.support.graph import COMMAND, FIXTURES, config
 
@@ -170,3 +173,45 @@ def test_the_rank_stream_under_zsh_filters_each_rank_as_under_sh(tmp_path: Path,
     assert under_sh == ["events --filter container=dsv41-rank0 --filter container=dsv41-rank1 --format {{json .}}"]
     assert _stream_docker_calls(tmp_path, monkeypatch, str(ZSH), wrapped=True) == under_sh
     assert _stream_docker_calls(tmp_path, monkeypatch, str(ZSH), wrapped=False) != under_sh, "the control"
+
+
+LOGIN_SSH = """#!/bin/sh
+# sshd's part: the remote command (the last argument) run by the user's login shell, stdin and all.
+for last in "$@"; do :; done
+exec "$FAKE_LOGIN_SHELL" -c "$last"
+"""
+
+
+@pytest.mark.parametrize("shell", ["sh", *(["zsh"] if ZSH else [])])
+def test_a_workers_copy_runs_end_to_end_through_the_login_shell(shell: str, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """WorkerCopy's real provider code over a stand-in ssh that hands each command to the login shell: the head's
+    source.sh and copy_source.py, the worker's copy.sh and copy_weights.py (a stand-in docker runs them here), the
+    per-run token, the heartbeats, and the copy check afterwards."""
+    head = tmp_path / "head"
+    files = {f"{wm.MODEL_DIR}/model-00001-of-00002.safetensors": os.urandom(700_000),
+             f"{wm.MODEL_DIR}/config.json": b'{"a": 1}\n', f"{wm.ENGRAM_DIR}/config.json": b"{}\n"}
+    for rel, data in files.items():
+        (head / rel).parent.mkdir(parents=True, exist_ok=True)
+        (head / rel).write_bytes(data)
+    bin_dir = tmp_path / "ssh-bin"
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text(LOGIN_SSH)
+    (bin_dir / "ssh").chmod(0o755)
+    install_fake_docker(tmp_path / "docker-bin", tmp_path / "docker.log")
+    monkeypatch.setenv("PATH", f"{bin_dir}:{tmp_path / 'docker-bin'}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_LOGIN_SHELL", shell)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    props = {
+        "worker": "spark-1", "worker_host": "127.0.0.3", "worker_port": 22, "worker_user": "me",
+        "worker_fabric_ip": "127.0.0.1", "head": "spark-0", "head_host": "127.0.0.2", "head_port": 22,
+        "head_user": "me", "head_fabric_ip": "127.0.0.1", "ssh_private_key": None, "ssh_agent_socket": None,
+        "ssh_known_hosts_file": None, "head_root": str(head), "head_image": "img", "worker_image": "img",
+        "copy_root": str(tmp_path / "copy"), "files": {p: len(d) for p, d in files.items()},
+        "sha256": {p: hashlib.sha256(d).hexdigest() for p, d in files.items()}, "streams": 2, "timeout_s": 120,
+        "stack_prefix": "dsv41-exl3-dev",
+    }
+    outs = wc.run_copy(props, log=lambda _m: None)
+    assert outs["copied_files"] == len(files) and outs["root"] == str((tmp_path / "copy").resolve())
+    assert {p: (tmp_path / "copy" / p).read_bytes() for p in files} == files
+    assert wc.check_copy(props) == {}, "the copy check reads the copy as verified"
