@@ -254,6 +254,31 @@ def test_engram_shard_missing_on_hub_fails_naming_repo_and_file(hub: FakeHub, tm
     assert ENGRAM_REPO in line and wm.engram_shard_name(47) in line
 
 
+@pytest.mark.parametrize(("repo", "name"), [
+    (MODEL_REPO, "../outside.safetensors"), (MODEL_REPO, "{tmp}/absolute.json"), (MODEL_REPO, "sub/../../x.json"),
+    (MODEL_REPO, "win\\dows.json"), (MODEL_REPO, "nul\0.json"), (MODEL_REPO, "two\nlines.json"),
+    # The base repo's listing is checked whole, not only the four selected files, and before the model is staged.
+    (ENGRAM_REPO, "../../evil.py")])
+def test_a_listing_naming_a_path_outside_the_repo_is_refused_before_anything_is_written(
+        hub: FakeHub, tmp_path: Path, repo: str, name: str) -> None:
+    name = name.format(tmp=tmp_path)  # absolute, yet inside this test's directory should a regression write it
+    hub.repos[repo][name] = b"planted by a mirror"
+    root = tmp_path / "weights" / "root"
+    proc = run_stage(hub, root)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    line = error_line(proc)
+    assert repr(name) in line and hub.url in line and repo in line, line
+    assert "nothing was written" in line and "weights.hfEndpoint" in line
+    assert not root.exists(), "refused before any directory or file of the weights root is written"
+    assert not hub.gets_of(".safetensors"), "no download started"
+    assert not [p for p in tmp_path.rglob("*") if p.is_file() and p.read_bytes() == b"planted by a mirror"]
+
+
+@pytest.mark.parametrize("name", ["config.json", "a/b/c.safetensors", "..hidden/x", "x..y", "dir.v2/model.bin"])
+def test_ordinary_repo_paths_pass_the_listing_check(name: str) -> None:
+    assert sw.unsafe_path(name) is None
+
+
 def test_listed_file_that_404s_fails_naming_it(hub: FakeHub, tmp_path: Path) -> None:
     hub.unresolvable.add((MODEL_REPO, "model-00012-of-00039.safetensors"))
     proc = run_stage(hub, tmp_path / "root")
