@@ -30,6 +30,11 @@ home=$(cd "${HOME:-/nonexistent}" 2>/dev/null && pwd -P) || home="${HOME:-}"
 if [ "$root" = / ] || [ "$root" = "$home" ]; then
   fail "${LINENO:-}" "weights root $root on the head is / or the home directory of $(id -un) itself; use a directory of its own, e.g. ~/dsv41-exl3 (weights.root)"
 fi
+# It is bind-mounted with -v, whose syntax splits at ':' and ','; config refuses them, this catches `~` or a
+# symlink resolving to such a path.
+case "$root" in
+  *[:,]*) fail "${LINENO:-}" "weights root $root on the head holds ':' or ',', which docker's -v splits at; use a directory without them (weights.root)" ;;
+esac
 mkdir -p "$root/$MODEL_DIR" "$root/$ENGRAM_DIR"
 stage=$(mktemp -d)
 # Replaces the header's EXIT trap, so it keeps its report of an unexplained exit.

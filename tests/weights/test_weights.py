@@ -22,6 +22,7 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
+from components.weights import local_copy as lc
 from components.weights import manifest as wm
 from components.weights import stage_weights as sw
 from tests.support.fake_docker import install_fake_docker as _fake_docker
@@ -1080,6 +1081,27 @@ def test_staging_and_export_refuse_a_root_that_is_slash_or_home_on_the_node(
     refused = export(head, Path(abs_root), ["10.0.0.2"])
     assert refused.returncode == 1 and "is / or the home directory of" in refused.stderr
     assert calls(head) == [] and not Path(head["TEST_EXPORTS_DIR"]).exists(), "nothing exported"
+
+
+def test_staging_and_the_copy_refuse_a_root_resolving_to_a_path_docker_v_would_split(
+        head: dict[str, str], tmp_path: Path) -> None:
+    odd = tmp_path / "a:b,c"
+    odd.mkdir()
+    (tmp_path / "link").symlink_to(odd)  # config cannot see this: the node resolves it
+    log = tmp_path / "docker-argv.log"
+    _fake_docker(tmp_path / "docker-bin", log)
+    env = {**head, "PATH": f"{tmp_path / 'docker-bin'}:{head['PATH']}"}
+    proc = sh(stage_command(root=str(tmp_path / "link")), env, stdin=wm.stage_stdin(None, "script"))
+    assert proc.returncode == 1 and f"weights root {odd} on the head holds ':' or ','" in proc.stderr
+    assert "(weights.root)" in proc.stderr
+    copy = lc.render_copy_command(node="w1", copy_root=str(tmp_path / "link"), source="http://10.0.0.1:1",
+                                  source_ident="m:1:2", bind="10.0.0.2", image="img", container="c", streams=1,
+                                  expected="{}", timeout_s=60)
+    proc = sh(copy, env, stdin='{"token": "t"}\n')
+    assert proc.returncode == 1 and f"copy root {odd} on w1 holds ':' or ','" in proc.stderr
+    assert "(weights.copyRoot)" in proc.stderr
+    assert not log.exists(), "refused before any container runs"
+    assert list(odd.iterdir()) == [], "nothing is created there"
 
 
 def test_stage_and_check_containers_are_named_per_stack(tmp_path: Path) -> None:
