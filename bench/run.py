@@ -34,6 +34,7 @@ from pulumi import automation as auto
 from bench import report
 from bench.report import SPECS
 from components.gates.rank_watch import EXIT_DRAIN_S, NEAR_READY_POLL_S
+from components.scripts import sh_command
 from components.weights import manifest as wm
 from sim import checkpoint, cluster
 from sim.deploy import Deployment, assert_verified, docker_on, new_deployment, program_env, remove_deployment
@@ -549,7 +550,9 @@ def copy_loopback(runs: int, size_mib: int = 1024, files: int = 8, streams: int 
             source = subprocess.Popen([sys.executable, str(here / "copy_source.py"), "--root", str(head), "--bind",
                                        "127.0.0.1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             assert source.stdin and source.stdout
-            source.stdin.write(json.dumps({"token": "bench", "allow": ["127.0.0.1"], "dirs": [wm.MODEL_DIR]}) + "\n")
+            # No heartbeats here: the source must not take the bench's silence for a lost session.
+            source.stdin.write(json.dumps({"token": "bench", "allow": ["127.0.0.1"], "dirs": [wm.MODEL_DIR],
+                                           "silence_s": 3600}) + "\n")
             source.stdin.flush()
             ready = lc.parse_source_line(source.stdout.readline(), {})
             assert ready is not None
@@ -582,7 +585,7 @@ def stage_weights(sim: dict[str, Any], root: Path) -> float:
     ssh = ["ssh", "-F", "none", "-p", str(sim["ssh"]["port"]), "-i", sim["ssh"]["key"], "-o", "IdentitiesOnly=yes",
            "-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={sim['ssh']['known_hosts']}",
            "-o", "StrictHostKeyChecking=yes"]
-    proc = subprocess.run([*ssh, f"{sim['ssh']['user']}@{sim['nodes'][0]['ip']}", command],
+    proc = subprocess.run([*ssh, f"{sim['ssh']['user']}@{sim['nodes'][0]['ip']}", sh_command(command)],
                           input=wm.stage_stdin(None, wm.stage_script_source()), capture_output=True, text=True,
                           timeout=STEP_TIMEOUT + 60)
     if proc.returncode != 0:

@@ -278,6 +278,10 @@ class Weights(_Model):
         if path == "~" or path in _SYSTEM_DIRS or (len(parts) == 3 and parts[1] == "home"):
             raise ValueError("must be a directory of its own, e.g. `~/dsv41-exl3`: it is exported to the "
                              "workers, so a home directory or a system directory would share all of it")
+        if ":" in path or "," in path:
+            raise ValueError("must not contain `:` or `,`: the root is bind-mounted into the staging, source and copy "
+                             "containers (`docker run -v <root>:/weights`), and docker's volume syntax splits at "
+                             "them; use a path without them, e.g. `~/dsv41-exl3`")
         if any(p in {"", ".", ".."} for p in parts[1:]) or any(c.isspace() or c in "'\"\\$`" for c in path):
             raise ValueError("must be a plain path: no `.`/`..`/empty components, spaces, quotes or `$`")
         return v

@@ -4,6 +4,10 @@ Pure logic: no resources. The header is one line, so line N of a script file is 
 runs, and it names the file: a script's `fail "${LINENO:-}" "why"` reports `components/<layer>/<file>:<line>: why`,
 and an exit that no `fail` explained still names the file. Every script is POSIX sh and passes `shellcheck`
 (`make lint`); its header values are upper-case names it declares in its opening comment.
+
+Whatever runs on a node runs under `sh`: sshd hands a remote command to the SSH user's login shell
+(`$SHELL -c`), which may be zsh (no word splitting of `$VAR`) or fish (not POSIX at all), so every command the
+program sends is `sh -c <script>` (`sh_command`), quoted so that every such shell reads the same script back.
 """
 
 from __future__ import annotations
@@ -16,9 +20,9 @@ from pathlib import Path
 COMPONENTS = Path(__file__).resolve().parent
 _NAME = re.compile(r"[A-Z][A-Z0-9_]*")
 
-# `fail "${LINENO:-}" WHY [EXIT]`: LINENO counts the header line, the file's own numbering does not. bash
-# (a node's login shell running a command) sets LINENO; dash sets it only for script files, and then the
-# message names the file alone.
+# `fail "${LINENO:-}" WHY [EXIT]`: LINENO counts the header line, the file's own numbering does not. bash sets
+# LINENO for `sh -c` (where sh is bash); dash (Debian's and Ubuntu's sh) sets it only for script files, and then
+# the message names the file alone.
 _FAIL = ('fail() { if [ -n "$1" ]; then echo "$DSV41_SCRIPT:$(($1 - 1)): $2" >&2; '
          'else echo "$DSV41_SCRIPT: $2" >&2; fi; DSV41_FAILED=1; exit "${3:-1}"; }')
 _EXIT = ("trap 'rc=$?; [ \"$rc\" -eq 0 ] || [ -n \"${DSV41_FAILED:-}\" ] || "
@@ -61,3 +65,30 @@ def text_value(text: str) -> str:
     if "\0" in text:
         raise ValueError("a text header value cannot hold a NUL")
     return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def quote(word: str) -> str:
+    """`word` as one shell word that sh, bash, zsh and fish all read back byte for byte.
+
+    shlex.quote's single quotes, except that runs of backslashes go inside double quotes (doubled): fish reads
+    `\\\\` and `\\'` as escapes even inside single quotes, and `"\\\\"` is one backslash in all four."""
+    if "\\" not in word:
+        return shlex.quote(word)
+    quoted = word.replace("'", "'\"'\"'")
+    return "'" + re.sub(r"\\+", lambda m: "'\"" + m.group(0) * 2 + "\"'", quoted) + "'"
+
+
+def sh_command(script: str, *args: str, timeout_s: int | None = None, kill_after_s: int | None = None,
+               name: str = "sh") -> str:
+    """The command line that runs `script` under `sh` on a node, whatever the SSH user's login shell.
+
+    Every command sent to a node goes through here (components/ssh.py's `ssh_argv` and each remote.Command):
+    sshd runs it with `$SHELL -c`, and this line reads the same in every shell of the sh, bash, zsh and fish
+    families (csh cannot hold a quoted newline). `timeout_s` bounds it with coreutils' `timeout` (Pulumi's
+    timeouts do not stop a remote command); `args` become $1...; $0 is then `name`. `exec`: the login shell
+    is replaced, so what sshd started is the command itself (a signal or a cut session reaches the script)."""
+    bound = ""
+    if timeout_s is not None:
+        bound = "timeout " + (f"-k {int(kill_after_s)} " if kill_after_s is not None else "") + f"{int(timeout_s)} "
+    words = [quote(script), *([quote(name), *(quote(a) for a in args)] if args else [])]
+    return f"exec {bound}sh -c {' '.join(words)}"

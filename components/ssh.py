@@ -30,6 +30,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from components.scripts import sh_command
+
 # sun_path holds 107 characters; ssh binds the master's socket under `<ControlPath>.` + 16 random first.
 _MAX_CONTROL_PATH = 107 - 17
 
@@ -233,11 +235,11 @@ def ssh_options(target: SshTarget, *, connect_timeout_s: int = 10) -> list[str]:
     return opts
 
 
-def ssh_argv(target: SshTarget, remote_command: str, *, connect_timeout_s: int = 10) -> list[str]:
-    """Full argv for running one remote command on the node."""
+def ssh_argv(target: SshTarget, script: str, *, connect_timeout_s: int = 10) -> list[str]:
+    """Full argv for running `script` on the node, under `sh` whatever the user's login shell (sh_command)."""
     # `--` ends the options: a destination starting with '-' is never read as one (config refuses it too).
     return ["ssh", *ssh_options(target, connect_timeout_s=connect_timeout_s), "--",
-            f"{target.user}@{target.host}", remote_command]
+            f"{target.user}@{target.host}", sh_command(script)]
 
 
 _STACK_FILE = re.compile(r"^(key-[0-9a-f]{16}|cm-[0-9a-f]{12}(\.[A-Za-z0-9]+)?|\.key-[0-9a-f]{16}\.[0-9a-f]{16})$")

@@ -39,13 +39,13 @@ def test_key_reaches_ssh_as_a_private_file_never_as_argv() -> None:
     path = argv[argv.index("-i") + 1]
     assert Path(path).read_text().strip() == KEY.strip()
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-    assert argv[-2:] == ["root@127.0.0.2", "docker ps"] and argv[argv.index("-p") + 1] == "2222"
+    assert argv[-2:] == ["root@127.0.0.2", "exec sh -c 'docker ps'"] and argv[argv.index("-p") + 1] == "2222"
 
 
 def test_options_end_before_the_destination() -> None:
     # A user of "-oProxyCommand=x" would otherwise be read by ssh as an option on the operator's machine.
     argv = ssh_argv(target(host="127.0.0.2", port=2222, user="-oProxyCommand=x", private_key=KEY), "true")
-    assert argv[-3:] == ["--", "-oProxyCommand=x@127.0.0.2", "true"]
+    assert argv[-3:] == ["--", "-oProxyCommand=x@127.0.0.2", "exec sh -c true"]
 
 
 def test_same_key_same_file_and_a_changed_file_is_rewritten() -> None:

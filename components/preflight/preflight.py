@@ -20,6 +20,7 @@ from components.preflight.spec import (
     parse_output,
     render_command,
 )
+from components.scripts import sh_command
 
 # Headroom over the script's own `timeout` for dialing SSH and collecting the output.
 _DIAL_MARGIN_S = 60
@@ -55,7 +56,7 @@ class Preflight(pulumi.ComponentResource):
             # Any other input change (e.g. a new script after a program upgrade) runs `update`:
             # the same idempotent check.
             update=command,
-            delete="true",  # nothing to undo on the node
+            delete=sh_command("true"),  # nothing to undo on the node
             triggers=args.rerun_on,
             add_previous_output_in_env=False,
             opts=pulumi.ResourceOptions(

@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import math
 import os.path
-import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,10 +165,8 @@ def wrap_in_timeout(script: str, timeout_s: int, *args: str) -> str:
 
     `args` become the script's $1...; $0 names the script as its header does.
     """
-    command = f"timeout -k {_KILL_AFTER_S} {int(timeout_s)} sh -c {shlex.quote(script)}"
-    if args:
-        command += " " + " ".join(shlex.quote(a) for a in ("components/preflight/preflight.sh", *args))
-    return command
+    return scripts.sh_command(script, *args, timeout_s=timeout_s, kill_after_s=_KILL_AFTER_S,
+                              name="components/preflight/preflight.sh")
 
 
 def render_command(spec: PreflightSpec) -> str:

@@ -36,7 +36,6 @@ node as text values of the install script). Rendering is pure (tested by running
 from __future__ import annotations
 
 import re
-import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -214,7 +213,7 @@ def authorized_key_line(s: WatchdogNames, peer_node: str, public_key: str) -> st
 
 def _bounded(timeout_s: int, text: str) -> str:
     """A remote command: the rendered script run by `sh -c`, bounded by `timeout`."""
-    return f"timeout {timeout_s} sh -c {shlex.quote(text)}"
+    return scripts.sh_command(text, timeout_s=timeout_s)
 
 
 def _key_script(s: WatchdogNames, action: str) -> str:

@@ -22,12 +22,17 @@ case "$COPY_ROOT" in
   \~/*) root="$HOME/${COPY_ROOT#\~/}" ;;
   *) root="$COPY_ROOT" ;;
 esac
-mkdir -p "$root/$MODEL_DIR" "$root/$ENGRAM_DIR"
+mkdir -p "$root"
 root=$(cd "$root" && pwd -P)
 home=$(cd "${HOME:-/nonexistent}" 2>/dev/null && pwd -P) || home="${HOME:-}"
 if [ "$root" = / ] || [ "$root" = "$home" ]; then
   fail "${LINENO:-}" "copy root $root on $NODE is / or the home directory of $(id -un) itself; use a directory of its own, e.g. ~/dsv41-exl3 (weights.copyRoot)"
 fi
+# Bind-mounted with -v, which splits at ':' and ',' (config refuses them; this catches `~` or a symlink).
+case "$root" in
+  *[:,]*) fail "${LINENO:-}" "copy root $root on $NODE holds ':' or ',', which docker's -v splits at; use a directory without them (weights.copyRoot)" ;;
+esac
+mkdir -p "$root/$MODEL_DIR" "$root/$ENGRAM_DIR"
 ident="$(cat /etc/machine-id 2>/dev/null || hostname):$(stat -c '%d:%i' "$root")"
 stage=$(mktemp -d)
 # shellcheck disable=SC2329 # invoked by the EXIT trap below

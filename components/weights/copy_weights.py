@@ -10,7 +10,8 @@ Per file, largest first, in --streams parallel streams:
 - otherwise a file of the right size is hashed once: kept (and recorded) when it matches;
 - otherwise fetched from the head's source into `<name>.dsv41-partial` (a partial file left by an
   interrupted run is hashed and resumed with a Range request, not fetched again), hashed as it is written,
-  checked, fsynced and only then renamed into place: a rank never sees a half-written file.
+  checked, fsynced and only then renamed into place: a rank never sees a half-written file. A source at its
+  connection cap (503, or a connection reset before any reply) is asked again for up to BUSY_RETRY_S.
 The record is rewritten (temporary name, rename) after every file, so an interrupted copy resumes without
 copying a finished file again. A file the record names that is no longer expected (an older revision this
 program copied) is removed; a file nobody recorded is left alone.
@@ -42,6 +43,9 @@ PARTIAL_SUFFIX = ".dsv41-partial"
 _CHUNK = 4 << 20
 # A stream that receives nothing for this long is a dead link, not a slow one: fail instead of hanging.
 STALL_S = 120.0
+# A source at its connection cap answers 503, or resets a connection it could not take: wait, then ask again.
+BUSY_RETRY_S = 120.0
+_BUSY_PAUSE_S = 0.5
 
 
 class CopyError(Exception):
@@ -148,6 +152,28 @@ class Copier:
               file=sys.stderr)
         return False
 
+    def _get(self, rel: str, headers: dict[str, str]) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        """The source's reply to GET /files/<rel>; a busy source is asked again for up to BUSY_RETRY_S."""
+        deadline = time.monotonic() + BUSY_RETRY_S
+        while True:
+            conn = http.client.HTTPConnection(self.url.hostname or "", self.url.port, timeout=STALL_S,
+                                              source_address=(self.bind, 0))
+            try:
+                conn.request("GET", "/files/" + urllib.parse.quote(rel), headers=headers)
+                reply = conn.getresponse()
+            except (ConnectionResetError, BrokenPipeError, http.client.RemoteDisconnected):
+                conn.close()
+                if time.monotonic() >= deadline:
+                    raise
+            except BaseException:
+                conn.close()
+                raise
+            else:
+                if reply.status != 503 or time.monotonic() >= deadline:
+                    return conn, reply
+                conn.close()
+            time.sleep(_BUSY_PAUSE_S)
+
     def fetch(self, e: Expected) -> int:
         """Copy one file from the head; returns the bytes received."""
         path = self.dest / e.path
@@ -162,14 +188,12 @@ class Copier:
                 partial.unlink()
                 h, start = hashlib.sha256(), 0
         received = 0
-        conn = http.client.HTTPConnection(self.url.hostname or "", self.url.port, timeout=STALL_S,
-                                          source_address=(self.bind, 0))
+        conn: http.client.HTTPConnection | None = None
         try:
             headers = {"Authorization": f"Bearer {self.token}"}
             if start:
                 headers["Range"] = f"bytes={start}-"
-            conn.request("GET", "/files/" + urllib.parse.quote(e.path), headers=headers)
-            reply = conn.getresponse()
+            conn, reply = self._get(e.path, headers)
             if reply.status not in (200, 206) or (start and reply.status != 206):
                 why = reply.read(500).decode(errors="replace").strip()
                 raise CopyError(f"the head's source answered {reply.status} for {e.path}: {why}")
@@ -186,7 +210,8 @@ class Copier:
             raise CopyError(f"copying {e.path} from the head to {self.node} failed after {start + received} of "
                             f"{e.size} bytes ({err}); run `pulumi up` again: it resumes this file") from None
         finally:
-            conn.close()
+            if conn is not None:
+                conn.close()
         size = partial.stat().st_size
         if size != e.size or h.hexdigest() != e.sha256:
             partial.unlink()

@@ -143,7 +143,8 @@ def render_stage_command(*, root: str, image: str, plan: Mapping[str, Any], hf_e
                          with_token: bool, timeout_s: int, stack_prefix: str) -> str:
     """stage.sh, rendered: read the token from stdin, then the script, run it in a throwaway container.
 
-    The token only ever lives in that shell's environment and reaches docker as `-e HF_TOKEN` (by name).
+    The token only ever lives in an unexported variable of that shell and reaches the staging program on its
+    stdin: never argv, never an environment variable (the container's Config.Env shows in `docker inspect`).
     """
     if timeout_s <= 0:
         raise ValueError(f"stage_timeout_s={timeout_s} must be positive (hours on real hardware)")

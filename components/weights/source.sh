@@ -2,7 +2,8 @@
 # Serves this head's staged weights to one worker for the length of one copy (weights.share: copy): runs
 # copy_source.py in a throwaway container of the serving image, the weights root mounted read-only, on the
 # host network (it listens on the head's fabric address). stdin: the source's config line (the run's token
-# among it; never argv), then held open by the deployer: EOF stops the server and docker removes it.
+# among it; never argv), then the deployer's heartbeats: EOF, or a silence (copy_source.py's lifeline), stops
+# the server, docker removes it, and this shell ends with it.
 # Header values (local_copy.render_source_command):
 #   WEIGHTS_ROOT  the head's weights root (absolute, as staging reported it)
 #   BIND          the head's fabric address
@@ -20,6 +21,7 @@ stage=$(mktemp -d)
 # shellcheck disable=SC2329 # invoked by the EXIT trap below
 on_exit() {
   st=$?
+  [ -z "${feeder:-}" ] || kill "$feeder" 2>/dev/null || true
   rm -rf "$stage"
   docker rm -f "$CONTAINER" >/dev/null 2>&1 || true
   [ "$st" -eq 0 ] || [ -n "${DSV41_FAILED:-}" ] || echo "$DSV41_SCRIPT: exited $st" >&2
@@ -29,8 +31,16 @@ printf '%b' "$SOURCE_PY" > "$stage/copy_source.py"
 chmod 0755 "$stage"
 docker rm -f "$CONTAINER" >/dev/null 2>&1 || true
 echo "DSV41_COPY_SOURCE_IDENT $ident"
-# After the config line, the rest of stdin is the lifeline: cat ends at the deployer's EOF.
-{ printf '%s\n' "$config"; cat; } |
-  docker run --rm -i --name "$CONTAINER" --network host --user "$(id -u):$(id -g)" \
-    -v "$root":/weights:ro -v "$stage":/stage:ro --entrypoint python3 "$IMAGE" \
-    /stage/copy_source.py --root /weights --bind "$BIND"
+# The source's stdin: the config line, then this session's stdin (the heartbeats) until the deployer's EOF,
+# through a fifo, not a pipe: when the source stops on its own (a silent deployer), the feeder is killed and this
+# shell ends, where a pipeline would wait for its `cat` until sshd gave up on the session (hours).
+mkfifo "$stage/stdin"
+exec 3<&0  # a background job's own stdin is /dev/null
+{ trap - EXIT; printf '%s\n' "$config"; exec cat <&3 3<&-; } > "$stage/stdin" &
+feeder=$!
+exec 3<&-
+rc=0
+docker run --rm -i --name "$CONTAINER" --network host --user "$(id -u):$(id -g)" \
+  -v "$root":/weights:ro -v "$stage":/stage:ro --entrypoint python3 "$IMAGE" \
+  /stage/copy_source.py --root /weights --bind "$BIND" < "$stage/stdin" || rc=$?
+exit "$rc"

@@ -1,7 +1,9 @@
 #!/bin/sh
 # Stages the weights on the head: reads the token line, then stage_weights.py, from stdin and runs the script
-# in a throwaway container of the serving image (the token lives only in this shell's environment and
-# reaches docker as `-e HF_TOKEN`, by name: never argv, never a header value).
+# in a throwaway container of the serving image. The token stays in an unexported variable of this shell and
+# reaches the staging program on its stdin (`docker run -i`, fed by the builtin printf): never argv, never a
+# header value, never an environment variable (`-e` would keep it in the container's Config.Env, which
+# `docker inspect` shows for as long as the container lives).
 # Header values (manifest.render_stage_command):
 #   WEIGHTS_ROOT the weights root as configured: absolute, or `~` / `~/...` (the remote user's home, expanded here)
 #   MODEL_DIR, ENGRAM_DIR the two directories staged under it
@@ -12,12 +14,9 @@
 #   PLAN         the staging plan (one line of JSON)
 #   TIMEOUT_S    bound on the whole staging run, seconds
 set -eu
-if [ "$WITH_TOKEN" = 1 ]; then
-  IFS= read -r HF_TOKEN || true
-  export HF_TOKEN
-else
-  IFS= read -r _unused || true
-fi
+token=""
+IFS= read -r token || true
+[ "$WITH_TOKEN" = 1 ] || token=""
 case "$WEIGHTS_ROOT" in
   "~") root="$HOME" ;;
   \~/*) root="$HOME/${WEIGHTS_ROOT#\~/}" ;;
@@ -31,6 +30,11 @@ home=$(cd "${HOME:-/nonexistent}" 2>/dev/null && pwd -P) || home="${HOME:-}"
 if [ "$root" = / ] || [ "$root" = "$home" ]; then
   fail "${LINENO:-}" "weights root $root on the head is / or the home directory of $(id -un) itself; use a directory of its own, e.g. ~/dsv41-exl3 (weights.root)"
 fi
+# It is bind-mounted with -v, whose syntax splits at ':' and ','; config refuses them, this catches `~` or a
+# symlink resolving to such a path.
+case "$root" in
+  *[:,]*) fail "${LINENO:-}" "weights root $root on the head holds ':' or ',', which docker's -v splits at; use a directory without them (weights.root)" ;;
+esac
 mkdir -p "$root/$MODEL_DIR" "$root/$ENGRAM_DIR"
 stage=$(mktemp -d)
 # Replaces the header's EXIT trap, so it keeps its report of an unexplained exit.
@@ -43,20 +47,21 @@ on_exit() {
 trap on_exit EXIT
 cat > "$stage/stage_weights.py"
 
-# docker's -e options: the token by name only. The serving image may bake in HF_HUB_OFFLINE=1 (vLLM runs
+# docker's -e options: no secret among them. The serving image may bake in HF_HUB_OFFLINE=1 (vLLM runs
 # offline) or hf_transfer: staging needs neither. Xet's chunk cache would fill the head's temp dir; HF_HOME
 # lives in the throwaway stage dir.
 set --
-if [ "$WITH_TOKEN" = 1 ]; then set -- "$@" -e HF_TOKEN; fi
 if [ -n "$HF_ENDPOINT" ]; then set -- "$@" -e "HF_ENDPOINT=$HF_ENDPOINT"; fi
 set -- "$@" -e HF_HOME=/stage/hf-home -e HF_HUB_OFFLINE=0 -e HF_HUB_ENABLE_HF_TRANSFER=0 \
   -e HF_XET_CHUNK_CACHE_SIZE_BYTES=0 -e HF_HUB_DISABLE_PROGRESS_BARS=1 -e HF_HUB_DISABLE_TELEMETRY=1
 
 docker rm -f "$CONTAINER" >/dev/null 2>&1 || true
 rc=0
-timeout --kill-after=60 "$TIMEOUT_S" docker run --rm --name "$CONTAINER" --network host --user "$(id -u):$(id -g)" \
-  "$@" -v "$root":/weights -v "$stage":/stage --entrypoint python3 "$IMAGE" \
+# The token line (empty: anonymous) is the staging program's whole stdin.
+printf '%s\n' "$token" | timeout --kill-after=60 "$TIMEOUT_S" docker run --rm -i --name "$CONTAINER" --network host \
+  --user "$(id -u):$(id -g)" "$@" -v "$root":/weights -v "$stage":/stage --entrypoint python3 "$IMAGE" \
   /stage/stage_weights.py --plan "$PLAN" --dest-root /weights --host-root "$root" || rc=$?
+token=""
 if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
   docker rm -f "$CONTAINER" >/dev/null 2>&1 || true
   fail "${LINENO:-}" "weights staging timed out after ${TIMEOUT_S}s on the head; raise stage_timeout_s and re-run (it resumes)" "$rc"

@@ -5,10 +5,12 @@ node and runs it with the image's python3. The plan (which repos, which files, w
 comes as JSON from `components/weights/manifest.py`; this script only enforces it.
 
 Per repo: resolve the revision to its commit, list the files at that commit with their sizes and
-content ids (the LFS sha256 of large files, the git blob id of small ones), select the planned ones
-(a planned file missing on the hub is an error naming it), and download ONE FILE AT A TIME into
-<dest-root>/<dest>/. Each download is hashed as it is written (sha256, and the git blob id), checked
-against the listing, and only then moved into place: huggingface_hub checks sizes only.
+content ids (the LFS sha256 of large files, the git blob id of small ones), refuse a listing that names
+any path outside the repo (absolute, `..`, backslash, NUL, control character: a mirror could list `../x`),
+select the planned ones (a planned file missing on the hub is an error naming it); every repo is listed and
+checked before anything is written. Then download ONE FILE AT A TIME into <dest-root>/<dest>/. Each
+download is hashed as it is written (sha256, and the git blob id), checked against the listing, and only
+then moved into place: huggingface_hub checks sizes only.
 
 What was staged is recorded in <dest-root>/dsv41-weights-manifest.json (per file: repo, commit,
 size, sha256, how it was verified, mtime), updated after every file. A later run compares records
@@ -21,7 +23,9 @@ Success prints one line on stdout:
     DSV41_WEIGHTS_MANIFEST {"root": "<host root>", "files": {"model/x.safetensors": 123, ...},
                             "sha256": {"model/x.safetensors": "<hex>", ...}, "manifest_file": "<host path>"}
 Progress and errors go to stderr; an error is one line starting with "stage_weights: error:".
-The token comes from the environment (HF_TOKEN), never from argv.
+The token is stdin's first line (empty: anonymous), never argv nor the environment: `docker run -e HF_TOKEN`
+would keep it in the container's Config.Env, which `docker inspect` shows while staging runs (hours). An
+HF_TOKEN in the environment (baked into an image) is dropped, so an anonymous run stays anonymous.
 """
 
 from __future__ import annotations
@@ -189,8 +193,39 @@ def resolve_commit(api: Any, repo: str, revision: str) -> str:
     return str(sha) if sha else revision
 
 
-def list_tree(api: Any, repo: str, revision: str) -> dict[str, HubFile]:
-    """Every file in the repo at `revision` (folders skipped), with its size and content ids."""
+DEFAULT_ENDPOINT = "https://huggingface.co"
+
+
+def unsafe_path(path: str) -> str | None:
+    """Why a listed path cannot name a file under the repo's directory, or None: staging writes <dest>/<path>."""
+    if "\0" in path:
+        return "it holds a NUL byte"
+    if "\\" in path:
+        return "it holds a backslash"
+    if path.startswith("/"):
+        return "it is absolute"
+    parts = path.split("/")
+    if ".." in parts:
+        return "it has a `..` component"
+    if any(p in ("", ".") for p in parts):
+        return "it has an empty or `.` component"
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in path):
+        return "it holds a control character (the node-side listings are one path a line)"
+    return None
+
+
+def check_listed_paths(repo: str, revision: str, endpoint: str | None, paths: Iterable[str]) -> None:
+    """Refuse a listing naming any path outside the repo, before anything is written (a mirror could list `../x`)."""
+    bad = [(p, why) for p in paths if (why := unsafe_path(p)) is not None]
+    if bad:
+        more = f"; and {len(bad) - 3} more" if len(bad) > 3 else ""
+        shown = "; ".join(f"{p!r}: {why}" for p, why in bad[:3]) + more
+        raise StageError(f"the hub at {endpoint or DEFAULT_ENDPOINT} lists paths outside {repo}@{revision} ({shown}); "
+                         "nothing was written. A listing names repo-relative paths only: check weights.hfEndpoint")
+
+
+def list_tree(api: Any, repo: str, revision: str, endpoint: str | None = None) -> dict[str, HubFile]:
+    """Every file in the repo at `revision` (folders skipped), with its size and content ids; every path checked."""
     items = _hub_call(repo, revision, "listing files",
                       lambda: list(api.list_repo_tree(repo, revision=revision, recursive=True)))
     tree: dict[str, HubFile] = {}
@@ -200,6 +235,7 @@ def list_tree(api: Any, repo: str, revision: str) -> dict[str, HubFile]:
             blob_id = getattr(item, "blob_id", None)
             tree[str(item.path)] = HubFile(size=size, sha256=_lfs_sha256(getattr(item, "lfs", None)),
                                            blob_id=str(blob_id) if blob_id else None)
+    check_listed_paths(repo, revision, endpoint, tree)
     return tree
 
 
@@ -426,13 +462,27 @@ class Staging:
         save_records(self.manifest, self.records, self.repos)
 
 
-def stage_repo(plan: RepoPlan, revision: str, st: Staging) -> dict[str, str]:
-    """Stage one repo; returns {relative path: sha256} of its planned files."""
+@dataclass(frozen=True)
+class Listed:
+    """One repo as the hub lists it at the revision's commit: the planned files, checked."""
+
+    commit: str
+    files: dict[str, HubFile]
+
+
+def list_repo(plan: RepoPlan, revision: str, st: Staging) -> Listed:
+    """Resolve, list and check one repo; writes nothing (every repo is listed before any is staged)."""
     commit = resolve_commit(st.api, plan.repo, revision)
-    tree = list_tree(st.api, plan.repo, commit)
+    tree = list_tree(st.api, plan.repo, commit, st.endpoint)
     files = select_files(plan.repo, revision, tree, plan.files)
     if plan.safetensors_count is not None:  # fail before hours of download when the hub side is wrong
         check_safetensors_count(plan.repo, "the hub listing", files, plan.safetensors_count)
+    return Listed(commit=commit, files=files)
+
+
+def stage_repo(plan: RepoPlan, revision: str, st: Staging, listing: Listed) -> dict[str, str]:
+    """Stage one listed repo; returns {relative path: sha256} of its planned files."""
+    commit, files = listing.commit, listing.files
     dest_dir = st.dest_root / plan.dest
     dest_dir.mkdir(parents=True, exist_ok=True)
     st.repos[plan.dest] = {"repo": plan.repo, "revision": revision, "commit": commit}
@@ -489,18 +539,27 @@ def stage_repo(plan: RepoPlan, revision: str, st: Staging) -> dict[str, str]:
     return digests
 
 
+def read_token(stream: Any) -> str | None:
+    """The token: the first line of `stream` (stdin); an empty line or no input means anonymous."""
+    line = stream.readline() if stream is not None else ""
+    return line.rstrip("\r\n") or None
+
+
 def run(plan_json: str, dest_root: Path, host_root: str) -> dict[str, Any]:
     from huggingface_hub import HfApi
 
     raw = json.loads(plan_json)
     revision = str(raw["revision"])
     endpoint = os.environ.get("HF_ENDPOINT") or None
-    token = os.environ.pop("HF_TOKEN", "") or None  # empty means anonymous
+    os.environ.pop("HF_TOKEN", None)  # the client would fall back to it
+    token = read_token(sys.stdin)
     st = Staging(dest_root=dest_root, endpoint=endpoint, token=token, api=HfApi(endpoint=endpoint, token=token),
                  records=load_records(dest_root / MANIFEST_FILE), repos=load_repos(dest_root / MANIFEST_FILE))
+    plans = [RepoPlan.from_json(repo_raw) for repo_raw in raw["repos"]]
+    listed = [(plan, list_repo(plan, revision, st)) for plan in plans]
     digests: dict[str, str] = {}
-    for repo_raw in raw["repos"]:
-        digests.update(stage_repo(RepoPlan.from_json(repo_raw), revision, st))
+    for plan, listing in listed:
+        digests.update(stage_repo(plan, revision, st, listing))
     files = {rel: int(st.records[rel]["size"]) for rel in digests}
     return {"root": host_root, "files": files, "sha256": digests,
             "manifest_file": f"{host_root.rstrip('/')}/{MANIFEST_FILE}"}

@@ -17,6 +17,7 @@ import pulumi
 import pulumi_docker as docker
 from pulumi_command import remote
 
+from components.scripts import sh_command
 from components.weights import manifest as wm
 from components.weights.worker_copy import WorkerCopy, WorkerCopyArgs
 
@@ -91,8 +92,8 @@ def _volume_check(node: str, image: pulumi.Input[str], model_volume: pulumi.Outp
                   engram_volume: pulumi.Output[str], files: pulumi.Output[dict[str, int]],
                   timeout_s: int, stack_prefix: str) -> pulumi.Output[str]:
     return pulumi.Output.all(image, model_volume, engram_volume, files).apply(
-        lambda a: wm.render_volume_check(node=node, image=a[0], model_volume=a[1], engram_volume=a[2],
-                                         files=a[3], timeout_s=timeout_s, stack_prefix=stack_prefix))
+        lambda a: sh_command(wm.render_volume_check(node=node, image=a[0], model_volume=a[1], engram_volume=a[2],
+                                                    files=a[3], timeout_s=timeout_s, stack_prefix=stack_prefix)))
 
 
 class WeightStore(pulumi.ComponentResource):
@@ -136,9 +137,9 @@ class WeightStore(pulumi.ComponentResource):
             f"{name}-stage",
             connection=head.connection,
             create=pulumi.Output.from_input(args.staging_image).apply(
-                lambda image: wm.render_stage_command(
+                lambda image: sh_command(wm.render_stage_command(
                     root=args.root, image=image, plan=plan, hf_endpoint=args.hf_endpoint,
-                    with_token=with_token, timeout_s=args.stage_timeout_s, stack_prefix=args.stack_prefix)),
+                    with_token=with_token, timeout_s=args.stage_timeout_s, stack_prefix=args.stack_prefix))),
             stdin=stdin,
             # Replace (re-stage) only when WHAT is staged changes; the token is not part of that.
             triggers=[args.model_repo, args.engram_repo, args.revision, args.root],
@@ -169,8 +170,8 @@ class WeightStore(pulumi.ComponentResource):
                 f"{name}-visible-{_node_key(node.name)}",
                 connection=node.connection,
                 create=pulumi.Output.all(self.root, files).apply(
-                    lambda a: wm.render_bind_check(node=node.name, abs_root=a[0], files=a[1],
-                                                   timeout_s=args.check_timeout_s)),
+                    lambda a: sh_command(wm.render_bind_check(node=node.name, abs_root=a[0], files=a[1],
+                                                              timeout_s=args.check_timeout_s))),
                 add_previous_output_in_env=False,
                 opts=pulumi.ResourceOptions(parent=self, depends_on=deps),
             )
@@ -186,11 +187,11 @@ class WeightStore(pulumi.ComponentResource):
             export = remote.Command(
                 f"{name}-nfs-export",
                 connection=head.connection,
-                create=self.root.apply(lambda r: wm.render_export_command(
-                    head_name=head.name, abs_root=r, worker_ips=worker_ips, stack_prefix=args.stack_prefix)),
+                create=self.root.apply(lambda r: sh_command(wm.render_export_command(
+                    head_name=head.name, abs_root=r, worker_ips=worker_ips, stack_prefix=args.stack_prefix))),
                 # Withdraws this stack's entries only; the delete recorded with the last create knows them.
-                delete=self.root.apply(lambda r: wm.render_unexport_command(
-                    abs_root=r, worker_ips=worker_ips, stack_prefix=args.stack_prefix)),
+                delete=self.root.apply(lambda r: sh_command(wm.render_unexport_command(
+                    abs_root=r, worker_ips=worker_ips, stack_prefix=args.stack_prefix))),
                 add_previous_output_in_env=False,
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[staging]),
             )

@@ -3,8 +3,10 @@
 Why a dynamic resource and not a remote command: the copy needs two ends alive at once, the head's source
 (a throwaway container serving the weights root read-only on the fabric) and the worker's copier, and the
 source must not outlive the copy. The provider holds the source's stdin open over ssh while the copier runs,
-then closes it: the source exits and docker removes it; if the deployer dies, its ssh goes with it and so does
-the source. The token pairing the two is made per run and sent on stdin only.
+writing a heartbeat line every HEARTBEAT_S, then closes it: the source exits and docker removes it. If the
+deployer dies, its ssh goes with it and so does the source; if the deployer's machine or network vanishes
+(nothing closes the session on the head), the heartbeats stop and the source ends within a minute
+(copy_source.py). The token pairing the two is made per run and sent on stdin only.
 
 `diff` (every preview and up) runs copy_check.sh on the worker: one ssh round trip that reads the copier's
 record and stats the files, reading no weights. A missing file, or one whose size or mtime is no longer the
@@ -16,6 +18,7 @@ that cannot be reached is reported, not treated as a change.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import secrets
@@ -34,6 +37,7 @@ from components.dynamic import changed_inputs, log_progress, plain, secret_or_no
 from components.ssh import SshTarget, ssh_argv
 from components.weights import local_copy as lc
 from components.weights import manifest as wm
+from components.weights.copy_source import HEARTBEAT_S
 
 # What decides the copy's content: a change re-runs it (images, streams and credentials do not).
 COPY_INPUT_KEYS = ("worker", "worker_host", "worker_port", "head_root", "copy_root", "files", "sha256")
@@ -122,6 +126,22 @@ class _Source:
         self.proc.stdin.flush()
         self._lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=_drain, args=(self.proc.stdout, self._lines), daemon=True).start()
+        self._stdin_lock = threading.Lock()
+        self._stopped = threading.Event()
+        threading.Thread(target=self._heartbeat, daemon=True).start()
+
+    def _heartbeat(self) -> None:
+        """While the copy runs: one line every HEARTBEAT_S, so the source knows this session is alive."""
+        while not self._stopped.wait(HEARTBEAT_S):
+            with self._stdin_lock:
+                stdin = self.proc.stdin
+                if stdin is None or stdin.closed:
+                    return
+                try:
+                    stdin.write("\n")
+                    stdin.flush()
+                except (OSError, ValueError):  # the source (or its ssh) is gone: wait_listening / stop say so
+                    return
 
     def wait_listening(self) -> lc.SourceReady:
         seen: dict[str, str] = {}
@@ -144,8 +164,11 @@ class _Source:
                          f"{SOURCE_START_TIMEOUT_S:.0f}s:\n    {_tail(self.stderr)}")
 
     def stop(self) -> None:
-        if self.proc.stdin and not self.proc.stdin.closed:
-            self.proc.stdin.close()
+        self._stopped.set()
+        with self._stdin_lock:
+            if self.proc.stdin and not self.proc.stdin.closed:
+                with contextlib.suppress(OSError):  # a source that already exited: nothing to tell it
+                    self.proc.stdin.close()
         try:
             self.proc.wait(timeout=20)
         except subprocess.TimeoutExpired:

@@ -28,6 +28,7 @@ from components.gates.rank_watch import (
     SystemClock,
 )
 from tests.support.fake_ssh import KEY, ModelsServer, canned, install_fake_ssh, serve_models
+from tests.support.scripts import sent_script
 
 HEAD = RankSpec(rank=0, node="spark-a", host="127.0.0.2", port=2222, user="root", container="dsv41-rank0")
 WORKER = RankSpec(rank=1, node="spark-b", host="127.0.0.3", port=2222, user="root", container="dsv41-rank1")
@@ -672,8 +673,8 @@ class TestSshRankSource:
         key_file = Path(argv[argv.index("-i") + 1])
         assert key_file.read_text() == KEY and stat.S_IMODE(key_file.stat().st_mode) == 0o600
         assert "root@127.0.0.3" in argv and argv[argv.index("-p") + 1] == "2222"
-        assert argv[-1] == ("timeout 10 docker inspect -f "
-                            "'{{.State.Status}} {{.State.ExitCode}} {{.State.StartedAt}}' dsv41-rank1")
+        assert sent_script(argv[-1]) == ("timeout 10 docker inspect -f "
+                                         "'{{.State.Status}} {{.State.ExitCode}} {{.State.StartedAt}}' dsv41-rank1")
 
     def test_exited_and_missing_containers(self, fake_ssh: Path) -> None:
         canned(fake_ssh, "inspect.1", "exited 137 2026-09-22T10:00:00Z\n")
@@ -712,8 +713,9 @@ class TestSshRankSource:
         second = src.new_lines(0)
         assert [ln.text for ln in second] == ["third"]
         remote = (fake_ssh / "remote.log").read_text().splitlines()
-        assert remote[1] == "timeout 10 docker logs --timestamps --since 2026-09-22T10:00:00.5Z dsv41-rank0 2>&1"
-        assert remote[2] == "timeout 10 docker logs --timestamps --since 2026-09-22T10:00:03.25Z dsv41-rank0 2>&1"
+        assert [sent_script(r) for r in remote[1:3]] == [
+            "timeout 10 docker logs --timestamps --since 2026-09-22T10:00:00.5Z dsv41-rank0 2>&1",
+            "timeout 10 docker logs --timestamps --since 2026-09-22T10:00:03.25Z dsv41-rank0 2>&1"]
 
     def test_logs_failure_is_a_source_error(self, fake_ssh: Path) -> None:
         canned(fake_ssh, "inspect", "running 0 2026-09-22T10:00:00Z\n")

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from components.scripts import sh_command
 from components.weights import manifest as wm
 from sim import checkpoint, cluster
 
@@ -49,11 +50,15 @@ def on_node(sim: dict[str, Any], ip: str, command: str, stdin: str | None = None
 
 
 
-def stage_on_head(sim: dict[str, Any], root: Path) -> subprocess.CompletedProcess[str]:
-    """The program's own staging command (weights_manifest), run on the head over ssh, image from the registry."""
+STAGING_PREFIX = "dsv41-exl3-sim-staging"
+
+
+def stage_on_head(sim: dict[str, Any], root: Path, token: str | None = None) -> subprocess.CompletedProcess[str]:
+    """The program's own staging command (weights_manifest, under `sh` as WeightStore sends it), run on the head
+    over ssh, image from the registry; `token` as `weights.hfToken` (None: anonymous)."""
     plan = wm.staging_plan(model_repo=checkpoint.MODEL_REPO, engram_repo=checkpoint.BASE_REPO, revision="main")
     command = wm.render_stage_command(root=str(root), image=sim["image"], plan=plan, hf_endpoint=sim["hub"],
-                                      with_token=False, timeout_s=STEP_TIMEOUT,
-                                      stack_prefix="dsv41-exl3-sim-staging")
-    return on_node(sim, sim["nodes"][0]["ip"], command, stdin=wm.stage_stdin(None, wm.stage_script_source()),
-                   timeout=STEP_TIMEOUT + 60)
+                                      with_token=token is not None, timeout_s=STEP_TIMEOUT,
+                                      stack_prefix=STAGING_PREFIX)
+    return on_node(sim, sim["nodes"][0]["ip"], sh_command(command),
+                   stdin=wm.stage_stdin(token, wm.stage_script_source()), timeout=STEP_TIMEOUT + 60)

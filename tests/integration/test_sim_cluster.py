@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sim_support import STEP_TIMEOUT, on_node, stage_on_head
+from sim_support import STAGING_PREFIX, STEP_TIMEOUT, on_node, stage_on_head
 
 from components.weights import manifest as wm
 from sim import checkpoint, cluster, hub
@@ -399,6 +399,42 @@ def test_hub_checkpoint_stages_fully_on_the_head(sim: dict[str, Any], stage_root
         assert (stage_root / rel).stat().st_size == size, rel
     assert (stage_root / "model" / "model-00039-of-00039.safetensors").read_bytes() == repos[MODEL_REPO][
         "model-00039-of-00039.safetensors"]
+
+
+@pytest.mark.sim
+@pytest.mark.timeout(300)
+def test_the_hf_token_never_shows_in_the_staging_containers_docker_inspect(sim: dict[str, Any],
+                                                                           stage_root: Path) -> None:
+    """Issue 22 item 1: the token reaches the staging program on stdin, so the container's Config.Env (what
+    `docker inspect` shows to anyone with the docker socket, for the whole staging run) never holds it."""
+    token = f"hf_SimStagingToken{uuid.uuid4().hex}"
+    container = wm.stage_container(STAGING_PREFIX)
+    docker_host = cluster.default_layout().docker_host(sim["nodes"][0]["index"])
+    seen: list[str] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            done = subprocess.run(["docker", "-H", docker_host, "inspect", container], capture_output=True,
+                                  text=True, timeout=STEP_TIMEOUT)
+            if done.returncode == 0:
+                seen.append(done.stdout)
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        proc = stage_on_head(sim, stage_root, token=token)
+    finally:
+        stop.set()
+        watcher.join(timeout=STEP_TIMEOUT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert seen, f"the staging container {container} was never seen while staging ran"
+    for inspected in seen:
+        env = json.loads(inspected)[0]["Config"]["Env"] or []
+        assert not [e for e in env if e.startswith("HF_TOKEN=")], f"HF_TOKEN in Config.Env: {env}"
+        assert token not in inspected, "the token shows in `docker inspect` of the staging container"
+    assert token not in proc.stdout + proc.stderr
 
 
 @pytest.mark.sim

@@ -675,9 +675,9 @@ def test_component_runs_one_timeout_wrapped_command_parented_and_triggered() -> 
     assert cmd.name == "preflight-spark-1-check"
     assert cmd.inputs["triggers"] == ["generation-7", "node-spec-abc123"]
     create = cmd.inputs["create"]
-    assert create.startswith("timeout -k 10 120 sh -c "), create[:80]
+    assert create.startswith("exec timeout -k 10 120 sh -c "), create[:80]
     assert cmd.inputs["update"] == create, "an input change re-runs the same check"
-    assert cmd.inputs["delete"] == "true"
+    assert cmd.inputs["delete"] == "exec sh -c true"
     assert cmd.inputs["addPreviousOutputInEnv"] is False
     assert cmd.custom_timeouts["create"] == "180s"
     assert "/srv/dsv41-exl3" in create and "rocep1s0f1" in create

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shlex
 import shutil
 import signal
 import subprocess
@@ -33,7 +32,7 @@ from components.watchdog.watchdog import (
 )
 from tests.support import recording
 from tests.support.host_keys import fake_host_key
-from tests.support.scripts import header_value
+from tests.support.scripts import header_value, sent_script
 
 GIB_KIB = 1024 * 1024
 FLOOR_KIB = 5 * GIB_KIB
@@ -86,8 +85,8 @@ class TestRendering:
         assert header_value(script, "SYSLOG_TAG") == "dsv41-exl3-watchdog" and 'logger -t "$SYSLOG_TAG"' in script
 
     def test_every_remote_command_is_bounded_by_timeout(self) -> None:
-        assert render_install_command(_settings()).startswith("timeout 60 sh -c ")
-        assert render_remove_command(_settings()).startswith("timeout 30 sh -c ")
+        assert render_install_command(_settings()).startswith("exec timeout 60 sh -c ")
+        assert render_remove_command(_settings()).startswith("exec timeout 30 sh -c ")
         assert "timeout \"$STOP_TIMEOUT\" $DOCKER stop" in render_watchdog_script(_settings())
 
     @pytest.mark.parametrize(("kw", "message"), [
@@ -278,7 +277,7 @@ class TestTwoStacksOnOneNode:
         made = _sh(render_key_command(a), env)
         assert made.returncode == 0, made.stderr
         assert "DSV41_WATCHDOG_PUBKEY ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIStandIn" in made.stdout
-        assert header_value(shlex.split(render_key_command(a))[4], "STATE_DIR") == ".local/state/dsv41-exl3-dev"
+        assert header_value(render_key_command(a), "STATE_DIR") == ".local/state/dsv41-exl3-dev"
         assert _sh(render_key_remove_command(b), env).returncode == 0
         assert not key_b.exists() and key_a.exists(), "removing B's key must leave A's"
         key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOperatorKeyForTests"
@@ -484,7 +483,7 @@ def test_deployment_gives_every_watchdog_the_other_ranks_and_their_keys() -> Non
     installs = {c.name: c.inputs["create"] for c in commands if c.name.endswith("-install")}
     for i in range(4):
         create = installs[f"watchdog-spark-{i}-install"]
-        install = shlex.split(create)[4]  # timeout N sh -c <the rendered install.sh>
+        install = sent_script(create)  # exec timeout N sh -c <the rendered install.sh>
         watchdog = header_value(install, "WATCHDOG", as_text=True)
         stopped = header_value(watchdog, "PEERS", as_text=True).splitlines()
         assert sorted(stopped) == [f"spark-{j} me 10.0.0.{j + 1} 22" for j in sorted({0, 1, 2, 3} - {i})], (

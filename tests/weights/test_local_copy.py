@@ -8,6 +8,7 @@ import hashlib
 import http.client
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -17,9 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from components.scripts import sh_command
 from components.weights import local_copy as lc
 from components.weights import manifest as wm
 from components.weights.copy_weights import PARTIAL_SUFFIX, RECORD_FILE, read_record
+from tests.support.fake_docker import install_fake_docker
 from tests.support.scripts import header_value, run_sh
 
 PYTHON = sys.executable
@@ -32,18 +35,30 @@ class Source:
     proc: subprocess.Popen[str]
     port: int
 
-    def get(self, path: str, token: str = TOKEN, bind: str = "127.0.0.1") -> tuple[int, bytes]:
+    def get(self, path: str, token: str = TOKEN, bind: str = "127.0.0.1",
+            authorization: str | None = None) -> tuple[int, bytes]:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5, source_address=(bind, 0))
-        conn.request("GET", path, headers={"Authorization": f"Bearer {token}"})
+        conn.request("GET", path, headers={"Authorization": authorization or f"Bearer {token}"})
         reply = conn.getresponse()
         return reply.status, reply.read()
 
+    def threads(self) -> int:
+        status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        return int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("Threads:")))
 
-def start_source(root: Path, allow: str = "127.0.0.1") -> Source:
+    def stop(self) -> None:
+        if self.proc.stdin and not self.proc.stdin.closed:
+            self.proc.stdin.close()
+        self.proc.wait(timeout=10)
+
+
+def start_source(root: Path, allow: str = "127.0.0.1", **limits: float) -> Source:
+    """copy_source.py as source.sh runs it, the config line on stdin (`limits`: copy_source.Limits' fields)."""
     proc = subprocess.Popen([PYTHON, str(HERE / "copy_source.py"), "--root", str(root), "--bind", "127.0.0.1"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdin and proc.stdout
-    proc.stdin.write(json.dumps({"token": TOKEN, "allow": [allow], "dirs": [wm.MODEL_DIR, wm.ENGRAM_DIR]}) + "\n")
+    proc.stdin.write(json.dumps({"token": TOKEN, "allow": [allow], "dirs": [wm.MODEL_DIR, wm.ENGRAM_DIR],
+                                 **limits}) + "\n")
     proc.stdin.flush()
     ready = lc.parse_source_line(proc.stdout.readline(), {})
     assert ready is not None
@@ -70,9 +85,7 @@ def head(tmp_path: Path) -> Path:
 def source(head: Path) -> Iterator[Source]:
     s = start_source(head)
     yield s
-    if s.proc.stdin and not s.proc.stdin.closed:
-        s.proc.stdin.close()
-    s.proc.wait(timeout=10)
+    s.stop()
 
 
 def expected_of(head: Path) -> tuple[dict[str, int], dict[str, str]]:
@@ -226,6 +239,120 @@ def test_the_source_stops_when_the_deployer_closes_its_stdin(source: Source) -> 
     began = time.monotonic()
     assert source.proc.wait(timeout=10) == 0
     assert time.monotonic() - began < 5
+
+
+def test_a_token_without_the_bearer_scheme_is_refused(source: Source) -> None:
+    name = f"/files/{wm.MODEL_DIR}/config.json"
+    assert source.get(name, authorization=TOKEN)[0] == 401, "the token alone is not an Authorization header"
+    assert source.get(name, authorization=f"Basic {TOKEN}")[0] == 401
+    assert source.get(name, authorization=f"bearer {TOKEN}")[0] == 200, "the scheme is case-insensitive"
+
+
+def half_sent(port: int, bind: str) -> socket.socket:
+    """A slow-loris client: a request line and one header, never the blank line that ends them."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(bind, 0))
+    sock.sendall(b"GET /files/model/config.json HTTP/1.1\r\nHost: head\r\n")
+    return sock
+
+
+def closed_by_server(sock: socket.socket) -> bool:
+    """The server let the connection go (EOF or a reset, after whatever it answered) within the socket's timeout."""
+    try:
+        while sock.recv(4096):
+            pass
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+    return True
+
+
+def test_an_outsider_is_answered_before_it_sends_a_byte(source: Source) -> None:
+    # Checked at accept: a connection from another address gets its 403 without the server reading anything.
+    sock = socket.create_connection(("127.0.0.1", source.port), timeout=5, source_address=("127.0.0.2", 0))
+    with sock:
+        reply = sock.recv(4096)
+    assert reply.startswith(b"HTTP/1.1 403 ") and b"127.0.0.2 is not a worker" in reply
+
+
+def test_the_connection_cap_leaves_room_for_the_most_streams_a_copy_opens() -> None:
+    from components.config import Weights
+    from components.weights.copy_source import Limits
+
+    most = next(m.le for m in Weights.model_fields["copy_streams"].metadata if hasattr(m, "le"))
+    assert Limits().max_connections > most, "a copy at weights.copyStreams' maximum would wait for slots"
+    assert Limits().silence_s < 60, "a lost session must end the source within a minute"
+
+
+def test_a_slow_loris_flood_is_bounded_and_a_copy_still_completes(head: Path, tmp_path: Path) -> None:
+    s = start_source(head, max_connections=6, request_timeout_s=2)
+    try:
+        idle = s.threads()
+        outsiders = [half_sent(s.port, "127.0.0.2") for _ in range(300)]
+        worker = [half_sent(s.port, "127.0.0.1") for _ in range(60)]
+        time.sleep(0.5)
+        assert s.threads() <= idle + 6, f"{s.threads()} threads for 360 half-sent requests (cap 6)"
+        # A copy started in the flood completes: its streams are asked to retry until slots free up.
+        done, report = copy(s, head, tmp_path / "worker", streams=3)
+        assert done.returncode == 0, done.stderr
+        assert report is not None and same_tree(head, tmp_path / "worker")
+        for sock in outsiders + worker:
+            sock.settimeout(4)
+            assert closed_by_server(sock), "a half-sent request is let go after request_timeout_s"
+            sock.close()
+        time.sleep(0.3)
+        assert s.threads() == idle, "every connection's thread is released"
+        assert s.get(f"/files/{wm.MODEL_DIR}/config.json")[0] == 200
+    finally:
+        s.stop()
+
+
+def test_the_source_stops_when_the_deployers_heartbeats_stop(head: Path) -> None:
+    # The deployer's machine vanished: nothing closes the session on the head, the heartbeats just stop.
+    s = start_source(head, silence_s=1)
+    began = time.monotonic()
+    try:
+        assert s.proc.wait(timeout=10) == 0
+    finally:
+        s.proc.kill()
+    assert 1 <= time.monotonic() - began < 4
+    assert s.proc.stderr and "no heartbeat from the deployer for 1 s" in s.proc.stderr.read()
+
+
+def test_heartbeats_keep_the_source_serving(head: Path) -> None:
+    s = start_source(head, silence_s=1)
+    try:
+        assert s.proc.stdin
+        for _ in range(8):
+            s.proc.stdin.write("\n")
+            s.proc.stdin.flush()
+            time.sleep(0.3)
+        assert s.proc.poll() is None and s.get(f"/files/{wm.MODEL_DIR}/config.json")[0] == 200
+    finally:
+        s.stop()
+
+
+def test_source_sh_ends_with_the_source_when_the_deployer_falls_silent(head: Path, tmp_path: Path) -> None:
+    """The whole remote command ends, not only the server: nothing waits on the session's stdin afterwards."""
+    install_fake_docker(tmp_path / "bin", tmp_path / "docker.log")
+    command = sh_command(lc.render_source_command(abs_root=str(head), bind="127.0.0.1", image="img",
+                                                  container="dsv41-exl3-dev-weights-source-spark-1"))
+    env = {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "HOME": str(tmp_path)}
+    proc = subprocess.Popen(["sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    assert proc.stdin and proc.stdout
+    proc.stdin.write(json.dumps({"token": TOKEN, "allow": ["127.0.0.1"], "dirs": [wm.MODEL_DIR], "silence_s": 1})
+                     + "\n")
+    proc.stdin.flush()
+    seen: dict[str, str] = {}
+    while (ready := lc.parse_source_line(proc.stdout.readline(), seen)) is None:
+        pass
+    assert ready.port > 0 and seen["ident"]
+    try:
+        assert proc.wait(timeout=10) == 0, "the shell must end with the source, its stdin still open"
+    finally:
+        proc.kill()
+        proc.stdin.close()
 
 
 # --- the copy check: record and stat only ------------------------------------------------------------------------

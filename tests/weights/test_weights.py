@@ -22,8 +22,10 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
+from components.weights import local_copy as lc
 from components.weights import manifest as wm
 from components.weights import stage_weights as sw
+from tests.support.fake_docker import install_fake_docker as _fake_docker
 from tests.support.scripts import header_value
 
 PYTHON = sys.executable  # the venv's python: stands for the staging container's python3
@@ -156,21 +158,22 @@ def hub() -> Iterator[FakeHub]:
     server.server_close()
 
 
-def hub_env(hub: FakeHub, home: Path, token: str | None = None) -> dict[str, str]:
+def hub_env(hub: FakeHub, home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower() and k != "HF_TOKEN"}
     env.update({"HF_ENDPOINT": hub.url, "HF_HOME": str(home), "HF_HUB_DISABLE_TELEMETRY": "1",
                 "HF_HUB_DISABLE_PROGRESS_BARS": "1", "NO_PROXY": "*", "HF_HUB_ETAG_TIMEOUT": "5",
                 "HF_HUB_DOWNLOAD_TIMEOUT": "10"})
-    if token is not None:
-        env["HF_TOKEN"] = token
     return env
 
 
-def run_stage(hub: FakeHub, root: Path, token: str | None = None) -> subprocess.CompletedProcess[str]:
+def run_stage(hub: FakeHub, root: Path, token: str | None = None,
+              env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """stage_weights.py as the container runs it: the token line (empty: anonymous) on stdin."""
     plan = wm.staging_plan(model_repo=MODEL_REPO, engram_repo=ENGRAM_REPO, revision="main")
     return subprocess.run(
         [PYTHON, str(SCRIPT), "--plan", json.dumps(plan), "--dest-root", str(root), "--host-root", "/host/root"],
-        env=hub_env(hub, root.parent / "hf-home", token), capture_output=True, text=True, timeout=120)
+        env={**hub_env(hub, root.parent / "hf-home"), **(env or {})}, input=f"{token or ''}\n", capture_output=True,
+        text=True, timeout=120)
 
 
 def error_line(proc: subprocess.CompletedProcess[str]) -> str:
@@ -229,12 +232,19 @@ def test_partial_stage_resumes_only_missing_files(hub: FakeHub, tmp_path: Path) 
         wm.engram_shard_name(48)]
 
 
-def test_token_reaches_hub_from_environment(hub: FakeHub, tmp_path: Path) -> None:
+def test_token_reaches_hub_from_stdin(hub: FakeHub, tmp_path: Path) -> None:
     proc = run_stage(hub, tmp_path / "root", token=TOKEN)
     assert proc.returncode == 0, proc.stderr[-3000:]
     auths = {a for _, _, a in hub.requests}
     assert auths == {f"Bearer {TOKEN}"}, f"every hub request must carry the token, saw {auths}"
     assert TOKEN not in proc.stdout + proc.stderr
+
+
+def test_an_anonymous_run_ignores_a_token_in_the_environment(hub: FakeHub, tmp_path: Path) -> None:
+    # A token baked into the image's environment must not turn an anonymous staging into an authenticated one.
+    proc = run_stage(hub, tmp_path / "root", env={"HF_TOKEN": "hf_baked_into_the_image"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert {a for _, _, a in hub.requests} == {None}
 
 
 def test_engram_shard_missing_on_hub_fails_naming_repo_and_file(hub: FakeHub, tmp_path: Path) -> None:
@@ -243,6 +253,31 @@ def test_engram_shard_missing_on_hub_fails_naming_repo_and_file(hub: FakeHub, tm
     assert proc.returncode == 1
     line = error_line(proc)
     assert ENGRAM_REPO in line and wm.engram_shard_name(47) in line
+
+
+@pytest.mark.parametrize(("repo", "name"), [
+    (MODEL_REPO, "../outside.safetensors"), (MODEL_REPO, "{tmp}/absolute.json"), (MODEL_REPO, "sub/../../x.json"),
+    (MODEL_REPO, "win\\dows.json"), (MODEL_REPO, "nul\0.json"), (MODEL_REPO, "two\nlines.json"),
+    # The base repo's listing is checked whole, not only the four selected files, and before the model is staged.
+    (ENGRAM_REPO, "../../evil.py")])
+def test_a_listing_naming_a_path_outside_the_repo_is_refused_before_anything_is_written(
+        hub: FakeHub, tmp_path: Path, repo: str, name: str) -> None:
+    name = name.format(tmp=tmp_path)  # absolute, yet inside this test's directory should a regression write it
+    hub.repos[repo][name] = b"planted by a mirror"
+    root = tmp_path / "weights" / "root"
+    proc = run_stage(hub, root)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    line = error_line(proc)
+    assert repr(name) in line and hub.url in line and repo in line, line
+    assert "nothing was written" in line and "weights.hfEndpoint" in line
+    assert not root.exists(), "refused before any directory or file of the weights root is written"
+    assert not hub.gets_of(".safetensors"), "no download started"
+    assert not [p for p in tmp_path.rglob("*") if p.is_file() and p.read_bytes() == b"planted by a mirror"]
+
+
+@pytest.mark.parametrize("name", ["config.json", "a/b/c.safetensors", "..hidden/x", "x..y", "dir.v2/model.bin"])
+def test_ordinary_repo_paths_pass_the_listing_check(name: str) -> None:
+    assert sw.unsafe_path(name) is None
 
 
 def test_listed_file_that_404s_fails_naming_it(hub: FakeHub, tmp_path: Path) -> None:
@@ -485,12 +520,14 @@ def stage_command(**kw: Any) -> str:
 @dataclass
 class Logged:
     """What a rendered script ran, with docker and timeout stand-ins on PATH: one `timeout ...` / `docker ...`
-    line per call (argv joined by spaces), HF_TOKEN as each `docker run` saw it, and what it read on stdin."""
+    line per call (argv joined by spaces), HF_TOKEN as each `docker run` saw it, the whole environment of
+    each `docker run`, and what it read on stdin."""
 
     proc: subprocess.CompletedProcess[str]
     argv: list[str]
     docker_env: list[str]
     docker_stdin: str
+    docker_environ: str
 
     def line(self, start: str) -> str:
         found = [ln for ln in self.argv if ln.startswith(start)]
@@ -500,10 +537,12 @@ class Logged:
 
 def run_logged(cmd: str, tmp_path: Path, stdin: str = "", home: Path | None = None) -> Logged:
     bin_dir, log, env_log, stdin_log = tmp_path / "log-bin", tmp_path / "argv", tmp_path / "env", tmp_path / "stdin"
+    environ_log = tmp_path / "environ"
     bin_dir.mkdir(exist_ok=True)
     for name, body in (
             ("docker", f'echo "docker $*" >> {log}\n[ "$1" = run ] || exit 0\n'
-                       f'echo "HF_TOKEN=${{HF_TOKEN-unset}}" >> {env_log}\ncat > {stdin_log}\n'),
+                       f'echo "HF_TOKEN=${{HF_TOKEN-unset}}" >> {env_log}\nenv >> {environ_log}\n'
+                       f'cat > {stdin_log}\n'),
             ("timeout", f'echo "timeout $*" >> {log}\nwhile case "$1" in -*) true;; *) false;; esac; do shift; done\n'
                         'shift\nexec "$@"\n')):
         (bin_dir / name).write_text(f"#!/bin/sh\n{body}")
@@ -515,19 +554,22 @@ def run_logged(cmd: str, tmp_path: Path, stdin: str = "", home: Path | None = No
                           env={"PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(home)})
     assert proc.returncode == 0, proc.stderr
     read = lambda p: p.read_text() if p.exists() else ""  # noqa: E731
-    return Logged(proc, read(log).splitlines(), read(env_log).splitlines(), read(stdin_log))
+    return Logged(proc, read(log).splitlines(), read(env_log).splitlines(), read(stdin_log), read(environ_log))
 
 
-def test_stage_command_passes_token_by_name_and_is_bounded(tmp_path: Path) -> None:
+def test_stage_command_gives_the_token_to_the_container_on_stdin_only_and_is_bounded(tmp_path: Path) -> None:
     cmd = stage_command()
     assert "HF_TOKEN=" not in cmd and TOKEN not in cmd and header_value(cmd, "WITH_TOKEN") == "1"
     ran = run_logged(cmd, tmp_path, stdin=wm.stage_stdin(TOKEN, "script"))
     bounded = ran.line("timeout ")
-    assert bounded.startswith("timeout --kill-after=60 7200 docker run --rm "), bounded
+    assert bounded.startswith("timeout --kill-after=60 7200 docker run --rm -i "), bounded
     run = ran.line("docker run ")
-    assert " -e HF_TOKEN -e HF_ENDPOINT=http://127.0.0.1:9 " in run, "the token by name, never its value"
+    assert " -e HF_TOKEN" not in run and " -e HF_ENDPOINT=http://127.0.0.1:9 " in run, (
+        "no `-e HF_TOKEN`: docker would copy it into the container's Config.Env (`docker inspect`)")
     assert all(TOKEN not in line for line in ran.argv), "the token must never be in argv"
-    assert ran.docker_env == [f"HF_TOKEN={TOKEN}"], "the token read from stdin reaches docker's environment"
+    assert ran.docker_env == ["HF_TOKEN=unset"] and TOKEN not in ran.docker_environ, (
+        "the token is in no environment docker could pass on")
+    assert ran.docker_stdin == f"{TOKEN}\n", "the staging program's stdin is the token line, nothing else"
     assert " --network host " in run and " --entrypoint python3 img:tag /stage/stage_weights.py " in run
     assert " -e HF_HUB_OFFLINE=0 " in run, "the serving image's offline default must not break staging"
     anonymous = stage_command(with_token=False, hf_endpoint=None)
@@ -535,7 +577,7 @@ def test_stage_command_passes_token_by_name_and_is_bounded(tmp_path: Path) -> No
     ran = run_logged(anonymous, _fresh(tmp_path / "anonymous"), stdin=wm.stage_stdin(None, "script"))
     run = ran.line("docker run ")
     assert "HF_TOKEN" not in run and "HF_ENDPOINT" not in run
-    assert ran.docker_env == ["HF_TOKEN=unset"], "anonymous staging exports no token"
+    assert ran.docker_env == ["HF_TOKEN=unset"] and ran.docker_stdin == "\n", "anonymous: an empty token line"
     with pytest.raises(ValueError, match="stage_timeout_s=0"):
         stage_command(timeout_s=0)
 
@@ -565,43 +607,6 @@ def test_stage_stdin_is_token_line_then_script() -> None:
     assert "a\nb" not in str(err.value)
 
 
-def _fake_docker(bin_dir: Path, log: Path) -> None:
-    """A `docker` on PATH that runs `docker run ... --entrypoint python3 IMG args` with the local python,
-    mapping -v mounts to host paths and passing only the -e variables, like the real CLI."""
-    bin_dir.mkdir()
-    shim = bin_dir / "docker"
-    shim.write_text(f"""#!{PYTHON}
-import json, os, subprocess, sys
-argv = sys.argv[1:]
-with open({str(log)!r}, "a") as f:
-    f.write(json.dumps(argv) + "\\n")
-if argv[0] != "run":
-    sys.exit(0)
-env, mounts, i = {{"PATH": os.environ["PATH"]}}, [], 1
-while argv[i].startswith("-"):
-    opt = argv[i]
-    if opt in ("--rm", "-i"):
-        i += 1
-        continue
-    val = argv[i + 1]
-    if opt == "-e":
-        k, _, v = val.partition("=")
-        env[k] = v if "=" in val else os.environ.get(k, "")
-    elif opt == "-v":
-        src, dst = val.split(":")[:2]
-        mounts.append((dst, src))
-    i += 2
-rest = argv[i + 1:]
-def host(a):
-    for dst, src in mounts:
-        if a == dst or a.startswith(dst + "/"):
-            return src + a[len(dst):]
-    return a
-sys.exit(subprocess.run([{PYTHON!r}] + [host(a) for a in rest], env=env).returncode)
-""")
-    shim.chmod(0o755)
-
-
 def test_stage_command_runs_end_to_end_with_token_only_on_stdin(hub: FakeHub, tmp_path: Path) -> None:
     """The rendered shell, with a stand-in docker CLI: token from stdin reaches the hub, never argv."""
     log = tmp_path / "docker-argv.log"
@@ -618,6 +623,9 @@ def test_stage_command_runs_end_to_end_with_token_only_on_stdin(hub: FakeHub, tm
     assert (home / "dsv41-exl3" / "model" / "config.json").is_file()
     assert {a for _, _, a in hub.requests} == {f"Bearer {TOKEN}"}
     assert TOKEN not in log.read_text(), "the token must never be in docker's argv"
+    container_env = [json.loads(ln) for ln in Path(f"{log}.env").read_text().splitlines()]
+    assert container_env and all(TOKEN not in json.dumps(e) for e in container_env), (
+        "the token must not be in the container's environment (its Config.Env, which `docker inspect` shows)")
     assert TOKEN not in cmd
 
 
@@ -1075,12 +1083,33 @@ def test_staging_and_export_refuse_a_root_that_is_slash_or_home_on_the_node(
     assert calls(head) == [] and not Path(head["TEST_EXPORTS_DIR"]).exists(), "nothing exported"
 
 
+def test_staging_and_the_copy_refuse_a_root_resolving_to_a_path_docker_v_would_split(
+        head: dict[str, str], tmp_path: Path) -> None:
+    odd = tmp_path / "a:b,c"
+    odd.mkdir()
+    (tmp_path / "link").symlink_to(odd)  # config cannot see this: the node resolves it
+    log = tmp_path / "docker-argv.log"
+    _fake_docker(tmp_path / "docker-bin", log)
+    env = {**head, "PATH": f"{tmp_path / 'docker-bin'}:{head['PATH']}"}
+    proc = sh(stage_command(root=str(tmp_path / "link")), env, stdin=wm.stage_stdin(None, "script"))
+    assert proc.returncode == 1 and f"weights root {odd} on the head holds ':' or ','" in proc.stderr
+    assert "(weights.root)" in proc.stderr
+    copy = lc.render_copy_command(node="w1", copy_root=str(tmp_path / "link"), source="http://10.0.0.1:1",
+                                  source_ident="m:1:2", bind="10.0.0.2", image="img", container="c", streams=1,
+                                  expected="{}", timeout_s=60)
+    proc = sh(copy, env, stdin='{"token": "t"}\n')
+    assert proc.returncode == 1 and f"copy root {odd} on w1 holds ':' or ','" in proc.stderr
+    assert "(weights.copyRoot)" in proc.stderr
+    assert not log.exists(), "refused before any container runs"
+    assert list(odd.iterdir()) == [], "nothing is created there"
+
+
 def test_stage_and_check_containers_are_named_per_stack(tmp_path: Path) -> None:
     cmd = stage_command()
     assert header_value(cmd, "CONTAINER") == f"{PREFIX}-stage-weights" and "dsv41-exl3-stage-weights" not in cmd
     ran = run_logged(cmd, _fresh(tmp_path / "stage"), stdin=wm.stage_stdin(None, "script"))
     assert ran.line("docker rm ") == f"docker rm -f {PREFIX}-stage-weights"
-    assert ran.line("docker run ").startswith(f"docker run --rm --name {PREFIX}-stage-weights ")
+    assert ran.line("docker run ").startswith(f"docker run --rm -i --name {PREFIX}-stage-weights ")
     check = wm.render_volume_check(node="w1", image="img", model_volume="m", engram_volume="e",
                                    files={"model/a": 1}, stack_prefix=OTHER)
     assert header_value(check, "CONTAINER") == f"{OTHER}-weights-check"

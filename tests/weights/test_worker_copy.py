@@ -27,6 +27,7 @@ case "$last" in
     echo "source-stopped" > "$d/source.stopped" ;;
   *components/weights/copy.sh*)
     cat > "$d/stdin.$n"
+    if [ -f "$d/copy.slow" ]; then sleep "$(cat "$d/copy.slow")"; fi
     echo "copy_weights: spark-1: copying 1 of 2 files (0.00 GiB) in 1 streams" >&2
     if [ -f "$d/copy.fail" ]; then echo "copy_weights: error: disk full on spark-1" >&2; exit 1; fi
     cat "$d/copy.out" ;;
@@ -91,6 +92,18 @@ def test_a_copy_pairs_source_and_copier_with_a_token_sent_on_stdin_only(ssh_dir:
     # A second run makes another token: none is kept in the state or reused.
     wc.run_copy(props(), log=logged.append)
     assert json.loads(calls(ssh_dir)[2][1].splitlines()[0])["token"] != token
+
+
+def test_the_deployer_sends_the_source_heartbeats_while_the_copy_runs(ssh_dir: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # Without them a source whose deployer vanished would outlive it (copy_source.py stops after a silence).
+    monkeypatch.setattr(wc, "HEARTBEAT_S", 0.05, raising=False)
+    (ssh_dir / "copy.slow").write_text("0.6")
+    wc.run_copy(props(), log=lambda _m: None)
+    (_, source_stdin), _ = calls(ssh_dir)
+    config, *beats = source_stdin.split("\n")
+    assert json.loads(config)["allow"] == ["192.168.100.2"]
+    assert len(beats) >= 5 and set(beats) == {""}, f"heartbeat lines after the config line: {source_stdin[-80:]!r}"
 
 
 def test_a_failed_copy_names_the_worker_and_what_it_said_and_still_stops_the_source(ssh_dir: Path) -> None:
