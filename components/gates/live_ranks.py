@@ -78,6 +78,14 @@ def drifted(observed: Mapping[str, str]) -> list[str]:
     return sorted(n for n, status in observed.items() if status != "running" and not status.startswith("unreachable"))
 
 
+def down_text(node: str, status: str, head_node: str) -> str:
+    """One rank found not running; vLLM's head exits 0 when a rank of its group died, which names the cause."""
+    if node == head_node and status == "exited (0)":
+        return (f"{node} (the head) is {status}: a rank of the group died (vLLM's head exits 0 when its engine "
+                "loses a rank; it also does when stopped)")
+    return f"{node} is {status}"
+
+
 def probe_target(olds: Mapping[str, Any], news: Mapping[str, Any]) -> tuple[str, str, str | None] | None:
     """Endpoint, model and key of what is deployed (the state), else of the config (a stack from before)."""
     props = olds if unwrap_secret(olds.get("endpoint")) else news
@@ -126,7 +134,8 @@ class LiveRanksProvider(StateOnlyProvider):
                 pulumi.log.warn(f"live ranks: node {node} {status}; cannot tell whether its rank runs")
         replace = pulumi.dynamic.DiffResult(changes=True, replaces=["observed"], delete_before_replace=True)
         if down:
-            pulumi.log.warn("live ranks: " + ", ".join(f"{n} is {observed[n]}" for n in down)
+            head = ranks_from_prop(unwrap_secret(news.get("ranks")))[0].node
+            pulumi.log.warn("live ranks: " + ", ".join(down_text(n, observed[n], head) for n in down)
                             + ": every rank is replaced together and verified again")
             return replace
         probed = self._probe(observed, olds, news)

@@ -478,19 +478,31 @@ class _RankView:
     oom: bool = False
 
 
-def _exit_hint(code: int | None, oom: bool = False) -> str:
+_WATCHDOG_LOG = "~/.local/state/dsv41-exl3-<stack>/watchdog.log"
+_OOM_KILLER = "the kernel OOM killer (`journalctl -k | grep -i \"out of memory\"` on that node)"
+
+
+def _exit_hint(code: int | None, oom: bool = False, head: bool = False) -> str:
+    """What a rank's exit code points to. vLLM exits 0 on SIGTERM (a headless worker stopped by docker stop or the
+    watchdog) and the head exits 0 after a rank of its group died; 137 is SIGKILL (a worker killed while it loads
+    weights, ignoring SIGTERM, ends so too)."""
     if oom:
         return ("the kernel OOM killer killed it (docker reported oom): the node ran out of memory; see "
-                "~/.local/state/dsv41-exl3-<stack>/watchdog.log on that node for what held it")
+                f"{_WATCHDOG_LOG} on that node for what held it")
+    candidates = (f"candidates: the memory watchdog (see {_WATCHDOG_LOG} on that node: it stops every rank), "
+                  f"{_OOM_KILLER}, or a docker stop by an operator")
     if code == 137:
-        return ("exit 137 = killed by SIGKILL: the kernel OOM killer, the memory watchdog "
-                "(see ~/.local/state/dsv41-exl3-<stack>/watchdog.log on that node) or a docker stop that timed out")
+        return f"exit 137 = killed by SIGKILL (a docker stop that timed out, or a kill); {candidates}"
+    if code == 0:
+        if head:
+            return ("vLLM's head exits 0 seconds after a rank of its group died: its engine lost the worker "
+                    "(`WorkerProc hit an exception`, `Connection closed by peer` in its last lines); every rank's "
+                    f"last lines are below; it also exits 0 when stopped (SIGTERM); {candidates}")
+        return f"exit 0 = vLLM stopped as it does on SIGTERM; {candidates}"
     if code == 143:
         return "exit 143 = SIGTERM: something ran docker stop (the memory watchdog or an operator)"
     if code == 139:
         return "exit 139 = segmentation fault in a native kernel: check the image and driver versions"
-    if code == 0:
-        return "exit 0 = the process ended on its own: the last lines say why"
     return "read the last lines below for the Python traceback"
 
 
@@ -586,10 +598,19 @@ class _Cluster:
         return got
 
     def _fail_stopped(self, stopped: Mapping[int, ContainerState], pace_s: float) -> None:
-        """A rank stopped: take the rest of its log (up to EXIT_DRAIN_S), then fail naming it."""
+        """A rank stopped: take the rest of its log (up to EXIT_DRAIN_S) and any other rank's stop, then fail
+        naming it: a worker before the head, whose exit follows a worker's death."""
+        stopped = dict(stopped)
         views = [self.views[r] for r in stopped]
+        head = self.head().spec.rank
+
+        def waiting() -> bool:
+            # the head's exit 0 follows a worker's death: give the worker's stop the same time to arrive
+            return not all(v.log_ended for v in views) or (len(self.views) > 1 and list(stopped) == [head]
+                                                           and stopped[head].exit_code == 0)
+
         until = self.clock.monotonic() + EXIT_DRAIN_S
-        while not all(v.log_ended for v in views) and (now := self.clock.monotonic()) < until:
+        while waiting() and (now := self.clock.monotonic()) < until:
             for item in self.source.next_items(until - now, pace_s):
                 view = self.views.get(getattr(item, "rank", -1))
                 if view is None:
@@ -600,12 +621,20 @@ class _Cluster:
                     view.log_ended = True
                 elif isinstance(item, EventSeen) and item.action == "oom":
                     view.oom = True
-        rank, state = next(iter(stopped.items()))
-        view = self.views[rank]
+                elif isinstance(item, StateSeen) and not item.state.running and item.state.status != "missing":
+                    stopped.setdefault(item.rank, item.state)
+                    view.oom = view.oom or item.state.oom_killed
+        rank = min(stopped, key=lambda r: (r == head, r))
+        state, view = stopped[rank], self.views[rank]
+        cause = f"{view.spec.label()} is {state.status} with exit code {state.exit_code}"
+        if rank == head and state.exit_code == 0 and not (view.oom or state.oom_killed):
+            cause += ": a rank of the group died (vLLM's head ends with exit code 0 when its engine loses a rank)"
+        also = [f"{self.views[r].spec.label()} is {s.status} with exit code {s.exit_code}"
+                for r, s in stopped.items() if r != rank]
+        if also:
+            cause += f" (and {', '.join(also)})"
         raise GateFailure(self.message(
-            f"{view.spec.label()} is {state.status} with exit code {state.exit_code}",
-            _exit_hint(state.exit_code, view.oom or state.oom_killed),
-        ))
+            cause, _exit_hint(state.exit_code, view.oom or state.oom_killed, head=rank == head)))
 
     def last_activity(self) -> float:
         return max(v.last_activity for v in self.views.values())

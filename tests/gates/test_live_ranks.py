@@ -52,6 +52,13 @@ def test_a_rank_not_running_replaces_live_ranks(world: dict[int, Any], down: Con
     assert diff.changes and diff.replaces == ["observed"], "the replacement is what replaces every rank"
 
 
+def test_a_head_exited_0_is_named_a_dead_rank(world: dict[int, Any], warnings: list[str]) -> None:
+    world[0] = ContainerState(status="exited", exit_code=0)
+    diff = live_ranks.LiveRanksProvider().diff("live-1", PROPS, PROPS)
+    assert diff.replaces == ["observed"]
+    assert any("head (the head) is exited (0): a rank of the group died" in w for w in warnings), warnings
+
+
 def test_an_unreachable_node_is_not_drift(world: dict[int, Any]) -> None:
     world[1] = SourceError("ssh me@10.0.0.2:22 timed out")
     diff = live_ranks.LiveRanksProvider().diff("live-1", PROPS, PROPS)

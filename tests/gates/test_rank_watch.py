@@ -68,6 +68,13 @@ L_SERVER_OLD = "INFO 03-01 08:20:00 [api_server.py:1351] Starting vLLM API serve
 L_COMPLETE = "(APIServer pid=1) INFO:     Application startup complete."
 L_SHM = ("(EngineCore_DP0 pid=180) INFO 09-22 10:10:00 [shm_broadcast.py:466] No available shared memory "
          "broadcast block found in 60 seconds. This typically happens when some processes are hanging.")
+# What real vLLM 0.32 printed when the worker was killed after ready (../shared/notes/vllm-real.md).
+L_WORKER_PROC = ("(EngineCore_DP0 pid=180) ERROR 12-02 10:40:01 [multiproc_executor.py:240] WorkerProc hit an "
+                 "exception.")
+L_GLOO_CLOSED = ("(EngineCore_DP0 pid=180) RuntimeError: Worker failed with error '[../third_party/gloo/gloo/transport/"
+                 "tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:40061'")
+L_KV_WORKER = ("(Worker_TP1 pid=90) INFO 12-02 10:39:00 [gpu_worker.py:400] Explicitly set (1.0/15.96) GiB for KV "
+               "cache on node 0.")
 L_ARGS_WITH_KEY = ("(APIServer pid=1) INFO 09-22 10:00:00 [utils.py:250] non-default args: {'model': '/model', "
                    "'api_key': 'sk-live-very-secret', 'port': 8888}")
 
@@ -557,6 +564,45 @@ class TestStreamDecisions:
                                      1: StreamedRank(lines=BOOT_WORKER, dies_at=100, exit_code=137, oom=True)})
         with pytest.raises(GateFailure, match=r"exit code 137\. What to do: the kernel OOM killer killed it"):
             rw.wait_for_ready(RANKS, src, _ready(), clock, _noop, Probe(LISTED), "m")
+
+    @pytest.mark.parametrize("code", [0, 137])
+    def test_a_worker_exit_0_or_137_points_to_the_watchdog_log_and_the_oom_killer(self, code: int) -> None:
+        # Real headless workers exit 0 on SIGTERM (the watchdog's docker stop) and 137 when killed during the load.
+        clock = FakeClock()
+        src = ScriptedStream(clock, {0: StreamedRank(lines=BOOT_HEAD),
+                                     1: StreamedRank(lines=BOOT_WORKER, dies_at=300, exit_code=code)})
+        with pytest.raises(GateFailure) as err:
+            rw.wait_for_ready(RANKS, src, _ready(), clock, _noop, Probe(LISTED), "m")
+        msg = str(err.value)
+        assert f"rank 1 (node spark-b, container dsv41-rank1) is exited with exit code {code}" in msg
+        hint = msg.split("What to do: ", 1)[1].split("\n", 1)[0]
+        assert "watchdog.log" in hint and "OOM killer" in hint, hint
+        assert "on its own" not in msg and "a rank of the group died" not in msg
+
+    def test_a_head_exit_0_is_named_a_dead_rank_with_both_ranks_last_lines(self) -> None:
+        # Real vLLM: the worker dies, the head logs the engine's failure and exits 0 within 1-5 s.
+        clock = FakeClock()
+        head = [*BOOT_HEAD[:4], (300, L_WORKER_PROC), (300.5, L_GLOO_CLOSED)]
+        src = ScriptedStream(clock, {0: StreamedRank(lines=head, dies_at=301, exit_code=0),
+                                     1: StreamedRank(lines=[(2, L_INIT_W), (30, L_ASSIGNED_1), (250, L_KV_WORKER)])})
+        with pytest.raises(GateFailure) as err:
+            rw.wait_for_ready(RANKS, src, _ready(stall_s=600), clock, _noop, Probe(LISTED), "m")
+        msg = str(err.value)
+        first = msg.splitlines()[0]
+        assert first.startswith("rank 0 (node spark-a, container dsv41-rank0) is exited with exit code 0: a rank "
+                                "of the group died"), first
+        assert "WorkerProc hit an exception" in first and "watchdog.log" in first
+        assert L_GLOO_CLOSED in msg and L_KV_WORKER in msg, "both ranks' last lines"
+
+    def test_a_worker_stopping_with_the_head_is_named_first(self) -> None:
+        clock = FakeClock()
+        src = ScriptedStream(clock, {0: StreamedRank(lines=BOOT_HEAD[:4], dies_at=300, exit_code=0),
+                                     1: StreamedRank(lines=BOOT_WORKER, dies_at=300.4, exit_code=137)})
+        with pytest.raises(GateFailure) as err:
+            rw.wait_for_ready(RANKS, src, _ready(stall_s=600), clock, _noop, Probe(LISTED), "m")
+        first = str(err.value).splitlines()[0]
+        assert first.startswith("rank 1 (node spark-b, container dsv41-rank1) is exited with exit code 137 (and "
+                                "rank 0 (node spark-a, container dsv41-rank0) is exited with exit code 0)"), first
 
     def test_rendezvous_exit_fails_when_it_happens(self) -> None:
         clock = FakeClock()
