@@ -29,6 +29,10 @@ _EXPECTED = re.compile(rf"\b{VERIFY_EXPECTED}\b", re.IGNORECASE)
 # Reasoning a server left inline (no reasoning parser): <think>...</think>, or cut off unterminated.
 _THINK = re.compile(r"<think>.*?(?:</think>|$)", re.IGNORECASE | re.DOTALL)
 
+# vLLM's EngineDeadError (v1/engine/exceptions.py): every request after its engine died, non-streamed as HTTP 500,
+# streamed as an error event in an HTTP 200 stream. In a group, the engine dies when a rank does.
+ENGINE_DEAD = "EngineCore encountered an issue"
+
 # vLLM's stand-in for -inf and for a position without a logprob entry: never a real value.
 CLAMPED_LOGPROB = -9999.0
 
@@ -61,6 +65,7 @@ class Reason(StrEnum):
     UNREACHABLE = "unreachable"
     TIMEOUT = "timeout"
     HUNG_RANK = "hung_rank"
+    DEAD_RANK = "dead_rank"
     SLOW_DECODE = "slow_decode"
     UNMEASURABLE = "unmeasurable"
     WRONG_ANSWER = "wrong_answer"
@@ -284,6 +289,14 @@ def judge_error(status: int, body: str) -> Failed:
             f"logprob in a non-streamed answer; {_NAN_FIX}",
         )
     error = payload.get("error") if isinstance(payload, Mapping) else None
+    if ENGINE_DEAD.lower() in lowered:
+        return Failed(
+            Reason.DEAD_RANK,
+            f"a rank of the group died: HTTP {status} {_snippet(message, 80)!r} is vLLM's answer once its engine is "
+            "dead, which in a group means a rank (a worker on another node, or a process of the head) died or lost "
+            "its connection; the head exits (code 0) seconds later; find the first rank to die (`docker ps -a` and "
+            "`docker logs --tail 50` of every serving container), then `pulumi up` replaces the group",
+        )
     about_model = isinstance(error, Mapping) and error.get("param") == "model"
     if "does not exist" in lowered or (status == 404 and about_model):
         return Failed(

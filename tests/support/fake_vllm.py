@@ -16,6 +16,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 NAN_STREAM_ERROR = "Out of range float values are not JSON compliant"
+# What real vLLM 0.32 answered every request after a rank of its group was killed (HTTP 500; streamed: this in a
+# data event of an HTTP 200 stream, then [DONE]), as recorded (shared/notes/vllm-real.md).
+ENGINE_DEAD_BODY = (b'{"error":{"message":"EngineCore encountered an issue. See stack trace (above) for the root '
+                    b'cause.","type":"InternalServerError","param":null,"code":500}}')
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from components.verify.verdict import (
     completion_request,
 )
 from tests.support.fake_vllm import (
+    ENGINE_DEAD_BODY,
     GOOD_TOKENS,
     NAN_STREAM_ERROR,
     FakeVllm,
@@ -89,6 +90,13 @@ BAD_ANSWERS: list[tuple[str, Reply, Reason, str]] = [
         Reason.UNKNOWN_MODEL,
         "served: fake-model",
     ),
+    (
+        # real vLLM 0.32 after a worker of the group was killed (shared/notes/vllm-real.md), byte for byte
+        "engine-dead-500",
+        Reply(status=500, body=ENGINE_DEAD_BODY),
+        Reason.DEAD_RANK,
+        "a rank of the group died",
+    ),
     ("unauthorized", Reply(status=401, body=b'{"error":"Unauthorized"}'), Reason.UNAUTHORIZED, "API key"),
     ("wrong-route", Reply(status=404, body=b'{"detail":"Not Found"}'), Reason.HTTP_ERROR, "ending in /v1"),
 ]
@@ -119,6 +127,17 @@ def test_bad_answer_fails_with_its_reason_and_is_never_retried(
     assert "\n" not in outcome.message
     assert server.url in outcome.message and MODEL in outcome.message
     assert len(completions) == 1 and sleeps == [], f"{case} is final and must not be retried"
+
+
+def test_the_streamed_engine_dead_error_names_a_dead_rank() -> None:
+    # Real vLLM 0.32 streams HTTP 200, the error object in a data event, then [DONE].
+    events = [(0.0, ENGINE_DEAD_BODY.decode()), (0.0, "[DONE]")]
+    with FakeVllm(Reply(events=events)) as server:
+        outcome = verify_endpoint(server.url, MODEL, timeout_s=2, retry_window_s=30, stream=True,
+                                  sleep=lambda _: None)
+        assert len(server.completion_requests()) == 1, "a dead engine is final, never retried"
+    assert isinstance(outcome, Failed) and outcome.reason is Reason.DEAD_RANK, outcome
+    assert "a rank of the group died" in outcome.message and "docker logs" in outcome.message
 
 
 def test_nan_is_never_retried() -> None:
