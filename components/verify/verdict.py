@@ -26,6 +26,9 @@ VERIFY_MAX_TOKENS = 40
 # The recipe's question has one right answer.
 VERIFY_EXPECTED = "Paris"
 _EXPECTED = re.compile(rf"\b{VERIFY_EXPECTED}\b", re.IGNORECASE)
+# Where a reasoning parser puts the reasoning, in the message and in stream deltas: `reasoning` (vLLM 0.32's
+# ChatMessage and DeltaMessage; 0.32 renames a `reasoning_content` it is given), `reasoning_content` (older vLLM).
+REASONING_KEYS = ("reasoning", "reasoning_content")
 # Reasoning a server left inline (no reasoning parser): <think>...</think>, or cut off unterminated.
 _THINK = re.compile(r"<think>.*?(?:</think>|$)", re.IGNORECASE | re.DOTALL)
 
@@ -83,7 +86,7 @@ class Verified:
 
     answer: str
     logprobs: tuple[TokenLogprob, ...]
-    # What a reasoning parser split off (`reasoning_content` / `reasoning`), if any.
+    # What a reasoning parser split off (`reasoning`, or the older `reasoning_content`), if any.
     reasoning: str = ""
 
 
@@ -346,12 +349,20 @@ def judge_completion(status: int, headers: Mapping[str, str], body: bytes | str)
         return tokens
     message = choice.get("message")
     content = message.get("content") if isinstance(message, Mapping) else None
-    answer = content if isinstance(content, str) and content else "".join(t.token for t in tokens)
     reasoning = "".join(
-        value for key in ("reasoning_content", "reasoning")
+        value for key in REASONING_KEYS
         if isinstance(message, Mapping) and isinstance(value := message.get(key), str)
     )
-    return Verified(answer=answer.strip(), logprobs=tokens, reasoning=reasoning.strip())
+    answer = content if isinstance(content, str) else ""
+    return Verified(answer=_answer_text(answer, reasoning, tokens), logprobs=tokens, reasoning=reasoning.strip())
+
+
+def _answer_text(content: str, reasoning: str, tokens: Sequence[TokenLogprob]) -> str:
+    """The answer: the content; the generated tokens only when the server split off neither content nor
+    reasoning (with a reasoning parser, tokens without content are the reasoning: the answer itself is empty)."""
+    if content.strip() or reasoning.strip():
+        return content.strip()
+    return "".join(t.token for t in tokens).strip()
 
 
 def _stream_chunks(payloads: Sequence[str]) -> list[Mapping[str, Any]] | Failed:
@@ -400,7 +411,7 @@ def _delta_text(choice: Mapping[str, Any]) -> str:
     if not isinstance(delta, Mapping):
         return ""
     return "".join(
-        value for key in ("reasoning_content", "reasoning", "content") if isinstance(value := delta.get(key), str)
+        value for key in (*REASONING_KEYS, "content") if isinstance(value := delta.get(key), str)
     )
 
 
@@ -422,7 +433,7 @@ def judge_stream(status: int, headers: Mapping[str, str], payloads: Sequence[str
         if isinstance(delta, Mapping) and isinstance(delta.get("content"), str):
             answer.append(delta["content"])
         if isinstance(delta, Mapping):
-            reasoning += [v for key in ("reasoning_content", "reasoning") if isinstance(v := delta.get(key), str)]
+            reasoning += [v for key in REASONING_KEYS if isinstance(v := delta.get(key), str)]
         logprobs = choice.get("logprobs")
         if isinstance(logprobs, Mapping) and isinstance(logprobs.get("content"), list):
             items.extend(logprobs["content"])
@@ -434,8 +445,8 @@ def judge_stream(status: int, headers: Mapping[str, str], payloads: Sequence[str
     tokens = judge_tokens(items)
     if isinstance(tokens, Failed):
         return tokens
-    text = "".join(answer) or "".join(t.token for t in tokens)
-    return Verified(answer=text.strip(), logprobs=tokens, reasoning="".join(reasoning).strip())
+    thought = "".join(reasoning)
+    return Verified(answer=_answer_text("".join(answer), thought, tokens), logprobs=tokens, reasoning=thought.strip())
 
 
 def judge_answer(verified: Verified) -> Failed | None:

@@ -35,6 +35,8 @@ from tests.support.fake_vllm import (
     good_items,
     items_with,
     paced_stream,
+    reasoning_body,
+    reasoning_stream,
     stream_events,
     with_literal,
 )
@@ -436,6 +438,44 @@ def test_paris_in_the_reasoning_does_not_save_a_wrong_answer() -> None:
     with FakeVllm(_answer("<think>Paris is the capital... but</think>Lyon", "Paris, surely")) as server:
         outcome = verify_endpoint(server.url, MODEL, timeout_s=2)
     assert isinstance(outcome, Failed) and outcome.reason is Reason.WRONG_ANSWER and "'Lyon'" in outcome.message
+
+
+# The recipe's thinking default against vLLM 0.32's own shape: `reasoning` in the message and in stream deltas,
+# `content` null while the reasoning runs, logprobs over the reasoning tokens too.
+WEIGHING = ["The", " user", " asks", " for", " a", " capital", ".", " Lyon", " is", " large", ",", " but"]
+SAYS_PARIS = ["The", " capital", " of", " France", " is", " Paris", ",", " so"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_answer_only_in_the_reasoning_is_judged_on_the_reasoning(stream: bool) -> None:
+    def reply(reasoning: list[str]) -> Reply:
+        if stream:
+            return Reply(events=reasoning_stream(reasoning, []))
+        return Reply(body=reasoning_body(reasoning, []).encode())
+
+    with FakeVllm(reply(SAYS_PARIS)) as server:
+        passed = verify_endpoint(server.url, MODEL, timeout_s=2, stream=stream)
+    assert isinstance(passed, Passed), passed
+    assert passed.answer == "" and len(passed.logprobs) == len(SAYS_PARIS), "the answer itself was empty"
+    with FakeVllm(reply(WEIGHING)) as server:
+        failed = verify_endpoint(server.url, MODEL, timeout_s=2, stream=stream)
+    assert isinstance(failed, Failed) and failed.reason is Reason.WRONG_ANSWER, failed
+    assert "the reasoning (the answer itself was empty)" in failed.message and "Lyon is large" in failed.message
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_with_reasoning_done_the_answer_is_judged_not_the_reasoning(stream: bool) -> None:
+    def reply(reasoning: list[str], answer: list[str]) -> Reply:
+        if stream:
+            return Reply(events=reasoning_stream(reasoning, answer))
+        return Reply(body=reasoning_body(reasoning, answer).encode())
+
+    with FakeVllm(reply(WEIGHING, ["Paris", "."])) as server:
+        passed = verify_endpoint(server.url, MODEL, timeout_s=2, stream=stream)
+    assert isinstance(passed, Passed) and passed.answer == "Paris.", passed
+    with FakeVllm(reply(SAYS_PARIS, ["Lyon"])) as server:
+        failed = verify_endpoint(server.url, MODEL, timeout_s=2, stream=stream)
+    assert isinstance(failed, Failed) and "the answer to" in failed.message and "'Lyon'" in failed.message
 
 
 def test_streamed_wrong_answer_fails_too() -> None:
