@@ -137,14 +137,23 @@ def drift_probe_request(model: str) -> dict[str, Any]:
 _METRIC_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\s+(\S+)")
 
 
-def engine_steps(metrics: str) -> float | None:
-    """vLLM's engine heartbeat from `/metrics`: engine steps so far (frozen while a rank is hung).
+@dataclass(frozen=True)
+class EngineActivity:
+    """What vLLM's `/metrics` says about its engine's work, summed over every engine (`engine` label)."""
 
-    `vllm:iteration_tokens_total` is a histogram observed once per engine step, so its `_count` is
-    the step counter; without it, the prompt and generation token counters advance with every step.
-    """
-    steps: float | None = None
-    tokens: float | None = None
+    steps: float | None
+    """`vllm:iteration_tokens_total_count`: the step-size histogram's count, one per engine step with output."""
+    tokens: float | None
+    """`vllm:prompt_tokens_total` + `vllm:generation_tokens_total`."""
+    kv_cache_usage: float | None
+    """`vllm:kv_cache_usage_perc` (a fraction), reported after every step, partial prefills included."""
+    running: float | None
+    """`vllm:num_requests_running`."""
+
+
+def engine_activity(metrics: str) -> EngineActivity | None:
+    """vLLM's engine from `/metrics`, or None when the text has none of its series (not vLLM's metrics)."""
+    found: dict[str, float] = {}
     for line in metrics.splitlines():
         m = _METRIC_LINE.match(line)
         if m is None:
@@ -155,11 +164,37 @@ def engine_steps(metrics: str) -> float | None:
             continue
         if not math.isfinite(value):
             continue
-        if m.group(1) == "vllm:iteration_tokens_total_count":
-            steps = (steps or 0.0) + value
-        elif m.group(1) in ("vllm:prompt_tokens_total", "vllm:generation_tokens_total"):
-            tokens = (tokens or 0.0) + value
-    return steps if steps is not None else tokens
+        name = m.group(1)
+        key = {"vllm:iteration_tokens_total_count": "steps", "vllm:prompt_tokens_total": "tokens",
+               "vllm:generation_tokens_total": "tokens", "vllm:kv_cache_usage_perc": "kv",
+               "vllm:num_requests_running": "running"}.get(name)
+        if key is not None:
+            found[key] = found.get(key, 0.0) + value
+    if not found:
+        return None
+    return EngineActivity(steps=found.get("steps"), tokens=found.get("tokens"), kv_cache_usage=found.get("kv"),
+                          running=found.get("running"))
+
+
+def engine_busy(first: EngineActivity, second: EngineActivity) -> str | None:
+    """Why the engine counts as busy between two reads a moment apart, or None when nothing says so.
+
+    Busy: a step or token counter moved, the KV cache usage changed, or a request is running. vLLM records
+    iteration stats only for steps with output, so a long partial prefill freezes every counter while the KV
+    usage grows and `num_requests_running` stays above 0. The scheduler's gauges are reported after each step,
+    so a step that never ends (a hang inside it) leaves `num_requests_running` standing above 0 too: that looks
+    busy until vLLM's own execute-model timeout ends the engine, which the next probe then finds.
+    """
+    seen: list[str] = []
+    for what, a, b in (("engine steps", first.steps, second.steps), ("tokens", first.tokens, second.tokens)):
+        if a is not None and b is not None and b > a:
+            seen.append(f"{what} {a:g} -> {b:g}")
+    a_kv, b_kv = first.kv_cache_usage, second.kv_cache_usage
+    if a_kv is not None and b_kv is not None and a_kv != b_kv:
+        seen.append(f"KV cache usage {a_kv:.2%} -> {b_kv:.2%}")
+    if second.running is not None and second.running > 0:
+        seen.append(f"{second.running:g} request(s) running")
+    return ", ".join(seen) or None
 
 
 def decode_probe_request(model: str, prompt: str, max_tokens: int = DECODE_PROBE_MAX_TOKENS) -> dict[str, Any]:

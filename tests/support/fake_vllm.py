@@ -54,6 +54,7 @@ class FakeVllm:
     health_status: int = 200
     models: Sequence[str] = ("fake-model",)
     port: int = 0
+    host: str = "127.0.0.1"
     # What GET /metrics answers (called per request: a counter can advance); None: 404.
     metrics: Callable[[], str] | None = None
     requests: list[Recorded] = field(default_factory=list)
@@ -67,7 +68,7 @@ class FakeVllm:
     @property
     def url(self) -> str:
         assert self._server is not None, "start() the server first"
-        return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
+        return f"http://{self.host}:{self._server.server_address[1]}/v1"
 
     def completion_requests(self) -> list[Recorded]:
         with self._lock:
@@ -137,7 +138,7 @@ class FakeVllm:
                     self.wfile.flush()
                 self.close_connection = True
 
-        server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        server = ThreadingHTTPServer((self.host, self.port), Handler)
         server.daemon_threads = True
         self._server = server
         self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
