@@ -413,7 +413,9 @@ class Gates(_Model):
     rendezvous_timeout_seconds: int = Field(default=720, ge=1)
     # A first boot after an NCCL topology change can spend ~36 min in JIT.
     ready_timeout_seconds: int = Field(default=2700, ge=1)
-    # The recipe's launcher calls a hang after 420 s of log silence; weight streaming over NFS is quieter.
+    # The recipe's launcher calls a hang after 420 s of log silence; weight streaming over NFS is quieter (a real
+    # headless worker prints nothing while it loads), so the ready gate counts its containers' memory and block I/O
+    # growth as progress too (components/gates/rank_watch.py, the stall rule).
     stall_seconds: int = Field(default=600, ge=1)
     verify_timeout_seconds: int = Field(default=300, ge=1)
     min_decode_tokens_per_second: float | None = Field(default=None, gt=0)

@@ -30,6 +30,7 @@ case "$last" in
   *"components/gates/head_request.sh"*) kind=head ;;
   *"docker inspect"*) kind=inspect ;;
   *"docker logs"*) kind=logs ;;
+  *"docker stats"*) kind=stats ;;
   *) kind=other ;;
 esac
 n=$(cat "$d/$kind.n" 2>/dev/null || echo 0); n=$((n + 1)); echo "$n" > "$d/$kind.n"
@@ -75,8 +76,8 @@ exit "$(cat "$f.rc" 2>/dev/null || echo 0)"
 # as they are appended, `--since` honoured, ending when `state` is no longer running; `events`: JSON lines
 # appended after the stream started; `logs.end`: the log ends while the container runs), else the canned
 # answers of `canned` (inspect.N / inspect, logs.N / logs), a canned log stream staying open while the canned
-# state runs. `exec -i C python3 -c PROG` runs PROG with this python (`exec.fail`: docker's refusal instead). Every
-# call is logged to docker.log.
+# state runs. `stats` prints the `stats` file (else fails with `stats.fail`). `exec -i C python3 -c PROG` runs
+# PROG with this python (`exec.fail`: docker's refusal instead). Every call is logged to docker.log.
 FAKE_DOCKER = r"""#!{python}
 import os, re, sys, time
 from pathlib import Path
@@ -168,6 +169,11 @@ if args[0] == "logs":
             if not state().startswith("running") or (d / "logs.end").exists():
                 sys.exit(0)
             time.sleep(0.01)
+if args[0] == "stats":  # `stats --no-stream --format '{{{{json .}}}}' C...`: the `stats` file, else `stats.fail`
+    if (d / "stats").exists():
+        sys.stdout.write((d / "stats").read_text())
+        sys.exit(0)
+    sys.exit((d / "stats.fail").read_text().strip() if (d / "stats.fail").exists() else "fake docker: no stats")
 if args[0] == "exec":  # `exec -i <container> python3 -c <program>`: the program runs here, on this loopback
     if (d / "exec.fail").exists():
         sys.exit((d / "exec.fail").read_text().strip())
