@@ -57,14 +57,41 @@ OWNED_FLAGS = {
     "--hf-token": "set `weights.hfToken` as a secret (argv is visible to every process on the node)",
 }
 
-# vLLM's short aliases (vllm/engine/arg_utils.py). argparse also takes a one-dash option with its value
-# attached (`-q exl3`, `-qexl3`, `-tp=4`), so an argument is matched by prefix.
-SHORT_FLAGS = {
+# Every one-dash option of `vllm serve` in vLLM 0.32 (`vllm/engine/arg_utils.py`, `vllm/entrypoints/launchers/
+# cli_args.py`, argparse's own -h) and the long option it stands for. argparse reads a one-dash argument as that
+# option exactly, the option before a `=` (`-tp=4`), a two-character option with its value attached (`-n2`,
+# `-qexl3`), or an unambiguous prefix of one of these (`-t` is `-tp`, `-s` is `-sc`); no option starts with
+# `-n` or `-r` but those two, so every `-n...` / `-r...` is --nnodes / --node-rank. `-O` is vLLM's own rewrite
+# to --optimization-level, done before argparse.
+VLLM_SHORT_OPTIONS = {
+    "-h": "--help",
+    "-q": "--quantization",
+    "-n": "--nnodes",
+    "-r": "--node-rank",
     "-tp": "--tensor-parallel-size",
     "-pp": "--pipeline-parallel-size",
-    "-dp": "--data-parallel-size",  # also -dpn, -dpr, -dpl, -dpa, -dpp, -dpb: all data-parallel settings
-    "-q": "--quantization",
+    "-dcp": "--decode-context-parallel-size",
+    "-pcp": "--prefill-context-parallel-size",
+    "-dp": "--data-parallel-size",
+    "-dpn": "--data-parallel-rank",
+    "-dpr": "--data-parallel-start-rank",
+    "-dpl": "--data-parallel-size-local",
+    "-dpa": "--data-parallel-address",
+    "-dpp": "--data-parallel-rpc-port",
+    "-dpb": "--data-parallel-backend",
+    "-dph": "--data-parallel-hybrid-lb",
+    "-dpe": "--data-parallel-external-lb",
+    "-dpm": "--data-parallel-multi-port-external-lb",
+    "-ep": "--enable-expert-parallel",
+    "-sc": "--speculative-config",
+    "-dc": "--diffusion-config",
+    "-cc": "--compilation-config",
+    "-ac": "--attention-config",
+    "-asc": "--api-server-count",
 }
+# Every data-parallel setting (--data-parallel-rank, -size-local, -address, ...) is owned with --data-parallel-size:
+# the program runs one tensor-parallel group, one rank per node.
+_DATA_PARALLEL = "--data-parallel-"
 
 # Boolean flags vLLM declares with argparse.BooleanOptionalAction, which also accept `--no-<flag>`.
 NEGATABLE_FLAGS = {"--enforce-eager", "--enable-auto-tool-choice"}
@@ -402,7 +429,9 @@ class Gates(_Model):
     rendezvous_timeout_seconds: int = Field(default=720, ge=1)
     # A first boot after an NCCL topology change can spend ~36 min in JIT.
     ready_timeout_seconds: int = Field(default=2700, ge=1)
-    # The recipe's launcher calls a hang after 420 s of log silence; weight streaming over NFS is quieter.
+    # The recipe's launcher calls a hang after 420 s of log silence; weight streaming over NFS is quieter (a real
+    # headless worker prints nothing while it loads), so the ready gate counts its containers' memory and block I/O
+    # growth as progress too (components/gates/rank_watch.py, the stall rule).
     stall_seconds: int = Field(default=600, ge=1)
     verify_timeout_seconds: int = Field(default=300, ge=1)
     min_decode_tokens_per_second: float | None = Field(default=None, gt=0)
@@ -542,7 +571,7 @@ def canonical_flag(arg: str) -> str | None:
 
     vLLM's FlexibleArgumentParser turns `--max_model_len` into `--max-model-len` and reads
     `--speculative-config.method=x` as part of `--speculative-config`; BooleanOptionalAction flags also
-    accept `--no-<flag>`; one-dash aliases take their value attached.
+    accept `--no-<flag>`; one-dash aliases take their value attached or are abbreviated (VLLM_SHORT_OPTIONS).
     """
     if arg.startswith("--"):
         name = "--" + arg[2:].split("=", 1)[0].split(".", 1)[0].replace("_", "-")
@@ -550,11 +579,26 @@ def canonical_flag(arg: str) -> str | None:
             return "--" + name[5:]
         return name
     if arg.startswith("-") and len(arg) > 1 and not arg[1].isdigit():
-        for short, long in sorted(SHORT_FLAGS.items(), key=lambda kv: -len(kv[0])):
-            if arg.startswith(short):
-                return long
-        return arg.split("=", 1)[0]
+        return _one_dash_option(arg)
     return None
+
+
+def _one_dash_option(arg: str) -> str:
+    """The long option argparse reads a one-dash argument as (see VLLM_SHORT_OPTIONS)."""
+    if arg.startswith("-O"):
+        return "--optimization-level"
+    name = arg.split("=", 1)[0]
+    if name in VLLM_SHORT_OPTIONS:
+        return VLLM_SHORT_OPTIONS[name]
+    read = {VLLM_SHORT_OPTIONS[arg[:2]]} if arg[:2] in VLLM_SHORT_OPTIONS else set()
+    read |= {long for short, long in VLLM_SHORT_OPTIONS.items() if short.startswith(name)}
+    if len(read) == 1:
+        return read.pop()
+    if read:  # ambiguous (`-d`, `-p`): argparse refuses it, and vLLM with it
+        return name
+    # A value attached to a longer alias (`-tp4`): argparse refuses that too, but it is meant for that alias.
+    meant = [short for short in VLLM_SHORT_OPTIONS if arg.startswith(short)]
+    return VLLM_SHORT_OPTIONS[max(meant, key=len)] if meant else name
 
 
 def _abbreviates(name: str) -> str | None:
@@ -575,11 +619,10 @@ def _rules(s: Settings) -> tuple[list[str], list[str]]:
                 f"`serve.extraArgs` contains {flag!r}: do not pass --kv-cache-dtype; vLLM picks fp8_ds_mla "
                 "itself for this model (recipe section 3). Remove it."
             )
-        elif name in OWNED_FLAGS:
+        elif name is not None and (name in OWNED_FLAGS or name.startswith(_DATA_PARALLEL)):
             spelled = "" if flag.split("=", 1)[0] == name else f" (vLLM reads it as {name})"
-            problems.append(
-                f"`serve.extraArgs` contains {flag!r}{spelled}: the program renders it; {OWNED_FLAGS[name]}."
-            )
+            why = OWNED_FLAGS.get(name, OWNED_FLAGS["--data-parallel-size"])
+            problems.append(f"`serve.extraArgs` contains {flag!r}{spelled}: the program renders it; {why}.")
         elif name is not None and name.startswith("--") and (prefixed := _abbreviates(name)):
             problems.append(
                 f"`serve.extraArgs` contains {flag!r}: argparse takes an unambiguous prefix as the whole flag, "

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 import yaml
@@ -13,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from components import capacity
-from components.config import NAMESPACE, ConfigError, parse, read_raw
+from components.config import NAMESPACE, VLLM_SHORT_OPTIONS, ConfigError, canonical_flag, parse, read_raw
 from tests.support.configs import two_sparks
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -317,6 +318,17 @@ def test_engram_memory_and_small_fused_rows_warn() -> None:
     ("-qfp8", "serve.quantization"),
     ("-pp", "one rank per node"),
     ("-dpl", "one rank per node"),
+    ("--data-parallel-size-local=1", "one rank per node"),
+    # vLLM 0.32's other aliases of owned flags, and argparse's abbreviations of them
+    ("-n", "number of entries in `nodes`"),
+    ("-n2", "number of entries in `nodes`"),
+    ("-n=2", "number of entries in `nodes`"),
+    ("-r", "position in `nodes`"),
+    ("-r1", "position in `nodes`"),
+    ("-t", "nodes"),
+    ("-sc", "serve.numSpeculativeTokens"),
+    ("-s", "serve.numSpeculativeTokens"),
+    ("-tp4", "nodes"),
     ("--no-enforce-eager", "serve.enforceEager"),
     ("--speculative-config.num_speculative_tokens=5", "serve.numSpeculativeTokens"),
     ("--hf-token=hf_x", "weights.hfToken"),
@@ -325,6 +337,41 @@ def test_engram_memory_and_small_fused_rows_warn() -> None:
 def test_owned_flags_are_refused_in_every_spelling_vllm_accepts(flag: str, owner: str) -> None:
     text = "\n".join(problems_of(two_sparks(serve={"extraArgs": [flag, "1"]})))
     assert f"`serve.extraArgs` contains {flag!r}" in text and owner in text
+
+
+class _Refusing(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise ValueError(message)
+
+
+def test_one_dash_arguments_are_read_as_argparse_reads_them_with_vllms_options() -> None:
+    # vLLM 0.32's one-dash options on an argparse parser: what argparse binds an argument to is what the rule
+    # must call it (the exact alias, a value attached or after `=`, an abbreviation of a one-dash option).
+    parser = _Refusing(add_help=False)
+    for short, long in VLLM_SHORT_OPTIONS.items():
+        parser.add_argument(short, long, dest=long)
+    tried = [*VLLM_SHORT_OPTIONS, "-n2", "-nn", "-nfoo", "-n=2", "-r0", "-rx", "-r=1", "-qexl3", "-tp=4", "-t",
+             "-s", "-as", "-e", "-c", "-dpn=1", "-sc={}", "-ngl", "-d", "-p", "-x"]
+    checked = []
+    for arg in tried:
+        try:
+            namespace, rest = parser.parse_known_args([arg, "1"])
+        except ValueError:
+            continue  # ambiguous (-d, -p): vLLM refuses it at start
+        if arg in rest:
+            continue  # not an option argparse knows (-x): vLLM refuses it at start
+        (bound,) = [dest for dest, value in vars(namespace).items() if value is not None]
+        assert canonical_flag(arg) == bound, arg
+        checked.append(arg)
+    assert len(checked) == len(tried) - 3
+    assert canonical_flag("-O3") == "--optimization-level" and canonical_flag("-1") is None
+    assert not [s for s in VLLM_SHORT_OPTIONS if s[1] in "nr" and s not in ("-n", "-r")], \
+        "only -n and -r start with n or r: another such option would be misread by their prefix rule"
+
+
+def test_other_one_dash_options_of_vllm_pass() -> None:
+    args = ["-cc", '{"level": 3}', "-ep", "-asc", "2", "-dcp", "1", "-O3", "-ac", "{}"]
+    assert parse(two_sparks(serve={"extraArgs": args})).settings.serve.extra_args == args
 
 
 def test_kv_cache_dtype_is_refused_with_underscores_too() -> None:

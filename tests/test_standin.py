@@ -34,12 +34,14 @@ from components.gates import rank_watch
 from components.gates.rank_watch import (
     PHASES,
     ContainerState,
+    ContainerUsage,
     GateFailure,
     LogLine,
     ModelsEndpoint,
     RankSpec,
     ReadySettings,
     RendezvousSettings,
+    SourceError,
     SystemClock,
 )
 from components.serving import spec as serve_spec
@@ -168,6 +170,9 @@ class LocalRanks:
     def state(self, rank: int) -> ContainerState:
         code = self.ranks[rank].proc.poll()
         return ContainerState("running" if code is None else "exited", code, "2026-01-01T00:00:00Z")
+
+    def usage(self, rank: int) -> ContainerUsage:
+        raise SourceError("local processes have no container counters")  # the stall rule is the log's alone
 
 
 @dataclass

@@ -10,43 +10,68 @@ rendezvous of a group that no longer exists), and the gates and the verifier re-
 `read` reports the same observation, so `pulumi refresh` shows the drift too.
 
 A container that runs can still be useless: a hung rank (the head's `/health` stays 200 while completions never
-return) or a model that turned to NaN. So when every rank runs, `diff` also sends one 1-token completion with
-logprobs to the endpoint (`verify.client.probe_endpoint`, judged by the verifier's own rules, bounded by
-`PROBE_TIMEOUT_S`); NaN, -inf, an error, connection refused or no answer from a frozen engine is drift too.
+return), a dead one (real vLLM's head answers HTTP 500 "EngineCore encountered an issue" until it exits 0) or a
+model that turned to NaN. So when every rank runs, `diff` also sends one 1-token completion with logprobs to the
+endpoint (`verify.client.probe_endpoint`, judged by the verifier's own rules, bounded by `PROBE_TIMEOUT_S`). What
+the server proves by its own answer (NaN, -inf, bad logprobs, the dead-engine error) is drift at once. What the
+network between this machine and the head could cause (an HTTP error such as a proxy's 403/404/429/502/504, a
+refused or reset connection, no answer while the engine is not busy) is confirmed first: the same probe is sent
+from inside the head's container to the API on its own loopback, over the head's ssh connection
+(`head_request.sh` runs `head_request.py` with the image's python3, the API key on stdin), and only drift seen
+there too replaces the ranks; otherwise it is a warning. A replacement is a 20-25 minute outage.
 
 A healthy deployment costs one `docker inspect` per node and one 1-token completion per preview and up, and
 changes nothing. A node that cannot be reached, an endpoint this machine cannot reach, a refused API key or a
-busy engine (no answer, but its step counter advances) are reported, not treated as drift: nothing is known
-about the ranks then, and replacing a serving deployment on a guess would be worse.
+busy engine (no answer, but a step or token counter moves, the KV cache usage changes or a request runs: real
+vLLM freezes its counters during partial prefills) are reported, not treated as drift: nothing is known about the
+ranks then, and replacing a serving deployment on a guess would be worse. A step that hangs leaves vLLM's
+`num_requests_running` above 0 and so also looks busy, until vLLM's own execute-model timeout ends the engine;
+the next probe finds that.
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
+from urllib.parse import urlsplit
 
 import pulumi
 import pulumi.dynamic
 
+from components import scripts
 from components.dynamic import StateOnlyProvider, changed_inputs, secret_or_none, unwrap_secret
 from components.gates.gates import NORMALIZE, GateRank, rank_source, ranks_from_prop
-from components.gates.rank_watch import ContainerState, SourceError
+from components.gates.rank_watch import ContainerState, RankSpec, SourceError
+from components.redaction import redact
+from components.verify import client as verify_client
 from components.verify.client import (
     GUARD_MARGIN_S,
+    HEALTH_TIMEOUT_S,
+    Failure,
     Probe,
+    ProbeAnswer,
     VerificationTimeout,
+    judge_probe,
     probe_endpoint,
     probe_worst_case_seconds,
     run_bounded,
 )
+from components.verify.verdict import drift_probe_request
 
 INPUT_KEYS = ("ranks", "ssh_private_key", "ssh_agent_socket", "ssh_known_hosts_file", "endpoint", "model",
               "api_key")
 SECRET_KEYS = ["ssh_private_key", "api_key"]
-# A 1-token answer takes well under a second on an idle vLLM; a busy one is told apart by its step counter,
-# so this only bounds how long a preview waits on a hung endpoint (plus two /metrics reads).
+# A 1-token answer takes well under a second on an idle vLLM; a busy one is told apart by its counters, KV cache
+# and running requests, so this only bounds how long a preview waits on a hung endpoint (plus two /metrics reads).
 PROBE_TIMEOUT_S = 15.0
+# The confirmation from the head: head_request.sh runs head_request.py in the head's container (docker exec).
+HEAD_SCRIPT = "gates/head_request.sh"
+HEAD_PROGRAM = "gates/head_request.py"
+# What ssh and docker exec add to the probe's own bound.
+HEAD_MARGIN_S = 20.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,6 +103,14 @@ def drifted(observed: Mapping[str, str]) -> list[str]:
     return sorted(n for n, status in observed.items() if status != "running" and not status.startswith("unreachable"))
 
 
+def down_text(node: str, status: str, head_node: str) -> str:
+    """One rank found not running; vLLM's head exits 0 when a rank of its group died, which names the cause."""
+    if node == head_node and status == "exited (0)":
+        return (f"{node} (the head) is {status}: a rank of the group died (vLLM's head exits 0 when its engine "
+                "loses a rank; it also does when stopped)")
+    return f"{node} is {status}"
+
+
 def probe_target(olds: Mapping[str, Any], news: Mapping[str, Any]) -> tuple[str, str, str | None] | None:
     """Endpoint, model and key of what is deployed (the state), else of the config (a stack from before)."""
     props = olds if unwrap_secret(olds.get("endpoint")) else news
@@ -88,6 +121,17 @@ def probe_target(olds: Mapping[str, Any], news: Mapping[str, Any]) -> tuple[str,
     return str(endpoint), str(model), str(key) if key else None
 
 
+def head_probe(head: RankSpec, ssh_argv: Callable[[int, str], list[str]], target: tuple[str, str, str | None],
+               *, timeout_s: float) -> Probe:
+    """probe_from_head, bounded like `probe` (tests replace this)."""
+    try:
+        return run_bounded(lambda: probe_from_head(head, ssh_argv, target, timeout_s=timeout_s),
+                           probe_worst_case_seconds(timeout_s) + HEAD_MARGIN_S + GUARD_MARGIN_S,
+                           f"probe from {head.node}")
+    except VerificationTimeout as err:
+        return Probe("unknown", str(err))
+
+
 def probe(target: tuple[str, str, str | None]) -> Probe:
     endpoint, model, key = target
     try:
@@ -95,6 +139,76 @@ def probe(target: tuple[str, str, str | None]) -> Probe:
                            probe_worst_case_seconds(PROBE_TIMEOUT_S) + GUARD_MARGIN_S, f"probe of {endpoint}")
     except VerificationTimeout as err:  # a name look-up that sockets cannot bound
         return Probe("unknown", str(err))
+
+
+InputRunner = Callable[[list[str], bytes, float], "subprocess.CompletedProcess[bytes]"]
+
+
+def _run_with_input(argv: list[str], data: bytes, timeout_s: float) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(argv, input=data, capture_output=True, timeout=timeout_s, check=False)
+
+
+def probe_from_head(head: RankSpec, ssh_argv: Callable[[int, str], list[str]], target: tuple[str, str, str | None],
+                    *, timeout_s: float, runner: InputRunner = _run_with_input) -> Probe:
+    """The same 1-token probe sent from inside the head's container to the API port on its own loopback, over
+    the head's ssh connection (`ssh_argv`: the rank source's), judged by the same rules."""
+    endpoint, model, key = target
+    port = urlsplit(endpoint).port or 80
+    where = f"from inside {head.container} on {head.node}, 127.0.0.1:{port}"
+    request = {"port": port, "body": drift_probe_request(model), "api_key": key, "timeout_s": timeout_s,
+               "gap_s": verify_client.BUSY_CHECK_GAP_S, "health_timeout_s": HEALTH_TIMEOUT_S}
+    data = (json.dumps(request) + "\n" + scripts.script_path(HEAD_PROGRAM).read_text()).encode()
+    argv = ssh_argv(head.rank, scripts.render(HEAD_SCRIPT, {"CONTAINER": head.container}))
+    try:
+        done = runner(argv, data, probe_worst_case_seconds(timeout_s) + HEAD_MARGIN_S)
+    except subprocess.TimeoutExpired:
+        return Probe("unknown", f"the probe {where} did not finish within "
+                                f"{probe_worst_case_seconds(timeout_s) + HEAD_MARGIN_S:g} s")
+    except OSError as err:
+        return Probe("unknown", f"cannot run ssh: {err}")
+    out = (done.stdout.decode("utf-8", "replace").strip().splitlines() or [""])[-1]
+    answer = _head_answer(out, where)
+    if answer is None:
+        said = [ln for ln in done.stderr.decode("utf-8", "replace").strip().splitlines()
+                if ln.strip() and not ln.startswith(f"components/{HEAD_SCRIPT}: exited")]
+        stderr = (said or ["no message"])[-1][:300]
+        return Probe("unknown", redact(f"the probe {where} could not run (exit {done.returncode}): {stderr}", [key]))
+    if answer.status is None and answer.failure is None:
+        return Probe("unknown", f"the probe {where} answered {out[:200]!r}, not a probe result")
+    found = judge_probe(answer, timeout_s)
+    return Probe(found.state, redact(found.seen, [key]))
+
+
+def _head_answer(line: str, where: str) -> ProbeAnswer | None:
+    """head_request.py's JSON line as a ProbeAnswer; None when the line is not one."""
+    try:
+        seen = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(seen, dict):
+        return None
+    failure = next((f for f in get_args(Failure) if f == seen.get("failure")), None)
+    status = seen.get("status")
+    metrics = seen.get("metrics")
+    first, second = (metrics if isinstance(metrics, list) and len(metrics) == 2 else [None, None])
+    return ProbeAnswer(status=status if isinstance(status, int) else None, body=str(seen.get("body") or "").encode(),
+                       failure=failure, detail=f"{seen.get('detail') or ''} {where}".strip(),
+                       metrics=(first if isinstance(first, str) else None, second if isinstance(second, str) else None))
+
+
+def confirmed(operator: Probe, head: Callable[[], Probe]) -> Probe:
+    """A drift finding that the network between this machine and the head could cause stands only when the head
+    itself sees drift too; otherwise it is a warning (a proxy's 403/404/429/502/504, a firewall, a route)."""
+    if operator.state != "drift" or not operator.confirm:
+        return operator
+    there = head()
+    if there.state == "drift":
+        return Probe("drift", f"{operator.seen}; from the head itself too: {there.seen}")
+    if there.state == "healthy":
+        return Probe("unknown", f"{operator.seen}, but from the head itself it {there.seen}: the network or a proxy "
+                                "between this machine and the head, not the ranks; not treated as drift")
+    return Probe("unknown", f"{operator.seen}, and the head could not confirm it ({there.seen}): not treated as "
+                            "drift")
 
 
 class LiveRanksProvider(StateOnlyProvider):
@@ -116,7 +230,11 @@ class LiveRanksProvider(StateOnlyProvider):
         target = probe_target(olds, news)
         if target is None or any(status != "running" for status in observed.values()):
             return None
-        return target[0], probe(target)
+        ranks = ranks_from_prop(unwrap_secret(news.get("ranks")))
+        head = min(ranks, key=lambda r: r.rank)
+        found = confirmed(probe(target), lambda: head_probe(head, rank_source(news).argv, target,
+                                                            timeout_s=PROBE_TIMEOUT_S))
+        return target[0], found
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> pulumi.dynamic.DiffResult:
         observed = self._observe(news)
@@ -126,7 +244,8 @@ class LiveRanksProvider(StateOnlyProvider):
                 pulumi.log.warn(f"live ranks: node {node} {status}; cannot tell whether its rank runs")
         replace = pulumi.dynamic.DiffResult(changes=True, replaces=["observed"], delete_before_replace=True)
         if down:
-            pulumi.log.warn("live ranks: " + ", ".join(f"{n} is {observed[n]}" for n in down)
+            head = ranks_from_prop(unwrap_secret(news.get("ranks")))[0].node
+            pulumi.log.warn("live ranks: " + ", ".join(down_text(n, observed[n], head) for n in down)
                             + ": every rank is replaced together and verified again")
             return replace
         probed = self._probe(observed, olds, news)

@@ -11,10 +11,14 @@
 #   Z                                    the event stream ended
 #   R                                    every stream is started
 #   F <reason>                           this node cannot stream (the reader polls instead)
+#   U <json>                             one container's `docker stats --no-stream --format '{{json .}}'` line
+#   u <message>                          docker stats failed on this node
 # Every record is one write of at most MAX_LINE + 80 bytes (< PIPE_BUF): writers never interleave.
 # Header values (scripts.render): WATCH ("<container>=<since> ...": resume each log stream after that docker
 # timestamp; an empty since reads from the container's start), MAX_LINE. The script runs until its stdin
-# (the ssh channel) closes, then stops what it started.
+# (the ssh channel) closes, then stops what it started. A line `U` on stdin asks for one sample of the
+# containers' memory and block I/O (the ready gate asks while every rank is silent); a sample still running
+# when the next is asked for answers both.
 set -u
 
 for tool in docker awk mkfifo mktemp; do
@@ -25,11 +29,12 @@ for tool in docker awk mkfifo mktemp; do
 done
 dir=$(mktemp -d "${TMPDIR:-/tmp}/dsv41-rank-stream.XXXXXX") || { echo "F cannot make a temporary directory"; exit 0; }
 pids=""
+upid=""  # the docker stats sample running, if any
 # Replaces the header's EXIT trap: stop every stream (docker clients too, which a silent container would
 # otherwise keep alive on the node) and remove the fifos.
 # shellcheck disable=SC2329 # invoked by the traps below
 cleanup() {
-  for p in $pids; do kill "$p" 2>/dev/null; done
+  for p in $pids $upid; do kill "$p" 2>/dev/null; done
   # a reader still opening its fifo (its writer gone) is let through, sees the end and exits
   for f in "$dir"/*; do if [ -p "$f" ]; then : <>"$f"; fi; done
   rm -rf "$dir"
@@ -89,6 +94,27 @@ for w in $WATCH; do
 done
 echo R
 
+names=""
+for w in $WATCH; do names="$names ${w%%=*}"; done
+bounded=""
+if command -v timeout >/dev/null 2>&1; then bounded="timeout 30"; fi
+# One `docker stats` sample of every container, in the background so stdin is still read.
+usage() {
+  if [ -n "$upid" ] && kill -0 "$upid" 2>/dev/null; then return 0; fi
+  (
+    trap - HUP INT TERM PIPE
+    # shellcheck disable=SC2086 # $bounded: empty or two words; $names: container names have no spaces
+    if out=$($bounded docker stats --no-stream --format '{{json .}}' $names 2>&1); then
+      printf '%s\n' "$out" | LC_ALL=C awk -v max="$MAX_LINE" 'NF { print "U " substr($0, 1, max); fflush() }'
+    else
+      printf 'u %s\n' "$(printf '%s' "$out" | tr '\n' ' ' | cut -c1-300)"
+    fi
+  ) &
+  upid=$!
+}
+
 # Until the ssh channel closes (or a signal): the reader went away, so stop.
-while [ -z "$stop" ] && read -r _; do :; done
+while [ -z "$stop" ] && read -r ask; do
+  if [ "$ask" = U ]; then usage; fi
+done
 exit 0

@@ -7,12 +7,28 @@ events and log streams, reconnected and resumed; a node that cannot stream is po
 
 vLLM's wording changes between releases and the recipe image runs a patched vLLM, so every
 log pattern below is deliberately tolerant (substring or loose regex, case where it helps).
+
+The stall rule. Silence alone is not a stall: a real headless worker prints nothing while it loads weights
+(only rank 0 draws the safetensors progress bar), and on the recipe's hardware the worker streams 196 GiB over
+NFS for ~15 min while the head loaded locally in ~250 s, so no rank prints for ~650 s of a healthy first boot.
+The signal chosen is each rank container's memory and block I/O as `docker stats --no-stream` reports them: the
+page cache of the shards read (NFS included) and the loaded weights are charged to the container's cgroup, local
+reads show as block I/O, the docker CLI reads them as the node's docker user (no root, unlike /proc/<pid>/io), and
+they go over the ssh path the watch already has (a line `U` to the node's stream script, or one more command
+for a polled node). The head's own progress was not chosen: the head is done long before the worker, and a hung
+worker and a loading one look the same from it. CPU was not chosen: a rank spinning in a hung NCCL collective
+burns CPU. The counters are sampled only once every rank has been silent for USAGE_QUIET_S, then every
+USAGE_INTERVAL_S (a chatty boot costs nothing); memory or block I/O grown by USAGE_MIN_GROWTH_BYTES since the
+quiet window's first sample is progress, memory given back is not (the baseline follows it down). Stall: no
+line and no growth for `stall_s`, reported with every rank's last sample. Counters that cannot be read leave
+the rule as it was (silence alone).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import queue
 import re
 import shlex
@@ -94,6 +110,74 @@ class ContainerState:
         return self.status == "running"
 
 
+@dataclass(frozen=True)
+class ContainerUsage:
+    """One `docker stats --no-stream` sample of a rank's container: memory in use (what the cgroup is charged:
+    the loaded weights and the page cache of the shards read, NFS included) and cumulative block I/O."""
+
+    memory_bytes: float | None
+    block_read_bytes: float | None
+    block_written_bytes: float | None
+    text: str = ""
+    """As docker wrote it, for messages: `memory 95.1GiB, block I/O 190GB / 1.2MB`."""
+
+    def grown_from(self, base: ContainerUsage, min_bytes: float) -> str | None:
+        """What grew by at least `min_bytes` since `base` (memory, block I/O), or None."""
+        grew: list[str] = []
+        for what, now, then in (("memory", self.memory_bytes, base.memory_bytes),
+                                ("block I/O", _sum(self.block_read_bytes, self.block_written_bytes),
+                                 _sum(base.block_read_bytes, base.block_written_bytes))):
+            if now is not None and then is not None and now - then >= min_bytes:
+                grew.append(f"{what} +{_fmt_bytes(now - then)}")
+        return ", ".join(grew) or None
+
+    def floor(self, other: ContainerUsage) -> ContainerUsage:
+        """A baseline that only goes down: memory given back (page cache reclaimed) is not progress to regain."""
+        low = (min(self.memory_bytes, other.memory_bytes)
+               if self.memory_bytes is not None and other.memory_bytes is not None else other.memory_bytes)
+        return ContainerUsage(low, self.block_read_bytes, self.block_written_bytes, self.text)
+
+
+def _sum(*values: float | None) -> float | None:
+    return None if any(v is None for v in values) else sum(v for v in values if v is not None)
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f}{unit}"
+    return f"{n:.0f}B"
+
+
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kKMGTPE]?i?B)\s*$")
+_UNITS = {"B": 1.0, **{p + "B": 1000.0 ** (i + 1) for i, p in enumerate("kMGTPE")}, "KB": 1000.0,
+          **{p + "iB": 1024.0 ** (i + 1) for i, p in enumerate("KMGTPE")}}
+
+
+def parse_size(text: str) -> float | None:
+    """docker's sizes: `1.5GiB` (binary, memory), `190GB` / `12.3kB` (decimal, block I/O); None for `--`."""
+    m = _SIZE.match(text)
+    if m is None or m.group(2) not in _UNITS:
+        return None
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def parse_stats(line: str) -> tuple[str, ContainerUsage] | None:
+    """One `docker stats --format '{{json .}}'` line as (container name, usage), or None."""
+    try:
+        stats = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(stats, dict):
+        return None
+    name = str(stats.get("Name") or stats.get("Container") or "")
+    memory = str(stats.get("MemUsage") or "").split("/")[0]
+    block = str(stats.get("BlockIO") or "").split("/")
+    read, written = (block + ["", ""])[:2]
+    text = f"memory {memory.strip() or '?'}, block I/O {read.strip() or '?'} / {written.strip() or '?'}"
+    return name, ContainerUsage(parse_size(memory), parse_size(read), parse_size(written), text)
+
+
 class SourceError(Exception):
     """The source could not observe a rank this time (ssh failed, docker did not answer)."""
 
@@ -106,6 +190,10 @@ class RankPoller(Protocol):
         ...
 
     def state(self, rank: int) -> ContainerState: ...
+
+    def usage(self, rank: int) -> ContainerUsage:
+        """One sample of the container's memory and block I/O (SourceError when it cannot be read)."""
+        ...
 
 
 # What a source reports about the ranks, in the order it learnt it.
@@ -151,13 +239,22 @@ class Unobservable:
 
 
 @dataclass(frozen=True)
+class UsageSeen:
+    """The answer to `request_usage` for one rank: its container's counters, or why they could not be read."""
+
+    rank: int
+    usage: ContainerUsage | None
+    error: str = ""
+
+
+@dataclass(frozen=True)
 class Notice:
     """For the progress output: a reconnect, a fallback to polling."""
 
     text: str
 
 
-Observation = LineSeen | StateSeen | LogEnded | EventSeen | Unobservable | Notice
+Observation = LineSeen | StateSeen | LogEnded | EventSeen | Unobservable | UsageSeen | Notice
 
 
 class RankSource(Protocol):
@@ -167,6 +264,10 @@ class RankSource(Protocol):
     def next_items(self, timeout_s: float, pace_s: float) -> list[Observation]:
         """What arrived, waiting up to `timeout_s` for the first item (an empty list: nothing came).
         `pace_s`: how often a source that polls looks (a streaming source ignores it)."""
+        ...
+
+    def request_usage(self) -> None:
+        """Ask for one sample of every rank's container counters: it arrives as UsageSeen items."""
         ...
 
     def close(self) -> None:
@@ -180,8 +281,15 @@ class PollingRankSource:
     def __init__(self, poller: RankPoller, ranks: Sequence[int], clock: Clock) -> None:
         self.poller, self.ranks, self.clock = poller, list(ranks), clock
         self._next_poll: float | None = None
+        self._usage_wanted = False
+
+    def request_usage(self) -> None:
+        self._usage_wanted = True
 
     def next_items(self, timeout_s: float, pace_s: float) -> list[Observation]:
+        if self._usage_wanted:
+            self._usage_wanted = False
+            return usage_once(self.poller, self.ranks)
         now = self.clock.monotonic()
         if self._next_poll is not None and now < self._next_poll:
             wait = min(timeout_s, self._next_poll - now)
@@ -216,6 +324,17 @@ def poll_once(poller: RankPoller, ranks: Sequence[int]) -> list[Observation]:
         except SourceError as err:
             items.append(Unobservable(rank, f"docker logs: {err}"))
     items.extend(LogEnded(rank) for rank in stopped)
+    return items
+
+
+def usage_once(poller: RankPoller, ranks: Sequence[int]) -> list[Observation]:
+    """Every rank's container counters, one look each."""
+    items: list[Observation] = []
+    for rank in ranks:
+        try:
+            items.append(UsageSeen(rank, poller.usage(rank)))
+        except SourceError as err:
+            items.append(UsageSeen(rank, None, str(err)))
     return items
 
 
@@ -391,6 +510,13 @@ NEAR_READY_POLL_S = 0.5
 EXIT_DRAIN_S = 1.0
 # One GET /v1/models, connect and read.
 MODELS_PROBE_TIMEOUT_S = 5.0
+# Silence is not a stall while the ranks' containers show progress: once no rank has logged for USAGE_QUIET_S,
+# the ready gate samples every rank container's memory and block I/O (`docker stats`) every USAGE_INTERVAL_S
+# (both at most a half and a quarter of the stall limit); a counter grown by USAGE_MIN_GROWTH_BYTES since the
+# window's first sample is progress (docker prints 3-4 significant digits: ~10 MiB at 100 GiB).
+USAGE_QUIET_S = 60.0
+USAGE_INTERVAL_S = 30.0
+USAGE_MIN_GROWTH_BYTES = float(16 << 20)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -432,11 +558,17 @@ class RendezvousSettings(WatchSettings):
 class ReadySettings(WatchSettings):
     ready_timeout_s: float
     stall_s: float
-    """No rank logged a (non-noise) line for this long = hung."""
+    """No rank logged a (non-noise) line, and no rank container's memory or block I/O grew, for this long = hung."""
     near_ready_poll_s: float = NEAR_READY_POLL_S
+    usage_quiet_s: float = USAGE_QUIET_S
+    usage_interval_s: float = USAGE_INTERVAL_S
+    usage_min_growth_bytes: float = USAGE_MIN_GROWTH_BYTES
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.usage_quiet_s <= 0 or self.usage_interval_s <= 0 or self.usage_min_growth_bytes <= 0:
+            raise ValueError(f"usage_quiet_s={self.usage_quiet_s}, usage_interval_s={self.usage_interval_s} and "
+                             f"usage_min_growth_bytes={self.usage_min_growth_bytes} must be > 0")
         if self.near_ready_poll_s <= 0:
             raise ValueError(f"near_ready_poll_s={self.near_ready_poll_s} must be > 0")
         if self.ready_timeout_s <= 0:
@@ -476,21 +608,38 @@ class _RankView:
     joined: bool = False
     log_ended: bool = False
     oom: bool = False
+    usage: ContainerUsage | None = None
+    """The container's counters, last sample."""
+    usage_base: ContainerUsage | None = None
+    """What a sample is compared with: the quiet window's first, or the last that showed growth."""
+    usage_error: str = ""
 
 
-def _exit_hint(code: int | None, oom: bool = False) -> str:
+_WATCHDOG_LOG = "~/.local/state/dsv41-exl3-<stack>/watchdog.log"
+_OOM_KILLER = "the kernel OOM killer (`journalctl -k | grep -i \"out of memory\"` on that node)"
+
+
+def _exit_hint(code: int | None, oom: bool = False, head: bool = False) -> str:
+    """What a rank's exit code points to. vLLM exits 0 on SIGTERM (a headless worker stopped by docker stop or the
+    watchdog) and the head exits 0 after a rank of its group died; 137 is SIGKILL (a worker killed while it loads
+    weights, ignoring SIGTERM, ends so too)."""
     if oom:
         return ("the kernel OOM killer killed it (docker reported oom): the node ran out of memory; see "
-                "~/.local/state/dsv41-exl3-<stack>/watchdog.log on that node for what held it")
+                f"{_WATCHDOG_LOG} on that node for what held it")
+    candidates = (f"candidates: the memory watchdog (see {_WATCHDOG_LOG} on that node: it stops every rank), "
+                  f"{_OOM_KILLER}, or a docker stop by an operator")
     if code == 137:
-        return ("exit 137 = killed by SIGKILL: the kernel OOM killer, the memory watchdog "
-                "(see ~/.local/state/dsv41-exl3-<stack>/watchdog.log on that node) or a docker stop that timed out")
+        return f"exit 137 = killed by SIGKILL (a docker stop that timed out, or a kill); {candidates}"
+    if code == 0:
+        if head:
+            return ("vLLM's head exits 0 seconds after a rank of its group died: its engine lost the worker "
+                    "(`WorkerProc hit an exception`, `Connection closed by peer` in its last lines); every rank's "
+                    f"last lines are below; it also exits 0 when stopped (SIGTERM); {candidates}")
+        return f"exit 0 = vLLM stopped as it does on SIGTERM; {candidates}"
     if code == 143:
         return "exit 143 = SIGTERM: something ran docker stop (the memory watchdog or an operator)"
     if code == 139:
         return "exit 139 = segmentation fault in a native kernel: check the image and driver versions"
-    if code == 0:
-        return "exit 0 = the process ended on its own: the last lines say why"
     return "read the last lines below for the Python traceback"
 
 
@@ -500,13 +649,17 @@ class _Cluster:
     fails at once (GateFailure); the new lines are returned for the gate's own decisions."""
 
     def __init__(self, ranks: Sequence[RankSpec], source: RankSource, settings: WatchSettings,
-                 clock: Clock, report: Reporter) -> None:
+                 clock: Clock, report: Reporter, min_growth_bytes: float = USAGE_MIN_GROWTH_BYTES) -> None:
         if not ranks:
             raise ValueError("ranks is empty: a gate needs at least the head (rank 0)")
         self.source = source
         self.settings = settings
         self.clock = clock
         self.report = report
+        self.min_growth_bytes = min_growth_bytes
+        # When a container counter last grew (monotonic), and which.
+        self.usage_progress_at: float | None = None
+        self.usage_growth = ""
         start = clock.monotonic()
         self.views = {r.rank: _RankView(spec=r, tail=deque(maxlen=settings.tail_lines), last_activity=start)
                       for r in sorted(ranks, key=lambda r: r.rank)}
@@ -530,6 +683,24 @@ class _Cluster:
         view.tail.append(line.text)
         if not is_noise(line.text):
             view.last_activity = self.clock.monotonic()
+            for v in self.views.values():  # counters are compared within one quiet window
+                v.usage_base = None
+
+    def _usage(self, view: _RankView, seen: UsageSeen) -> None:
+        view.usage_error = seen.error
+        if seen.usage is None:
+            return
+        view.usage = seen.usage
+        if view.usage_base is None:
+            view.usage_base = seen.usage
+            return
+        grew = seen.usage.grown_from(view.usage_base, self.min_growth_bytes)
+        if grew is None:
+            view.usage_base = view.usage_base.floor(seen.usage)
+            return
+        view.usage_base = seen.usage
+        self.usage_progress_at = self.clock.monotonic()
+        self.usage_growth = f"rank {view.spec.rank} {grew}"
 
     def _state(self, view: _RankView, state: ContainerState) -> bool:
         """Apply one state; True when the container is no longer running (the caller drains, then fails)."""
@@ -581,15 +752,26 @@ class _Cluster:
                     self.report(f"{view.spec.label()}: docker event {item.action}")
             elif isinstance(item, Unobservable):
                 self._source_failed(view, item.error)
+            elif isinstance(item, UsageSeen):
+                self._usage(view, item)
         if stopped:
             self._fail_stopped(stopped, pace_s)
         return got
 
     def _fail_stopped(self, stopped: Mapping[int, ContainerState], pace_s: float) -> None:
-        """A rank stopped: take the rest of its log (up to EXIT_DRAIN_S), then fail naming it."""
+        """A rank stopped: take the rest of its log (up to EXIT_DRAIN_S) and any other rank's stop, then fail
+        naming it: a worker before the head, whose exit follows a worker's death."""
+        stopped = dict(stopped)
         views = [self.views[r] for r in stopped]
+        head = self.head().spec.rank
+
+        def waiting() -> bool:
+            # the head's exit 0 follows a worker's death: give the worker's stop the same time to arrive
+            return not all(v.log_ended for v in views) or (len(self.views) > 1 and list(stopped) == [head]
+                                                           and stopped[head].exit_code == 0)
+
         until = self.clock.monotonic() + EXIT_DRAIN_S
-        while not all(v.log_ended for v in views) and (now := self.clock.monotonic()) < until:
+        while waiting() and (now := self.clock.monotonic()) < until:
             for item in self.source.next_items(until - now, pace_s):
                 view = self.views.get(getattr(item, "rank", -1))
                 if view is None:
@@ -600,12 +782,20 @@ class _Cluster:
                     view.log_ended = True
                 elif isinstance(item, EventSeen) and item.action == "oom":
                     view.oom = True
-        rank, state = next(iter(stopped.items()))
-        view = self.views[rank]
+                elif isinstance(item, StateSeen) and not item.state.running and item.state.status != "missing":
+                    stopped.setdefault(item.rank, item.state)
+                    view.oom = view.oom or item.state.oom_killed
+        rank = min(stopped, key=lambda r: (r == head, r))
+        state, view = stopped[rank], self.views[rank]
+        cause = f"{view.spec.label()} is {state.status} with exit code {state.exit_code}"
+        if rank == head and state.exit_code == 0 and not (view.oom or state.oom_killed):
+            cause += ": a rank of the group died (vLLM's head ends with exit code 0 when its engine loses a rank)"
+        also = [f"{self.views[r].spec.label()} is {s.status} with exit code {s.exit_code}"
+                for r, s in stopped.items() if r != rank]
+        if also:
+            cause += f" (and {', '.join(also)})"
         raise GateFailure(self.message(
-            f"{view.spec.label()} is {state.status} with exit code {state.exit_code}",
-            _exit_hint(state.exit_code, view.oom or state.oom_killed),
-        ))
+            cause, _exit_hint(state.exit_code, view.oom or state.oom_killed, head=rank == head)))
 
     def last_activity(self) -> float:
         return max(v.last_activity for v in self.views.values())
@@ -613,6 +803,23 @@ class _Cluster:
     def quiet_for(self) -> float:
         """Seconds since any rank logged a non-noise line (timed from when it was received)."""
         return self.clock.monotonic() - self.last_activity()
+
+    def progress_at(self) -> float:
+        """The last sign of progress: a non-noise line, or a container counter that grew."""
+        if self.usage_progress_at is None:
+            return self.last_activity()
+        return max(self.last_activity(), self.usage_progress_at)
+
+    def usage_summary(self) -> str:
+        """Every rank's last container sample (or why there is none), for the messages."""
+        parts = []
+        for view in self.views.values():
+            if view.usage is not None:
+                parts.append(f"rank {view.spec.rank} {view.usage.text}")
+            elif view.usage_error:
+                parts.append(f"rank {view.spec.rank} unreadable "
+                             f"({redact(view.usage_error, self.settings.secrets, key_shapes=True)})")
+        return "; ".join(parts)
 
     def message(self, cause: str, what_to_do: str) -> str:
         secrets = self.settings.secrets
@@ -730,7 +937,7 @@ def wait_for_ready(ranks: Sequence[RankSpec], source: RankSource, settings: Read
 
 def _ready(ranks: Sequence[RankSpec], source: RankSource, settings: ReadySettings, clock: Clock,
            report: Reporter, probe: ModelsProbe, model_name: str) -> ReadyResult:
-    cluster = _Cluster(ranks, source, settings, clock, report)
+    cluster = _Cluster(ranks, source, settings, clock, report, settings.usage_min_growth_bytes)
     start = clock.monotonic()
     deadline = start + settings.ready_timeout_s
     last_report = start
@@ -741,13 +948,19 @@ def _ready(ranks: Sequence[RankSpec], source: RankSource, settings: ReadySetting
     next_probe = start
     last_probe = ModelsProbeResult("unreachable", "not probed yet")
     head = cluster.head()
+    # The containers' counters are sampled only while every rank is silent: a chatty boot costs nothing.
+    usage_quiet = min(settings.usage_quiet_s, settings.stall_s / 2)
+    usage_every = min(settings.usage_interval_s, settings.stall_s / 4)
+    last_usage = -math.inf
     while True:
         pace = settings.poll_interval_s
         if phase in NEAR_READY_PHASES:
             pace = min(pace, settings.near_ready_poll_s)
-        wake = min(deadline, last_report + settings.progress_interval_s, cluster.last_activity() + settings.stall_s)
+        wake = min(deadline, last_report + settings.progress_interval_s, cluster.progress_at() + settings.stall_s)
         if head_ready:
             wake = min(wake, next_probe)
+        else:
+            wake = min(wake, max(cluster.last_activity() + usage_quiet, last_usage + usage_every))
         for view, line in cluster.step(wake, pace):
             if is_rendezvous_failure(line.text):
                 raise GateFailure(cluster.message(
@@ -782,14 +995,15 @@ def _ready(ranks: Sequence[RankSpec], source: RankSource, settings: ReadySetting
                     "give the gate the same API key the server was started with (--api-key / VLLM_API_KEY)",
                 ))
         quiet = cluster.quiet_for()
-        if quiet >= settings.stall_s:
-            raise GateFailure(cluster.message(
-                f"no rank logged anything new for {_fmt_duration(quiet)} "
-                f"(stall limit {settings.stall_s:g} s) in phase {phase!r}",
+        if now - cluster.progress_at() >= settings.stall_s:
+            raise GateFailure(cluster.message(_stall_cause(cluster, quiet, settings.stall_s, phase),
                 "a rank is probably hung (NCCL, a deadlocked kernel); dump stacks with `py-spy dump` in the "
-                "containers, then restart; if this boot is legitimately silent for longer (slow NFS load, "
-                "JIT), raise stall_s",
+                "containers, then restart; if this boot is legitimately silent for longer with its containers' "
+                "counters standing still (JIT), raise stall_s",
             ))
+        if not head_ready and now >= max(cluster.last_activity() + usage_quiet, last_usage + usage_every):
+            last_usage = now
+            source.request_usage()
         if now >= deadline:
             extra = ("; the head logged startup complete but /v1/models was never answered: "
                      f"{last_probe.detail}" if head_ready else "")
@@ -800,8 +1014,29 @@ def _ready(ranks: Sequence[RankSpec], source: RankSource, settings: ReadySetting
             ))
         if now - last_report >= settings.progress_interval_s:
             last_report = now
+            growing = ""
+            if cluster.usage_progress_at is not None and cluster.usage_progress_at > cluster.last_activity():
+                growing = (f"; silent but progressing: {cluster.usage_growth} "
+                           f"{_fmt_duration(now - cluster.usage_progress_at)} ago")
             report(f"ready gate: phase {phase!r} for {_fmt_duration(now - phase_since)}, elapsed "
-                   f"{_fmt_duration(now - start)}, last log line {_fmt_duration(quiet)} ago")
+                   f"{_fmt_duration(now - start)}, last log line {_fmt_duration(quiet)} ago{growing}")
+
+
+def _stall_cause(cluster: _Cluster, quiet: float, stall_s: float, phase: str) -> str:
+    """No line and no counter growth for stall_s: what was last seen of both."""
+    cause = f"no rank logged anything new for {_fmt_duration(quiet)}"
+    summary = cluster.usage_summary()
+    sampled = any(v.usage is not None for v in cluster.views.values())
+    if cluster.usage_progress_at is not None and cluster.usage_progress_at > cluster.last_activity():
+        cause += (f" and no rank container's memory or block I/O grew for "
+                  f"{_fmt_duration(cluster.clock.monotonic() - cluster.usage_progress_at)} "
+                  f"(last: {cluster.usage_growth})")
+    elif sampled:
+        cause += " and no rank container's memory or block I/O grew meanwhile"
+    cause += f" (stall limit {stall_s:g} s) in phase {phase!r}"
+    if summary:
+        cause += f"; docker stats: {summary}"
+    return cause
 
 
 class ModelsEndpoint:
@@ -844,6 +1079,7 @@ class ModelsEndpoint:
 
 _DOCKER_TS = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)) ?(.*)$")
 _INSPECT_FORMAT = "{{.State.Status}} {{.State.ExitCode}} {{.State.StartedAt}}"
+STATS_FORMAT = "{{json .}}"
 
 
 def timestamp_key(stamp: str) -> tuple[int, int]:
@@ -977,6 +1213,18 @@ class SshRankSource:
         self._since[rank], self._seen_at_since[rank] = since, seen
         return fresh
 
+    def usage(self, rank: int) -> ContainerUsage:
+        container = self._specs[rank].container
+        done = self._remote(rank, f"timeout {self._remote_timeout_s} docker stats --no-stream --format "
+                                  f"{shlex.quote(STATS_FORMAT)} {shlex.quote(container)}")
+        if done.returncode != 0:
+            raise SourceError(f"docker stats {container} failed: {(done.stderr or done.stdout).strip()[:300]}")
+        for line in done.stdout.splitlines():
+            seen = parse_stats(line)
+            if seen is not None and seen[0] == container:
+                return seen[1]
+        raise SourceError(f"docker stats {container}: unexpected output {done.stdout.strip()[:200]!r}")
+
     def resume_at(self, rank: int, since: str, seen: set[str]) -> None:
         """Continue after a stream's last line (`since`, its docker timestamp; `seen`: the texts at it)."""
         self._since[rank], self._seen_at_since[rank] = since, set(seen)
@@ -1089,6 +1337,7 @@ class _NodeStream(threading.Thread):
         self._proc: subprocess.Popen[bytes] | None = None
         self.polling = False
         self.sessions = 0
+        self._usage_wanted = threading.Event()
 
     def _where(self) -> str:
         return f"{self.target.user}@{self.target.host}:{self.target.port}"
@@ -1215,6 +1464,14 @@ class _NodeStream(threading.Thread):
                 if rank is not None:
                     ended.add(rest)
                     self.owner.put(LogEnded(rank))
+            elif tag == "U":
+                stats = parse_stats(rest)
+                rank = self.ranks.get(stats[0]) if stats is not None else None
+                if stats is not None and rank is not None:
+                    self.owner.put(UsageSeen(rank, stats[1]))
+            elif tag == "u":
+                for spec in self.specs:
+                    self.owner.put(UsageSeen(spec.rank, None, f"docker stats on node {self.node}: {rest}"))
             elif tag == "R":
                 ready = True
             elif tag == "Z":
@@ -1241,6 +1498,20 @@ class _NodeStream(threading.Thread):
             proc.kill()
             proc.wait()
 
+    def request_usage(self) -> None:
+        """Ask the node's session for one `docker stats` sample (a line `U` on its stdin), or the polling loop;
+        between sessions nothing is asked (the gate asks again)."""
+        if self.polling:
+            self._usage_wanted.set()
+            return
+        with self._lock:
+            proc = self._proc
+        if proc is None or proc.stdin is None:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            proc.stdin.write(b"U\n")
+            proc.stdin.flush()
+
     def stop(self) -> None:
         with self._lock:
             proc = self._proc
@@ -1261,7 +1532,11 @@ class _NodeStream(threading.Thread):
             if res.since:
                 poller.resume_at(spec.rank, res.since, res.at_since)
         while not self.owner.stopping():
-            for item in poll_once(poller, [s.rank for s in self.specs]):
+            items = poll_once(poller, [s.rank for s in self.specs])
+            if self._usage_wanted.is_set():
+                self._usage_wanted.clear()
+                items += usage_once(poller, [s.rank for s in self.specs])
+            for item in items:
                 self.owner.put(item)
             self.owner.wait(self.owner.pace)
 
@@ -1342,6 +1617,11 @@ class StreamRankSource:
             if items or left <= 0:
                 return items
             self._arrived.wait(left)
+
+    def request_usage(self) -> None:
+        if self._started:
+            for stream in self.streams:
+                stream.request_usage()
 
     def close(self) -> None:
         self._stop.set()

@@ -2,7 +2,8 @@
 
 - `verify_endpoint(...)`: the recipe's request (recipe step 5), bounded retries while the API starts, the
   dead-rank diagnosis, and the optional decode-speed probe (`measure_decode`);
-- `probe_endpoint(...)`: LiveRanks' 1-token drift probe, busy told apart from hung by vLLM's step counter;
+- `probe_endpoint(...)`: LiveRanks' 1-token drift probe (`ask_probe` + `judge_probe`), busy told apart from
+  hung by vLLM's counters, KV cache usage and running requests;
 - `run_bounded(...)`: the last-resort deadline every caller puts around them.
 
 The HTTP is `components.http`; judging an answer is pure and lives in `components.verify.verdict`. The
@@ -36,7 +37,8 @@ from components.verify.verdict import (
     decode_probe_request,
     decode_sample,
     drift_probe_request,
-    engine_steps,
+    engine_activity,
+    engine_busy,
     judge_answer,
     judge_completion,
     judge_error,
@@ -342,6 +344,10 @@ def measure_decode(
 BUSY_CHECK_GAP_S = 2.0
 # Reasons that say nothing about the ranks: the configured key or name, not the deployment, is wrong.
 _NOT_DRIFT = (Reason.UNAUTHORIZED,)
+# Findings the server proves by its own answer (a proxy does not write NaN logprobs or vLLM's dead-engine error):
+# drift at once. Any other finding (an HTTP error, a refused or reset connection, a timeout, an answer that is not
+# vLLM's) may come from the network between this machine and the head, and is confirmed from the head first.
+_SERVER_PROVES = (Reason.NAN, Reason.INF, Reason.BAD_LOGPROB, Reason.DEAD_RANK)
 
 
 ProbeState = Literal["healthy", "drift", "unknown"]
@@ -349,19 +355,76 @@ ProbeState = Literal["healthy", "drift", "unknown"]
 
 @dataclass(frozen=True)
 class Probe:
-    """One drift probe's finding: `healthy`, `drift` (replace every rank) or `unknown` (cannot tell)."""
+    """One drift probe's finding: `healthy`, `drift` (replace every rank) or `unknown` (cannot tell).
+    `confirm`: a drift finding that the network between could have caused (see _SERVER_PROVES)."""
 
     state: ProbeState
     seen: str
+    confirm: bool = False
 
 
-def _engine_steps(endpoint: str, clock: Clock) -> float | None:
+Failure = Literal["refused", "reset", "timeout", "protocol", "network"]
+
+
+@dataclass(frozen=True)
+class ProbeAnswer:
+    """What one 1-token probe got, wherever it was sent from (this machine, or the head's own loopback)."""
+
+    status: int | None = None
+    body: bytes = b""
+    failure: Failure | None = None
+    """No answer: why (`protocol`: not HTTP; `network`: any other socket error)."""
+    detail: str = ""
+    metrics: tuple[str | None, str | None] = (None, None)
+    """After a timeout: `/metrics` read twice BUSY_CHECK_GAP_S apart (None: it did not answer)."""
+    accepts: bool = True
+    """After a timeout with `/metrics` silent: does the port still accept TCP connections?"""
+
+
+def judge_probe(answer: ProbeAnswer, timeout_s: float) -> Probe:
+    """The drift verdict on one probe's answer: the verifier's rules, busy told apart from hung."""
+    if answer.failure in ("refused", "reset"):
+        what = "refuses connections" if answer.failure == "refused" else "resets connections"
+        return Probe("drift", f"{what} ({answer.detail}) while every rank container runs: the API is down",
+                     confirm=True)
+    if answer.failure == "timeout":
+        first, second = (engine_activity(m) if m is not None else None for m in answer.metrics)
+        busy = engine_busy(first, second) if first is not None and second is not None else None
+        if busy is not None:
+            return Probe("unknown", f"did not answer a 1-token request within {timeout_s:g} s, but the engine is "
+                                    f"busy ({busy}): not treated as drift")
+        if (first is None or second is None) and not answer.accepts:
+            return Probe("unknown", f"cannot be reached (no TCP connection within {HEALTH_TIMEOUT_S:g} s): "
+                                    "nothing is known about the ranks")
+        steps = second.steps if second is not None and second.steps is not None else (
+            second.tokens if second is not None else None)
+        engine = ("/metrics does not answer" if first is None or second is None
+                  else f"the engine's step counter stayed at {steps:g}" if steps is not None
+                  else "the engine's counters stood still")
+        return Probe("drift", f"did not answer a 1-token request within {timeout_s:g} s and {engine}: a rank is "
+                              "dead or hung", confirm=True)
+    if answer.failure == "protocol":
+        return Probe("drift", f"does not speak HTTP correctly ({answer.detail})", confirm=True)
+    if answer.failure is not None or answer.status is None:
+        return Probe("unknown", f"cannot be reached ({answer.detail}): nothing is known about the ranks")
+    if answer.status == 429:
+        return Probe("unknown", "answers HTTP 429 (too many requests): busy, not treated as drift")
+    verdict = judge_completion(answer.status, {}, answer.body)
+    if isinstance(verdict, Failed):
+        if verdict.reason in _NOT_DRIFT:
+            return Probe("unknown", f"{verdict.reason}: {verdict.message}")
+        return Probe("drift", f"{verdict.reason}: {verdict.message}", confirm=verdict.reason not in _SERVER_PROVES)
+    pairs = ", ".join(f"{t.token!r} {t.logprob:.3f}" for t in verdict.logprobs)
+    return Probe("healthy", f"answers with real logprobs ({pairs})")
+
+
+def _metrics(endpoint: str, clock: Clock) -> str | None:
     url = normalize_endpoint(endpoint)[: -len("/v1")] + "/metrics"
     try:
         reply = exchange("GET", url, deadline=clock() + HEALTH_TIMEOUT_S, clock=clock)
     except (OSError, HTTPException, ConnectionRefusedOrReset, DeadlineExceeded):
         return None
-    return engine_steps(reply.body.decode("utf-8", errors="replace")) if reply.status == 200 else None
+    return reply.body.decode("utf-8", errors="replace") if reply.status == 200 else None
 
 
 def _accepts(endpoint: str) -> bool:
@@ -379,6 +442,36 @@ def probe_worst_case_seconds(timeout_s: float) -> float:
     return timeout_s + 3 * HEALTH_TIMEOUT_S + BUSY_CHECK_GAP_S
 
 
+def ask_probe(
+    endpoint: str,
+    model: str,
+    api_key: str | None = None,
+    *,
+    timeout_s: float,
+    clock: Clock = time.monotonic,
+    sleep: Sleep = time.sleep,
+) -> ProbeAnswer:
+    """Send the 1-token probe from this machine; after a timeout read `/metrics` twice (and try a TCP connect)."""
+    endpoint = normalize_endpoint(endpoint)
+    body = json.dumps(drift_probe_request(model)).encode()
+    try:
+        reply = exchange("POST", f"{endpoint}/chat/completions", body=body, headers=_headers(api_key),
+                         deadline=clock() + timeout_s, clock=clock)
+    except ConnectionRefusedOrReset as error:
+        return ProbeAnswer(failure="refused" if "Refused" in str(error) else "reset", detail=str(error))
+    except DeadlineExceeded:
+        first = _metrics(endpoint, clock)
+        sleep(BUSY_CHECK_GAP_S)
+        second = _metrics(endpoint, clock)
+        accepts = first is not None and second is not None or _accepts(endpoint)
+        return ProbeAnswer(failure="timeout", metrics=(first, second), accepts=accepts)
+    except HTTPException as error:
+        return ProbeAnswer(failure="protocol", detail=repr(error))
+    except OSError as error:
+        return ProbeAnswer(failure="network", detail=str(error))
+    return ProbeAnswer(status=reply.status, body=reply.body)
+
+
 def probe_endpoint(
     endpoint: str,
     model: str,
@@ -388,47 +481,16 @@ def probe_endpoint(
     clock: Clock = time.monotonic,
     sleep: Sleep = time.sleep,
 ) -> Probe:
-    """One 1-token completion with logprobs, judged by the verifier's rules; no retries.
+    """One 1-token completion with logprobs from this machine, judged by the verifier's rules; no retries.
 
-    Real finite logprobs: healthy. NaN, -inf, a bad answer, an error, connection refused, or no
-    answer within `timeout_s` while vLLM's engine steps stay frozen: drift. No answer while the
-    engine keeps stepping is a busy server, not drift; a network error or a refused key says
-    nothing about the ranks. Bounded by `probe_worst_case_seconds(timeout_s)`.
+    Real finite logprobs: healthy. NaN, -inf, a bad answer, vLLM's dead-engine error: drift. An HTTP error, a
+    refused or reset connection, or no answer within `timeout_s` while vLLM's engine is not busy (`engine_busy`):
+    drift to be confirmed from the head (`Probe.confirm`; LiveRanks does). A busy engine, a network error or a
+    refused key say nothing about the ranks. Bounded by `probe_worst_case_seconds(timeout_s)`.
     """
-    endpoint = normalize_endpoint(endpoint)
-
-    def found(state: ProbeState, seen: str) -> Probe:
-        return Probe(state, redact(seen, [api_key]))
-
-    body = json.dumps(drift_probe_request(model)).encode()
-    try:
-        reply = exchange("POST", f"{endpoint}/chat/completions", body=body, headers=_headers(api_key),
-                              deadline=clock() + timeout_s, clock=clock)
-    except ConnectionRefusedOrReset as error:
-        return found("drift", f"refuses connections ({error}) while every rank container runs: the API is down")
-    except DeadlineExceeded:
-        first = _engine_steps(endpoint, clock)
-        sleep(BUSY_CHECK_GAP_S)
-        second = _engine_steps(endpoint, clock)
-        if first is not None and second is not None and second > first:
-            return found("unknown", f"did not answer a 1-token request within {timeout_s:g} s, but the engine "
-                                    f"is stepping ({first:g} -> {second:g} steps): busy, not treated as drift")
-        if (first is None or second is None) and not _accepts(endpoint):
-            return found("unknown", f"cannot be reached (no TCP connection within {HEALTH_TIMEOUT_S:g} s): "
-                                    "nothing is known about the ranks")
-        engine = ("/metrics does not answer" if first is None or second is None
-                  else f"the engine's step counter stayed at {second:g}")
-        return found("drift", f"did not answer a 1-token request within {timeout_s:g} s and {engine}: "
-                              "a rank is dead or hung")
-    except HTTPException as error:
-        return found("drift", f"does not speak HTTP correctly ({error!r})")
-    except OSError as error:
-        return found("unknown", f"cannot be reached ({error}): nothing is known about the ranks")
-    verdict = judge_completion(reply.status, reply.headers, reply.body)
-    if isinstance(verdict, Failed):
-        return found("unknown" if verdict.reason in _NOT_DRIFT else "drift", f"{verdict.reason}: {verdict.message}")
-    pairs = ", ".join(f"{t.token!r} {t.logprob:.3f}" for t in verdict.logprobs)
-    return found("healthy", f"answers with real logprobs ({pairs})")
+    answer = ask_probe(endpoint, model, api_key, timeout_s=timeout_s, clock=clock, sleep=sleep)
+    found = judge_probe(answer, timeout_s)
+    return Probe(found.state, redact(found.seen, [api_key]), found.confirm)
 
 
 # What a caller adds to a worst-case bound for its own guard (thread start, the name look-ups).

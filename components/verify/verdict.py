@@ -26,8 +26,15 @@ VERIFY_MAX_TOKENS = 40
 # The recipe's question has one right answer.
 # The recipe's expected answer; `gates.expectedAnswer` sets what the verifier asks for.
 VERIFY_EXPECTED = "Paris"
+# Where a reasoning parser puts the reasoning, in the message and in stream deltas: `reasoning` (vLLM 0.32's
+# ChatMessage and DeltaMessage; 0.32 renames a `reasoning_content` it is given), `reasoning_content` (older vLLM).
+REASONING_KEYS = ("reasoning", "reasoning_content")
 # Reasoning a server left inline (no reasoning parser): <think>...</think>, or cut off unterminated.
 _THINK = re.compile(r"<think>.*?(?:</think>|$)", re.IGNORECASE | re.DOTALL)
+
+# vLLM's EngineDeadError (v1/engine/exceptions.py): every request after its engine died, non-streamed as HTTP 500,
+# streamed as an error event in an HTTP 200 stream. In a group, the engine dies when a rank does.
+ENGINE_DEAD = "EngineCore encountered an issue"
 
 # vLLM's stand-in for -inf and for a position without a logprob entry: never a real value.
 CLAMPED_LOGPROB = -9999.0
@@ -61,6 +68,7 @@ class Reason(StrEnum):
     UNREACHABLE = "unreachable"
     TIMEOUT = "timeout"
     HUNG_RANK = "hung_rank"
+    DEAD_RANK = "dead_rank"
     SLOW_DECODE = "slow_decode"
     UNMEASURABLE = "unmeasurable"
     WRONG_ANSWER = "wrong_answer"
@@ -78,7 +86,7 @@ class Verified:
 
     answer: str
     logprobs: tuple[TokenLogprob, ...]
-    # What a reasoning parser split off (`reasoning_content` / `reasoning`), if any.
+    # What a reasoning parser split off (`reasoning`, or the older `reasoning_content`), if any.
     reasoning: str = ""
 
 
@@ -129,14 +137,23 @@ def drift_probe_request(model: str) -> dict[str, Any]:
 _METRIC_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\s+(\S+)")
 
 
-def engine_steps(metrics: str) -> float | None:
-    """vLLM's engine heartbeat from `/metrics`: engine steps so far (frozen while a rank is hung).
+@dataclass(frozen=True)
+class EngineActivity:
+    """What vLLM's `/metrics` says about its engine's work, summed over every engine (`engine` label)."""
 
-    `vllm:iteration_tokens_total` is a histogram observed once per engine step, so its `_count` is
-    the step counter; without it, the prompt and generation token counters advance with every step.
-    """
-    steps: float | None = None
-    tokens: float | None = None
+    steps: float | None
+    """`vllm:iteration_tokens_total_count`: the step-size histogram's count, one per engine step with output."""
+    tokens: float | None
+    """`vllm:prompt_tokens_total` + `vllm:generation_tokens_total`."""
+    kv_cache_usage: float | None
+    """`vllm:kv_cache_usage_perc` (a fraction), reported after every step, partial prefills included."""
+    running: float | None
+    """`vllm:num_requests_running`."""
+
+
+def engine_activity(metrics: str) -> EngineActivity | None:
+    """vLLM's engine from `/metrics`, or None when the text has none of its series (not vLLM's metrics)."""
+    found: dict[str, float] = {}
     for line in metrics.splitlines():
         m = _METRIC_LINE.match(line)
         if m is None:
@@ -147,11 +164,37 @@ def engine_steps(metrics: str) -> float | None:
             continue
         if not math.isfinite(value):
             continue
-        if m.group(1) == "vllm:iteration_tokens_total_count":
-            steps = (steps or 0.0) + value
-        elif m.group(1) in ("vllm:prompt_tokens_total", "vllm:generation_tokens_total"):
-            tokens = (tokens or 0.0) + value
-    return steps if steps is not None else tokens
+        name = m.group(1)
+        key = {"vllm:iteration_tokens_total_count": "steps", "vllm:prompt_tokens_total": "tokens",
+               "vllm:generation_tokens_total": "tokens", "vllm:kv_cache_usage_perc": "kv",
+               "vllm:num_requests_running": "running"}.get(name)
+        if key is not None:
+            found[key] = found.get(key, 0.0) + value
+    if not found:
+        return None
+    return EngineActivity(steps=found.get("steps"), tokens=found.get("tokens"), kv_cache_usage=found.get("kv"),
+                          running=found.get("running"))
+
+
+def engine_busy(first: EngineActivity, second: EngineActivity) -> str | None:
+    """Why the engine counts as busy between two reads a moment apart, or None when nothing says so.
+
+    Busy: a step or token counter moved, the KV cache usage changed, or a request is running. vLLM records
+    iteration stats only for steps with output, so a long partial prefill freezes every counter while the KV
+    usage grows and `num_requests_running` stays above 0. The scheduler's gauges are reported after each step,
+    so a step that never ends (a hang inside it) leaves `num_requests_running` standing above 0 too: that looks
+    busy until vLLM's own execute-model timeout ends the engine, which the next probe then finds.
+    """
+    seen: list[str] = []
+    for what, a, b in (("engine steps", first.steps, second.steps), ("tokens", first.tokens, second.tokens)):
+        if a is not None and b is not None and b > a:
+            seen.append(f"{what} {a:g} -> {b:g}")
+    a_kv, b_kv = first.kv_cache_usage, second.kv_cache_usage
+    if a_kv is not None and b_kv is not None and a_kv != b_kv:
+        seen.append(f"KV cache usage {a_kv:.2%} -> {b_kv:.2%}")
+    if second.running is not None and second.running > 0:
+        seen.append(f"{second.running:g} request(s) running")
+    return ", ".join(seen) or None
 
 
 def decode_probe_request(model: str, prompt: str, max_tokens: int = DECODE_PROBE_MAX_TOKENS) -> dict[str, Any]:
@@ -284,6 +327,14 @@ def judge_error(status: int, body: str) -> Failed:
             f"logprob in a non-streamed answer; {_NAN_FIX}",
         )
     error = payload.get("error") if isinstance(payload, Mapping) else None
+    if ENGINE_DEAD.lower() in lowered:
+        return Failed(
+            Reason.DEAD_RANK,
+            f"a rank of the group died: HTTP {status} {_snippet(message, 80)!r} is vLLM's answer once its engine is "
+            "dead, which in a group means a rank (a worker on another node, or a process of the head) died or lost "
+            "its connection; the head exits (code 0) seconds later; find the first rank to die (`docker ps -a` and "
+            "`docker logs --tail 50` of every serving container), then `pulumi up` replaces the group",
+        )
     about_model = isinstance(error, Mapping) and error.get("param") == "model"
     if "does not exist" in lowered or (status == 404 and about_model):
         return Failed(
@@ -333,12 +384,20 @@ def judge_completion(status: int, headers: Mapping[str, str], body: bytes | str)
         return tokens
     message = choice.get("message")
     content = message.get("content") if isinstance(message, Mapping) else None
-    answer = content if isinstance(content, str) and content else "".join(t.token for t in tokens)
     reasoning = "".join(
-        value for key in ("reasoning_content", "reasoning")
+        value for key in REASONING_KEYS
         if isinstance(message, Mapping) and isinstance(value := message.get(key), str)
     )
-    return Verified(answer=answer.strip(), logprobs=tokens, reasoning=reasoning.strip())
+    answer = content if isinstance(content, str) else ""
+    return Verified(answer=_answer_text(answer, reasoning, tokens), logprobs=tokens, reasoning=reasoning.strip())
+
+
+def _answer_text(content: str, reasoning: str, tokens: Sequence[TokenLogprob]) -> str:
+    """The answer: the content; the generated tokens only when the server split off neither content nor
+    reasoning (with a reasoning parser, tokens without content are the reasoning: the answer itself is empty)."""
+    if content.strip() or reasoning.strip():
+        return content.strip()
+    return "".join(t.token for t in tokens).strip()
 
 
 def _stream_chunks(payloads: Sequence[str]) -> list[Mapping[str, Any]] | Failed:
@@ -387,7 +446,7 @@ def _delta_text(choice: Mapping[str, Any]) -> str:
     if not isinstance(delta, Mapping):
         return ""
     return "".join(
-        value for key in ("reasoning_content", "reasoning", "content") if isinstance(value := delta.get(key), str)
+        value for key in (*REASONING_KEYS, "content") if isinstance(value := delta.get(key), str)
     )
 
 
@@ -409,7 +468,7 @@ def judge_stream(status: int, headers: Mapping[str, str], payloads: Sequence[str
         if isinstance(delta, Mapping) and isinstance(delta.get("content"), str):
             answer.append(delta["content"])
         if isinstance(delta, Mapping):
-            reasoning += [v for key in ("reasoning_content", "reasoning") if isinstance(v := delta.get(key), str)]
+            reasoning += [v for key in REASONING_KEYS if isinstance(v := delta.get(key), str)]
         logprobs = choice.get("logprobs")
         if isinstance(logprobs, Mapping) and isinstance(logprobs.get("content"), list):
             items.extend(logprobs["content"])
@@ -421,8 +480,8 @@ def judge_stream(status: int, headers: Mapping[str, str], payloads: Sequence[str
     tokens = judge_tokens(items)
     if isinstance(tokens, Failed):
         return tokens
-    text = "".join(answer) or "".join(t.token for t in tokens)
-    return Verified(answer=text.strip(), logprobs=tokens, reasoning="".join(reasoning).strip())
+    thought = "".join(reasoning)
+    return Verified(answer=_answer_text("".join(answer), thought, tokens), logprobs=tokens, reasoning=thought.strip())
 
 
 def judge_answer(verified: Verified, expected: str) -> Failed | None:

@@ -1003,6 +1003,9 @@ class Engine:
         self.generation_tokens = 0
         self.steps = 0
         self.running = 0
+        # What /metrics reports as num_requests_running: like vLLM's scheduler stats, set after each completed
+        # step (and lowered as requests finish), so a step that hangs leaves it where the last step left it.
+        self.running_reported = 0
 
     def fault(self) -> str | None:
         return runtime_fault(self.env.fault_file) or self.env.fault
@@ -1034,6 +1037,7 @@ class Engine:
                 total = [a + b for a, b in zip(total, part, strict=True)]
             with self.stats_lock:
                 self.steps += 1
+                self.running_reported = self.running
         return total
 
     def _die(self, node_rank: int) -> None:
@@ -1095,6 +1099,7 @@ class Engine:
         finally:
             with self.stats_lock:
                 self.running -= 1
+                self.running_reported = min(self.running_reported, self.running)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1354,7 +1359,7 @@ class Api:
         name = e.served[0]
         with e.stats_lock:
             rows = [
-                ("vllm:num_requests_running", "gauge", e.running),
+                ("vllm:num_requests_running", "gauge", e.running_reported),
                 ("vllm:prompt_tokens_total", "counter", e.prompt_tokens),
                 ("vllm:generation_tokens_total", "counter", e.generation_tokens),
                 ("vllm:iteration_tokens_total_count", "counter", e.steps),

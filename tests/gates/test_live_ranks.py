@@ -5,15 +5,26 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from components.gates import live_ranks
 from components.gates.gates import GateRank
-from components.gates.rank_watch import ContainerState, SourceError
+from components.gates.rank_watch import ContainerState, SourceError, SshRankSource
 from components.verify import client as verify
-from tests.support.fake_vllm import NAN_STREAM_ERROR, FakeVllm, Reply, chat_body, free_port, good_items, logprob_item
+from tests.support.fake_ssh import install_fake_ssh
+from tests.support.fake_vllm import (
+    ENGINE_DEAD_BODY,
+    NAN_STREAM_ERROR,
+    FakeVllm,
+    Reply,
+    chat_body,
+    free_port,
+    good_items,
+    logprob_item,
+)
 
 RANKS = [GateRank(rank=0, node="head", host="10.0.0.1", port=22, user="me", container="c-head"),
          GateRank(rank=1, node="worker", host="10.0.0.2", port=22, user="me", container="c-worker")]
@@ -24,6 +35,7 @@ PROPS: dict[str, Any] = {"ranks": [r.to_prop() for r in RANKS], "ssh_private_key
 class FakeSource:
     def __init__(self, states: dict[int, ContainerState | Exception]) -> None:
         self.states = states
+        self.argv = SshRankSource(RANKS).argv  # the probe from the head runs over the real ssh argv
 
     def state(self, rank: int) -> ContainerState:
         s = self.states[rank]
@@ -50,6 +62,13 @@ def test_a_rank_not_running_replaces_live_ranks(world: dict[int, Any], down: Con
     world[1] = down
     diff = live_ranks.LiveRanksProvider().diff("live-1", PROPS, PROPS)
     assert diff.changes and diff.replaces == ["observed"], "the replacement is what replaces every rank"
+
+
+def test_a_head_exited_0_is_named_a_dead_rank(world: dict[int, Any], warnings: list[str]) -> None:
+    world[0] = ContainerState(status="exited", exit_code=0)
+    diff = live_ranks.LiveRanksProvider().diff("live-1", PROPS, PROPS)
+    assert diff.replaces == ["observed"]
+    assert any("head (the head) is exited (0): a rank of the group died" in w for w in warnings), warnings
 
 
 def test_an_unreachable_node_is_not_drift(world: dict[int, Any]) -> None:
@@ -79,6 +98,13 @@ KEY = "sk-probe-secret-0123"
 
 def probed(fake: FakeVllm, key: str | None = None) -> dict[str, Any]:
     return {**PROPS, "endpoint": fake.url, "model": MODEL, "api_key": key}
+
+
+@pytest.fixture
+def head(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The head's ssh (a fake `ssh` running head_request.sh against a fake `docker`, whose `exec` runs the probe
+    program on this machine): the probe from the head goes to 127.0.0.1 at the endpoint's port."""
+    return install_fake_ssh(tmp_path, monkeypatch)
 
 
 @pytest.fixture
@@ -117,10 +143,13 @@ def test_an_endpoint_without_real_logprobs_replaces_every_rank(world: dict[int, 
     assert any(seen in w and "every rank is replaced" in w for w in warnings), warnings
 
 
-def test_a_refused_connection_while_every_rank_runs_is_drift(world: dict[int, Any], warnings: list[str]) -> None:
+def test_a_refused_connection_while_every_rank_runs_is_drift(world: dict[int, Any], warnings: list[str],
+                                                              head: Path) -> None:
     props = {**PROPS, "endpoint": f"http://127.0.0.1:{free_port()}/v1", "model": MODEL, "api_key": None}
     diff = live_ranks.LiveRanksProvider().diff("live-1", props, props)
-    assert diff.replaces == ["observed"] and any("refuses connections" in w for w in warnings), warnings
+    assert diff.replaces == ["observed"], warnings
+    (warning,) = [w for w in warnings if "refuses connections" in w]
+    assert "from the head itself too: refuses connections" in warning and "c-head on head" in warning, warning
 
 
 @pytest.fixture
@@ -131,7 +160,7 @@ def short_probe(monkeypatch: pytest.MonkeyPatch) -> float:
 
 
 def test_a_hung_endpoint_with_a_frozen_engine_is_drift_within_the_bound(world: dict[int, Any], warnings: list[str],
-                                                                         short_probe: float) -> None:
+                                                                         short_probe: float, head: Path) -> None:
     frozen = 'vllm:iteration_tokens_total_count{engine="0"} 42.0\n'
     with FakeVllm(Reply(hang_s=30), metrics=lambda: frozen) as fake:
         props = probed(fake)
@@ -139,8 +168,40 @@ def test_a_hung_endpoint_with_a_frozen_engine_is_drift_within_the_bound(world: d
         diff = live_ranks.LiveRanksProvider().diff("live-1", props, props)
         took = time.monotonic() - started
     assert diff.replaces == ["observed"], warnings
-    assert any("a rank is dead or hung" in w and "stayed at 42" in w for w in warnings), warnings
+    assert any("a rank is dead or hung" in w and "stayed at 42" in w and "from the head itself too" in w
+               for w in warnings), warnings
     assert took < verify.probe_worst_case_seconds(short_probe), f"the probe must be bounded, took {took:.1f} s"
+
+
+def _working(kv: list[float], running: list[int], tokens: list[int]) -> Any:
+    """Real vLLM 0.32's /metrics while it works: the i-th read shows the i-th value of each list."""
+    reads = iter(range(len(kv)))
+
+    def metrics() -> str:
+        i = next(reads)
+        return (f'vllm:iteration_tokens_total_count{{engine="0"}} 40\n'
+                f'vllm:prompt_tokens_total{{engine="0"}} 601000\n'
+                f'vllm:generation_tokens_total{{engine="0"}} {tokens[i]}\n'
+                f'vllm:kv_cache_usage_perc{{engine="0"}} {kv[i]}\n'
+                f'vllm:num_requests_running{{engine="0"}} {running[i]}\n')
+    return metrics
+
+
+@pytest.mark.parametrize(("kv", "running", "tokens", "busy"), [
+    # both slots in long partial prefills: no step with output moves a counter, the KV cache fills
+    ([0.41, 0.43], [2, 2], [33, 33], "KV cache usage 41.00% -> 43.00%"),
+    # a prefill step longer than the gap: nothing moves between the reads, but requests run
+    ([0.43, 0.43], [1, 1], [33, 33], "1 request(s) running"),
+    # a token counter moves (the last decode of a request that just ended)
+    ([0.0, 0.0], [0, 0], [33, 34], "tokens 601033 -> 601034"),
+])
+def test_a_busy_engine_is_not_drift(world: dict[int, Any], warnings: list[str], short_probe: float,
+                                    kv: list[float], running: list[int], tokens: list[int], busy: str) -> None:
+    with FakeVllm(Reply(hang_s=30), metrics=_working(kv, running, tokens)) as fake:
+        props = probed(fake)
+        diff = live_ranks.LiveRanksProvider().diff("live-1", props, props)
+    assert not diff.replaces, "a serving deployment is never replaced on a guess"
+    assert any(f"busy ({busy}" in w and "not treated as drift" in w for w in warnings), warnings
 
 
 def test_a_busy_engine_that_keeps_stepping_is_not_drift(world: dict[int, Any], warnings: list[str],
@@ -150,7 +211,7 @@ def test_a_busy_engine_that_keeps_stepping_is_not_drift(world: dict[int, Any], w
         props = probed(fake)
         diff = live_ranks.LiveRanksProvider().diff("live-1", props, props)
     assert not diff.replaces, "a serving deployment is never replaced on a guess"
-    assert any("busy, not treated as drift" in w for w in warnings), warnings
+    assert any("busy (engine steps" in w and "not treated as drift" in w for w in warnings), warnings
 
 
 def test_a_refused_key_is_reported_not_drift_and_never_shown(world: dict[int, Any], warnings: list[str]) -> None:
@@ -187,7 +248,7 @@ def test_refresh_reports_what_the_endpoint_answers(world: dict[int, Any]) -> Non
 
 
 def test_no_answer_and_no_tcp_connection_is_unreachable_not_drift(world: dict[int, Any], warnings: list[str],
-                                                                  short_probe: float,
+                                                                  short_probe: float, head: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     with FakeVllm(Reply(hang_s=30)) as fake:  # no /metrics either
         props = probed(fake)
@@ -196,3 +257,69 @@ def test_no_answer_and_no_tcp_connection_is_unreachable_not_drift(world: dict[in
         monkeypatch.setattr(verify, "_accepts", lambda _endpoint: False)  # a route that drops packets
         dropped = live_ranks.LiveRanksProvider().diff("live-1", props, props)
     assert not dropped.replaces and "cannot be reached" in warnings[-1], warnings
+
+
+# ---------------------------------------------------------------------------------------------
+# What the network between could cause is confirmed from the head itself before anything is replaced.
+
+def test_http_429_is_busy_not_drift(world: dict[int, Any], warnings: list[str], head: Path) -> None:
+    with FakeVllm(Reply(status=429, body=b'{"detail":"rate limited"}')) as fake:
+        props = probed(fake)
+        diff = live_ranks.LiveRanksProvider().diff("live-1", props, props)
+    assert not diff.replaces and any("HTTP 429" in w and "busy" in w for w in warnings), warnings
+    assert not (head / "head.n").exists(), "nothing to confirm: too many requests is no drift from anywhere"
+
+
+@pytest.mark.parametrize("status", [403, 404, 502, 504])
+def test_an_http_error_seen_only_from_this_machine_is_a_warning(world: dict[int, Any], warnings: list[str],
+                                                                head: Path, status: int) -> None:
+    # A proxy in front of the head answers `status` (127.0.0.2); the head itself serves real logprobs on the
+    # same port of its own loopback (127.0.0.1).
+    with FakeVllm(Reply(body=chat_body(good_items()).encode())) as served, \
+            FakeVllm(Reply(status=status, body=b'{"detail":"from the proxy"}'), host="127.0.0.2",
+                     port=int(served.url.split(":")[2].split("/")[0])) as proxy:
+        props = probed(proxy, KEY)
+        diff = live_ranks.LiveRanksProvider().diff("live-1", props, props)
+        (asked,) = served.completion_requests()
+    assert not diff.replaces, warnings
+    (warning,) = [w for w in warnings if "from the head itself" in w]
+    assert f"HTTP {status}" in warning and "answers with real logprobs" in warning and "not the ranks" in warning
+    assert asked.headers.get("Authorization") == f"Bearer {KEY}", "the head's probe carries the key"
+    assert asked.body["max_tokens"] == 1
+    assert KEY not in (head / "argv.log").read_text() + (head / "docker.log").read_text(), "the key never in argv"
+    assert not any(KEY in w for w in warnings)
+
+
+@pytest.mark.parametrize("proxy", ["refused", "hang"])
+def test_a_refused_or_hung_route_with_a_healthy_head_is_a_warning(world: dict[int, Any], warnings: list[str],
+                                                                  head: Path, short_probe: float, proxy: str) -> None:
+    with FakeVllm(Reply(body=chat_body(good_items()).encode())) as served:
+        port = int(served.url.split(":")[2].split("/")[0])
+        if proxy == "refused":  # nothing listens on 127.0.0.2 (a firewall's reject)
+            diff = live_ranks.LiveRanksProvider().diff("live-1", *[{**PROPS, "endpoint": f"http://127.0.0.2:{port}/v1",
+                                                                     "model": MODEL, "api_key": None}] * 2)
+        else:
+            with FakeVllm(Reply(hang_s=30), host="127.0.0.2", port=port) as hung:
+                diff = live_ranks.LiveRanksProvider().diff("live-1", probed(hung), probed(hung))
+    assert not diff.replaces, warnings
+    assert any("but from the head itself it answers with real logprobs" in w for w in warnings), warnings
+
+
+def test_drift_the_head_cannot_confirm_is_a_warning(world: dict[int, Any], warnings: list[str], head: Path) -> None:
+    (head / "exec.fail").write_text("Error response from daemon: container c-head is not running")
+    props = {**PROPS, "endpoint": f"http://127.0.0.1:{free_port()}/v1", "model": MODEL, "api_key": None}
+    diff = live_ranks.LiveRanksProvider().diff("live-1", props, props)
+    assert not diff.replaces, warnings
+    (warning,) = [w for w in warnings if "refuses connections" in w]
+    assert "the head could not confirm it" in warning and "container c-head is not running" in warning, warning
+
+
+def test_what_the_server_proves_is_drift_without_asking_the_head(world: dict[int, Any], warnings: list[str],
+                                                                 head: Path) -> None:
+    nan = Reply(body=chat_body([logprob_item("Paris", None)]).encode())
+    for reply in (Reply(status=500, body=ENGINE_DEAD_BODY), nan):
+        with FakeVllm(reply) as fake:
+            props = probed(fake)
+            assert live_ranks.LiveRanksProvider().diff("live-1", props, props).replaces == ["observed"]
+    assert not (head / "head.n").exists(), "no probe from the head"
+    assert any("a rank of the group died" in w for w in warnings), warnings

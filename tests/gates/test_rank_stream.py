@@ -31,11 +31,14 @@ from components.gates.rank_watch import (
     StreamRankSource,
     SystemClock,
     Unobservable,
+    UsageSeen,
 )
 from tests.support.fake_ssh import KEY, install_fake_ssh
 
 HEAD = RankSpec(rank=0, node="spark-a", host="127.0.0.2", port=2222, user="root", container="dsv41-rank0")
 STARTED = "2026-09-22T10:00:00Z"
+STATS = ('{"BlockIO":"1.1GB / 0B","CPUPerc":"98.2%","Container":"dsv41-rank0","ID":"4f1c","MemPerc":"10.4%",'
+         '"MemUsage":"12.5GiB / 119.7GiB","Name":"dsv41-rank0","NetIO":"0B / 0B","PIDs":"212"}')
 LISTED = ModelsProbeResult("listed", ids=("m",))
 
 
@@ -174,6 +177,31 @@ class TestScript:
         assert f"logs -f --timestamps --since {stamp(2)} {HEAD.container}" in docker
         _wait_for(lambda: not any(_alive(p) for p in _pids(fake)))  # its docker clients stopped with it
 
+    def test_a_usage_request_on_stdin_answers_with_docker_stats_records(self, fake: Path) -> None:
+        proc = _run_script(fake, f"{HEAD.container}=")
+        records = _Records(proc)
+        assert proc.stdin is not None
+        try:
+            records.until(lambda g: "R" in g)
+            (fake / "stats").write_text(STATS + "\n")
+            proc.stdin.write(b"U\n")
+            proc.stdin.flush()
+            got = records.until(lambda g: any(r.startswith("U ") for r in g))
+            assert f"U {STATS}" in got
+            (fake / "stats").unlink()
+            (fake / "stats.fail").write_text("permission denied while trying to connect to the Docker daemon")
+            _wait_for(lambda: _docker_calls(fake).count("stats --no-stream") == 1)
+            time.sleep(0.2)  # the first sample's job has ended: the next one is not skipped
+            proc.stdin.write(b"U\n")
+            proc.stdin.flush()
+            failed = records.until(lambda g: any(r.startswith("u ") for r in g))
+            assert "u permission denied while trying to connect to the Docker daemon" in failed
+        finally:
+            proc.stdin.close()
+            assert proc.wait(timeout=10) == 0
+        assert f"stats --no-stream --format {{{{json .}}}} {HEAD.container}" in _docker_calls(fake)
+        _wait_for(lambda: not any(_alive(p) for p in _pids(fake)))
+
     def test_from_the_container_start_when_no_resume_point(self, fake: Path) -> None:
         proc = _run_script(fake, f"{HEAD.container}=")
         try:
@@ -223,6 +251,20 @@ class TestStreamRankSource:
         argv = (fake / "argv.log").read_text()
         assert "ControlMaster=auto" in argv and "ControlPath=" in argv and "SECRETKEYMATERIAL" not in argv
         assert (fake / "remote.log").read_text().splitlines()[0].endswith(f"WATCH={HEAD.container}=; MAX_LINE=2000;")
+
+    def test_a_usage_request_reaches_the_gate_through_the_session(self, fake: Path) -> None:
+        (fake / "stats").write_text(STATS + "\n")
+        src = StreamRankSource([HEAD])
+        try:
+            collect(src, lambda g: any(isinstance(i, StateSeen) for i in g))
+            _wait_for(lambda: "logs -f" in _docker_calls(fake))
+            src.request_usage()
+            got = collect(src, lambda g: any(isinstance(i, UsageSeen) for i in g))
+        finally:
+            src.close()
+        seen = next(i for i in got if isinstance(i, UsageSeen))
+        assert seen.rank == 0 and seen.usage is not None and seen.usage.memory_bytes == 12.5 * 2**30
+        assert (fake / "stream.n").read_text().strip() == "1", "asked over the open session, no new ssh"
 
     def test_a_dropped_session_reconnects_and_resumes_without_losing_or_repeating_a_line(self, fake: Path) -> None:
         log(fake, *(f"{stamp(i)} line {i}" for i in range(1, 51)))
@@ -355,6 +397,26 @@ class TestStreamRankSource:
         assert any("cannot stream: awk is not installed" in m and "polling node spark-a instead" in m for m in said)
         remote = (fake / "remote.log").read_text()
         assert "docker inspect" in remote and "docker logs --timestamps --since" in remote
+
+    def test_a_polled_node_answers_usage_requests_with_docker_stats(self, fake: Path) -> None:
+        (fake / "nostream").touch()
+        for name in ("state", "log", "events"):
+            (fake / name).unlink()
+        (fake / "inspect.out").write_text(f"running 0 {STARTED}\n")
+        (fake / "inspect.rc").write_text("0")
+        (fake / "logs.out").write_text("")
+        (fake / "logs.rc").write_text("0")
+        (fake / "stats.out").write_text(STATS + "\n")
+        (fake / "stats.rc").write_text("0")
+        src = StreamRankSource([HEAD])
+        try:
+            collect(src, lambda g: any(isinstance(i, Notice) and "polling" in i.text for i in g))
+            src.request_usage()
+            got = collect(src, lambda g: any(isinstance(i, UsageSeen) for i in g))
+        finally:
+            src.close()
+        seen = next(i for i in got if isinstance(i, UsageSeen))
+        assert seen.usage is not None and seen.usage.block_read_bytes == 1.1e9
 
 
 # --- a flood of lines ------------------------------------------------------------------------------------------

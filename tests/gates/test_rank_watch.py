@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -16,6 +16,7 @@ from components.config import Gates
 from components.gates import rank_watch as rw
 from components.gates.rank_watch import (
     ContainerState,
+    ContainerUsage,
     GateFailure,
     LogLine,
     ModelsEndpoint,
@@ -69,6 +70,13 @@ L_SERVER_OLD = "INFO 03-01 08:20:00 [api_server.py:1351] Starting vLLM API serve
 L_COMPLETE = "(APIServer pid=1) INFO:     Application startup complete."
 L_SHM = ("(EngineCore_DP0 pid=180) INFO 09-22 10:10:00 [shm_broadcast.py:466] No available shared memory "
          "broadcast block found in 60 seconds. This typically happens when some processes are hanging.")
+# What real vLLM 0.32 printed when the worker was killed after ready (../shared/notes/vllm-real.md).
+L_WORKER_PROC = ("(EngineCore_DP0 pid=180) ERROR 12-02 10:40:01 [multiproc_executor.py:240] WorkerProc hit an "
+                 "exception.")
+L_GLOO_CLOSED = ("(EngineCore_DP0 pid=180) RuntimeError: Worker failed with error '[../third_party/gloo/gloo/transport/"
+                 "tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:40061'")
+L_KV_WORKER = ("(Worker_TP1 pid=90) INFO 12-02 10:39:00 [gpu_worker.py:400] Explicitly set (1.0/15.96) GiB for KV "
+               "cache on node 0.")
 L_ARGS_WITH_KEY = ("(APIServer pid=1) INFO 09-22 10:00:00 [utils.py:250] non-default args: {'model': '/model', "
                    "'api_key': 'sk-live-very-secret', 'port': 8888}")
 
@@ -139,6 +147,27 @@ class FakeClock:
         return datetime(2026, 9, 22, 10, 0, tzinfo=UTC) + timedelta(seconds=self.t)
 
 
+def usage(memory_gib: float, read_gb: float = 0.0) -> ContainerUsage:
+    """A docker stats sample as the gate gets it (memory binary units, block I/O decimal, as docker prints)."""
+    return ContainerUsage(memory_gib * 2**30, read_gb * 1e9, 0.0,
+                          f"memory {memory_gib:.4g}GiB, block I/O {read_gb:.3g}GB / 0B")
+
+
+def FROZEN(_t: float) -> ContainerUsage:  # noqa: N802 - a constant: a container whose counters never move
+    return usage(3.5)
+
+
+def loading(start: float, end: float, gib: float, then: float | None = None) -> Callable[[float], ContainerUsage]:
+    """Memory growing linearly from `start` to `end` (the weights arriving: page cache and tensors), flat after;
+    `then`: the time it stops growing early (a rank that hangs mid-load)."""
+    stop = end if then is None else then
+
+    def at(t: float) -> ContainerUsage:
+        done = min(max(t, start), stop) - start
+        return usage(2.0 + gib * done / (end - start))
+    return at
+
+
 @dataclass
 class ScriptedRank:
     lines: list[tuple[float, str]] = field(default_factory=list)  # (time it appears, text)
@@ -148,6 +177,8 @@ class ScriptedRank:
     restarted_at: float | None = None
     delivered: int = 0
     state_calls: int = 0
+    usage: Callable[[float], ContainerUsage] = FROZEN  # its container's counters at a time
+    usage_calls: int = 0
 
 
 class ScriptedPoller:
@@ -173,6 +204,11 @@ class ScriptedPoller:
         if r.restarted_at is not None and self.clock.t >= r.restarted_at:
             started = "2026-09-22T10:05:00Z"
         return ContainerState("running", 0, started)
+
+    def usage(self, rank: int) -> ContainerUsage:
+        r = self.ranks[rank]
+        r.usage_calls += 1
+        return r.usage(self.clock.t)
 
 
 def ScriptedSource(clock: FakeClock, ranks: dict[int, ScriptedRank],  # noqa: N802 - stands for the old class
@@ -474,6 +510,7 @@ class StreamedRank:
     gap: tuple[float, float] | None = None
     # connection attempts that fail (1 = the first)
     refused: set[int] = field(default_factory=set)
+    usage: Callable[[float], ContainerUsage] = FROZEN
 
 
 class ScriptedStream:
@@ -535,6 +572,14 @@ class ScriptedStream:
         self.pending = [p for p in self.pending if p[0] > self.clock.t]
         return items
 
+    def request_usage(self) -> None:
+        """Each rank's sample arrives half a second later (docker stats' own time)."""
+        self.usage_requests = getattr(self, "usage_requests", 0) + 1
+        at = self.clock.t + 0.5
+        self.pending += [(at, -1, rw.UsageSeen(rank, r.usage(at))) for rank, r in self.ranks.items()
+                         if r.dies_at is None or at < r.dies_at]
+        self.pending.sort(key=lambda p: (p[0], p[1]))
+
     def close(self) -> None:
         self.closed = True
 
@@ -558,6 +603,45 @@ class TestStreamDecisions:
                                      1: StreamedRank(lines=BOOT_WORKER, dies_at=100, exit_code=137, oom=True)})
         with pytest.raises(GateFailure, match=r"exit code 137\. What to do: the kernel OOM killer killed it"):
             rw.wait_for_ready(RANKS, src, _ready(), clock, _noop, Probe(LISTED), "m")
+
+    @pytest.mark.parametrize("code", [0, 137])
+    def test_a_worker_exit_0_or_137_points_to_the_watchdog_log_and_the_oom_killer(self, code: int) -> None:
+        # Real headless workers exit 0 on SIGTERM (the watchdog's docker stop) and 137 when killed during the load.
+        clock = FakeClock()
+        src = ScriptedStream(clock, {0: StreamedRank(lines=BOOT_HEAD),
+                                     1: StreamedRank(lines=BOOT_WORKER, dies_at=300, exit_code=code)})
+        with pytest.raises(GateFailure) as err:
+            rw.wait_for_ready(RANKS, src, _ready(), clock, _noop, Probe(LISTED), "m")
+        msg = str(err.value)
+        assert f"rank 1 (node spark-b, container dsv41-rank1) is exited with exit code {code}" in msg
+        hint = msg.split("What to do: ", 1)[1].split("\n", 1)[0]
+        assert "watchdog.log" in hint and "OOM killer" in hint, hint
+        assert "on its own" not in msg and "a rank of the group died" not in msg
+
+    def test_a_head_exit_0_is_named_a_dead_rank_with_both_ranks_last_lines(self) -> None:
+        # Real vLLM: the worker dies, the head logs the engine's failure and exits 0 within 1-5 s.
+        clock = FakeClock()
+        head = [*BOOT_HEAD[:4], (300, L_WORKER_PROC), (300.5, L_GLOO_CLOSED)]
+        src = ScriptedStream(clock, {0: StreamedRank(lines=head, dies_at=301, exit_code=0),
+                                     1: StreamedRank(lines=[(2, L_INIT_W), (30, L_ASSIGNED_1), (250, L_KV_WORKER)])})
+        with pytest.raises(GateFailure) as err:
+            rw.wait_for_ready(RANKS, src, _ready(stall_s=600), clock, _noop, Probe(LISTED), "m")
+        msg = str(err.value)
+        first = msg.splitlines()[0]
+        assert first.startswith("rank 0 (node spark-a, container dsv41-rank0) is exited with exit code 0: a rank "
+                                "of the group died"), first
+        assert "WorkerProc hit an exception" in first and "watchdog.log" in first
+        assert L_GLOO_CLOSED in msg and L_KV_WORKER in msg, "both ranks' last lines"
+
+    def test_a_worker_stopping_with_the_head_is_named_first(self) -> None:
+        clock = FakeClock()
+        src = ScriptedStream(clock, {0: StreamedRank(lines=BOOT_HEAD[:4], dies_at=300, exit_code=0),
+                                     1: StreamedRank(lines=BOOT_WORKER, dies_at=300.4, exit_code=137)})
+        with pytest.raises(GateFailure) as err:
+            rw.wait_for_ready(RANKS, src, _ready(stall_s=600), clock, _noop, Probe(LISTED), "m")
+        first = str(err.value).splitlines()[0]
+        assert first.startswith("rank 1 (node spark-b, container dsv41-rank1) is exited with exit code 137 (and "
+                                "rank 0 (node spark-a, container dsv41-rank0) is exited with exit code 0)"), first
 
     def test_rendezvous_exit_fails_when_it_happens(self) -> None:
         clock = FakeClock()
@@ -618,6 +702,131 @@ class TestStreamDecisions:
         with pytest.raises(GateFailure, match=r"cannot observe rank 1 .* 3 failures in a row.*Connection refused"):
             rw.wait_for_rendezvous(RANKS, src, _rdv(), clock, _noop)
         assert clock.t <= 20
+
+
+# --- the stall rule on hardware: a worker is silent while it loads -----------------------------------------
+# Real vLLM: only rank 0 draws the safetensors progress bar. The recipe's head loads locally in ~250 s, the worker
+# streams 196 GiB over NFS for ~15 min, printing nothing: ~650 s without a line from any rank. The containers'
+# memory (page cache of the shards read, the weights loaded) grows the whole time.
+
+SILENT_HEAD = [(1, L_INIT), (30, L_ASSIGNED_0), (40, L_LOAD), (290, L_LOADED), (945, L_KV), (946, L_KV_SIZE),
+               (960, L_GRAPH), (965, L_GRAPH_DONE), (1000, L_WARM), (1005, L_SERVER), (1010, L_COMPLETE)]
+SILENT_WORKER = [(2, L_INIT_W), (30, L_ASSIGNED_1), (944, L_KV_WORKER)]
+
+
+def _defaults() -> ReadySettings:
+    gates = Gates()
+    return ReadySettings(ready_timeout_s=gates.ready_timeout_seconds, stall_s=gates.stall_seconds)
+
+
+class TestSilentLoad:
+    def test_defaults_are_the_recipes_stall_limit(self) -> None:
+        assert _defaults().stall_s == 600, "what a 650 s silent window would fail on without the counters"
+
+    @pytest.mark.parametrize("streamed", [False, True])
+    def test_a_15_minute_silent_worker_load_with_moving_counters_passes_with_default_settings(
+            self, streamed: bool) -> None:
+        clock = FakeClock()
+        head, worker = loading(40, 290, 95.0), loading(40, 940, 95.0)
+        src: rw.RankSource
+        if streamed:
+            src = ScriptedStream(clock, {0: StreamedRank(lines=SILENT_HEAD, usage=head),
+                                         1: StreamedRank(lines=SILENT_WORKER, usage=worker)})
+        else:
+            src = ScriptedSource(clock, {0: ScriptedRank(lines=SILENT_HEAD, usage=head),
+                                         1: ScriptedRank(lines=SILENT_WORKER, usage=worker)})
+        said: list[str] = []
+        res = rw.wait_for_ready(RANKS, src, _defaults(), clock, said.append, Probe(LISTED), "m")
+        assert 1010 <= res.elapsed_s <= 1011
+        assert any("silent but progressing: rank 1 memory +" in m for m in said), said
+
+    @pytest.mark.parametrize("streamed", [False, True])
+    def test_silence_with_frozen_counters_is_still_a_stall(self, streamed: bool) -> None:
+        # the worker hangs at 300 s: it never prints again and its memory stops growing
+        clock = FakeClock()
+        head, worker = loading(40, 290, 95.0), loading(40, 940, 95.0, then=300)
+        src: rw.RankSource
+        if streamed:
+            src = ScriptedStream(clock, {0: StreamedRank(lines=SILENT_HEAD, usage=head),
+                                         1: StreamedRank(lines=SILENT_WORKER, usage=worker)})
+        else:
+            src = ScriptedSource(clock, {0: ScriptedRank(lines=SILENT_HEAD, usage=head),
+                                         1: ScriptedRank(lines=SILENT_WORKER, usage=worker)})
+        with pytest.raises(GateFailure) as err:
+            rw.wait_for_ready(RANKS, src, _defaults(), clock, _noop, Probe(LISTED), "m")
+        assert 890 <= clock.t <= 891, "as without the counters: 600 s after the last line"
+        msg = str(err.value)
+        first = msg.splitlines()[0]
+        assert first.startswith("no rank logged anything new for 10m00s and no rank container's memory or block "
+                                "I/O grew meanwhile (stall limit 600 s) in phase 'loading weights'"), first
+        assert "docker stats: rank 0 memory 97GiB" in first and "rank 1 memory 29.44GiB" in first, first
+        assert "py-spy dump" in msg and L_LOADED in msg and L_ASSIGNED_1 in msg
+
+    def test_a_load_that_stops_growing_stalls_a_stall_limit_after_its_last_growth(self) -> None:
+        clock = FakeClock()
+        worker = loading(40, 940, 95.0, then=600)
+        src = ScriptedStream(clock, {0: StreamedRank(lines=SILENT_HEAD[:4], usage=loading(40, 290, 95.0)),
+                                     1: StreamedRank(lines=SILENT_WORKER[:2], usage=worker)})
+        with pytest.raises(GateFailure) as err:
+            rw.wait_for_ready(RANKS, src, _defaults(), clock, _noop, Probe(LISTED), "m")
+        # growth is timed from the sample that saw it: at most one sampling interval (30 s) after it happened
+        assert 1200 <= clock.t <= 1231
+        first = str(err.value).splitlines()[0]
+        assert "no rank container's memory or block I/O grew for 10m00s (last: rank 1 memory +" in first, first
+
+    def test_block_io_growth_counts_too(self) -> None:
+        # a rank reading its shards from a local disk: the page cache may be counted out, the reads are not
+        clock = FakeClock()
+        def reading(t: float) -> ContainerUsage:
+            return usage(3.5, read_gb=min(t, 940) * 0.2)
+        src = ScriptedSource(clock, {0: ScriptedRank(lines=SILENT_HEAD), 1: ScriptedRank(lines=SILENT_WORKER,
+                                                                                         usage=reading)})
+        assert rw.wait_for_ready(RANKS, src, _defaults(), clock, _noop, Probe(LISTED), "m").elapsed_s >= 1010
+
+    def test_a_chatty_boot_samples_no_counters(self) -> None:
+        clock = FakeClock()
+        ranks = {0: ScriptedRank(lines=BOOT_HEAD), 1: ScriptedRank(lines=BOOT_WORKER)}
+        rw.wait_for_ready(RANKS, ScriptedSource(clock, ranks), _defaults(), clock, _noop, Probe(LISTED), "m")
+        assert ranks[0].usage_calls == ranks[1].usage_calls == 0
+
+    def test_counters_that_cannot_be_read_leave_the_old_rule(self) -> None:
+        clock = FakeClock()
+
+        def broken(_t: float) -> ContainerUsage:
+            raise SourceError("docker stats dsv41-rank1 failed: permission denied")
+        src = ScriptedSource(clock, {0: ScriptedRank(lines=SILENT_HEAD, usage=broken),
+                                     1: ScriptedRank(lines=SILENT_WORKER, usage=broken)})
+        with pytest.raises(GateFailure) as err:
+            rw.wait_for_ready(RANKS, src, _defaults(), clock, _noop, Probe(LISTED), "m")
+        assert 890 <= clock.t <= 891
+        first = str(err.value).splitlines()[0]
+        assert first.startswith("no rank logged anything new for 10m00s (stall limit 600 s)"), first
+        assert "rank 1 unreadable (docker stats dsv41-rank1 failed: permission denied)" in first
+
+    def test_memory_only_given_back_is_not_progress(self) -> None:
+        # a hung rank whose page cache the kernel reclaims: its memory shrinks, nothing grows
+        clock = FakeClock()
+
+        def shrinking(t: float) -> ContainerUsage:
+            return usage(60.0 - max(t - 300, 0) / 30)
+        src = ScriptedSource(clock, {0: ScriptedRank(lines=SILENT_HEAD[:4]),
+                                     1: ScriptedRank(lines=SILENT_WORKER[:2], usage=shrinking)})
+        with pytest.raises(GateFailure, match="stall limit 600 s"):
+            rw.wait_for_ready(RANKS, src, _defaults(), clock, _noop, Probe(LISTED), "m")
+        assert 890 <= clock.t <= 891
+
+
+def test_docker_stats_lines_parse_into_bytes() -> None:
+    line = ('{"BlockIO":"190GB / 1.2MB","CPUPerc":"101.5%","Container":"dsv41-rank1","ID":"4f1c","MemPerc":"79.5%",'
+            '"MemUsage":"95.12GiB / 119.7GiB","Name":"dsv41-rank1","NetIO":"0B / 0B","PIDs":"212"}')
+    name, seen = rw.parse_stats(line) or ("", None)
+    assert name == "dsv41-rank1" and seen is not None
+    assert seen.memory_bytes == pytest.approx(95.12 * 2**30)
+    assert seen.block_read_bytes == 190e9 and seen.block_written_bytes == 1.2e6
+    assert seen.text == "memory 95.12GiB, block I/O 190GB / 1.2MB"
+    assert [rw.parse_size(t) for t in ("0B", "12.3kB", "1.5MiB", "2TB", "--", "")] == [0, 12300, 1.5 * 2**20,
+                                                                                     2e12, None, None]
+    assert rw.parse_stats("Error response from daemon: No such container") is None
 
 
 # --- /v1/models probe against a loopback server -------------------------------------------------------
@@ -716,6 +925,16 @@ class TestSshRankSource:
         assert [sent_script(r) for r in remote[1:3]] == [
             "timeout 10 docker logs --timestamps --since 2026-09-22T10:00:00.5Z dsv41-rank0 2>&1",
             "timeout 10 docker logs --timestamps --since 2026-09-22T10:00:03.25Z dsv41-rank0 2>&1"]
+
+    def test_usage_reads_docker_stats_of_the_container(self, fake_ssh: Path) -> None:
+        canned(fake_ssh, "stats", '{"BlockIO":"1.1GB / 0B","MemUsage":"12.5GiB / 119.7GiB","Name":"dsv41-rank1"}\n')
+        seen = SshRankSource(RANKS).usage(1)
+        assert seen.memory_bytes == 12.5 * 2**30 and seen.block_read_bytes == 1.1e9
+        remote = (fake_ssh / "remote.log").read_text().splitlines()
+        assert sent_script(remote[-1]) == "timeout 10 docker stats --no-stream --format '{{json .}}' dsv41-rank1"
+        canned(fake_ssh, "stats", "", rc=1, err="permission denied while trying to connect to the docker API\n")
+        with pytest.raises(SourceError, match="docker stats dsv41-rank1 failed: permission denied"):
+            SshRankSource(RANKS).usage(1)
 
     def test_logs_failure_is_a_source_error(self, fake_ssh: Path) -> None:
         canned(fake_ssh, "inspect", "running 0 2026-09-22T10:00:00Z\n")

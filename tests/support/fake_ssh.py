@@ -27,8 +27,10 @@ for last in "$@"; do :; done
 printf '%s\n' "$last" | head -n 1 >> "$d/remote.log"
 case "$last" in
   *"components/gates/rank_stream.sh"*) kind=stream ;;
+  *"components/gates/head_request.sh"*) kind=head ;;
   *"docker inspect"*) kind=inspect ;;
   *"docker logs"*) kind=logs ;;
+  *"docker stats"*) kind=stats ;;
   *) kind=other ;;
 esac
 n=$(cat "$d/$kind.n" 2>/dev/null || echo 0); n=$((n + 1)); echo "$n" > "$d/$kind.n"
@@ -60,6 +62,9 @@ if [ "$kind" = stream ]; then
   wait "$child"
   exit $?
 fi
+if [ "$kind" = head ]; then  # LiveRanks' probe from the head: run as sshd would, against the fake docker
+  PATH="$FAKE_DOCKER_BIN:$PATH" FAKE_DOCKER_DIR="$d" exec sh -c "$last"
+fi
 f="$d/$kind.$n"; [ -f "$f.rc" ] || f="$d/$kind"
 cat "$f.out" 2>/dev/null
 cat "$f.err" >&2 2>/dev/null
@@ -71,7 +76,8 @@ exit "$(cat "$f.rc" 2>/dev/null || echo 0)"
 # as they are appended, `--since` honoured, ending when `state` is no longer running; `events`: JSON lines
 # appended after the stream started; `logs.end`: the log ends while the container runs), else the canned
 # answers of `canned` (inspect.N / inspect, logs.N / logs), a canned log stream staying open while the canned
-# state runs. Every call is logged to docker.log.
+# state runs. `stats` prints the `stats` file (else fails with `stats.fail`). `exec -i C python3 -c PROG` runs
+# PROG with this python (`exec.fail`: docker's refusal instead). Every call is logged to docker.log.
 FAKE_DOCKER = r"""#!{python}
 import os, re, sys, time
 from pathlib import Path
@@ -163,6 +169,16 @@ if args[0] == "logs":
             if not state().startswith("running") or (d / "logs.end").exists():
                 sys.exit(0)
             time.sleep(0.01)
+if args[0] == "stats":  # `stats --no-stream --format '{{{{json .}}}}' C...`: the `stats` file, else `stats.fail`
+    if (d / "stats").exists():
+        sys.stdout.write((d / "stats").read_text())
+        sys.exit(0)
+    sys.exit((d / "stats.fail").read_text().strip() if (d / "stats.fail").exists() else "fake docker: no stats")
+if args[0] == "exec":  # `exec -i <container> python3 -c <program>`: the program runs here, on this loopback
+    if (d / "exec.fail").exists():
+        sys.exit((d / "exec.fail").read_text().strip())
+    program = args[args.index("-c") + 1]
+    os.execv(sys.executable, [sys.executable, "-c", program])
 sys.exit(f"fake docker: {{args}} not faked")
 """
 

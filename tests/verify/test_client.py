@@ -24,6 +24,7 @@ from components.verify.verdict import (
     completion_request,
 )
 from tests.support.fake_vllm import (
+    ENGINE_DEAD_BODY,
     GOOD_TOKENS,
     NAN_STREAM_ERROR,
     FakeVllm,
@@ -34,6 +35,8 @@ from tests.support.fake_vllm import (
     good_items,
     items_with,
     paced_stream,
+    reasoning_body,
+    reasoning_stream,
     stream_events,
     with_literal,
 )
@@ -89,6 +92,13 @@ BAD_ANSWERS: list[tuple[str, Reply, Reason, str]] = [
         Reason.UNKNOWN_MODEL,
         "served: fake-model",
     ),
+    (
+        # real vLLM 0.32 after a worker of the group was killed (shared/notes/vllm-real.md), byte for byte
+        "engine-dead-500",
+        Reply(status=500, body=ENGINE_DEAD_BODY),
+        Reason.DEAD_RANK,
+        "a rank of the group died",
+    ),
     ("unauthorized", Reply(status=401, body=b'{"error":"Unauthorized"}'), Reason.UNAUTHORIZED, "API key"),
     ("wrong-route", Reply(status=404, body=b'{"detail":"Not Found"}'), Reason.HTTP_ERROR, "ending in /v1"),
 ]
@@ -119,6 +129,17 @@ def test_bad_answer_fails_with_its_reason_and_is_never_retried(
     assert "\n" not in outcome.message
     assert server.url in outcome.message and MODEL in outcome.message
     assert len(completions) == 1 and sleeps == [], f"{case} is final and must not be retried"
+
+
+def test_the_streamed_engine_dead_error_names_a_dead_rank() -> None:
+    # Real vLLM 0.32 streams HTTP 200, the error object in a data event, then [DONE].
+    events = [(0.0, ENGINE_DEAD_BODY.decode()), (0.0, "[DONE]")]
+    with FakeVllm(Reply(events=events)) as server:
+        outcome = verify_endpoint(server.url, MODEL, timeout_s=2, retry_window_s=30, stream=True,
+                                  sleep=lambda _: None)
+        assert len(server.completion_requests()) == 1, "a dead engine is final, never retried"
+    assert isinstance(outcome, Failed) and outcome.reason is Reason.DEAD_RANK, outcome
+    assert "a rank of the group died" in outcome.message and "docker logs" in outcome.message
 
 
 def test_nan_is_never_retried() -> None:
@@ -446,6 +467,44 @@ def test_a_partial_word_is_not_the_expected_answer() -> None:
     with FakeVllm(_answer("Parisian")) as server:
         outcome = verify_endpoint(server.url, MODEL, timeout_s=2)
     assert isinstance(outcome, Failed) and outcome.reason is Reason.WRONG_ANSWER
+
+
+# The recipe's thinking default against vLLM 0.32's own shape: `reasoning` in the message and in stream deltas,
+# `content` null while the reasoning runs, logprobs over the reasoning tokens too.
+WEIGHING = ["The", " user", " asks", " for", " a", " capital", ".", " Lyon", " is", " large", ",", " but"]
+SAYS_PARIS = ["The", " capital", " of", " France", " is", " Paris", ",", " so"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_answer_only_in_the_reasoning_is_judged_on_the_reasoning(stream: bool) -> None:
+    def reply(reasoning: list[str]) -> Reply:
+        if stream:
+            return Reply(events=reasoning_stream(reasoning, []))
+        return Reply(body=reasoning_body(reasoning, []).encode())
+
+    with FakeVllm(reply(SAYS_PARIS)) as server:
+        passed = verify_endpoint(server.url, MODEL, timeout_s=2, stream=stream)
+    assert isinstance(passed, Passed), passed
+    assert passed.answer == "" and len(passed.logprobs) == len(SAYS_PARIS), "the answer itself was empty"
+    with FakeVllm(reply(WEIGHING)) as server:
+        failed = verify_endpoint(server.url, MODEL, timeout_s=2, stream=stream)
+    assert isinstance(failed, Failed) and failed.reason is Reason.WRONG_ANSWER, failed
+    assert "the reasoning (the answer itself was empty)" in failed.message and "Lyon is large" in failed.message
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_with_reasoning_done_the_answer_is_judged_not_the_reasoning(stream: bool) -> None:
+    def reply(reasoning: list[str], answer: list[str]) -> Reply:
+        if stream:
+            return Reply(events=reasoning_stream(reasoning, answer))
+        return Reply(body=reasoning_body(reasoning, answer).encode())
+
+    with FakeVllm(reply(WEIGHING, ["Paris", "."])) as server:
+        passed = verify_endpoint(server.url, MODEL, timeout_s=2, stream=stream)
+    assert isinstance(passed, Passed) and passed.answer == "Paris.", passed
+    with FakeVllm(reply(SAYS_PARIS, ["Lyon"])) as server:
+        failed = verify_endpoint(server.url, MODEL, timeout_s=2, stream=stream)
+    assert isinstance(failed, Failed) and "the answer to" in failed.message and "'Lyon'" in failed.message
 
 
 def test_streamed_wrong_answer_fails_too() -> None:
