@@ -83,7 +83,7 @@ def test_real_vllm_serves_verified_logprobs_and_a_second_up_changes_nothing(real
 
 def stream_long_request(url: str, model: str, done: threading.Event, tokens: list[int]) -> None:
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Tell a very long story."}],
-                       "max_tokens": 3500, "temperature": 1.0, "ignore_eos": True, "stream": True}).encode()
+                       "max_tokens": 1200, "temperature": 1.0, "ignore_eos": True, "stream": True}).encode()
     request = urllib.request.Request(f"{url}/chat/completions", data=body,
                                      headers={"Content-Type": "application/json"})
     try:
@@ -115,8 +115,7 @@ def test_a_busy_real_engine_is_not_drift(real: Deployment) -> None:
     assert not any("replace" in ops for ops in real.ops.values()), (
         f"a busy engine must not be replaced: {real.ops}\n" + "\n".join(real.lines))
     assert busy_during_preview, "the long requests ended before the preview did: the test proved nothing"
-    for e in done:
-        e.wait(600)
+    # The generations are left to finish (or to the next test's killed worker): waiting adds minutes, no proof.
 
 
 @pytest.mark.timeout(1200)
