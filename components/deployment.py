@@ -32,7 +32,7 @@ from components.gates.live_ranks import LiveRanks, LiveRanksArgs
 from components.image.image_check import checked_image_ids
 from components.image.node_image import NodeImage, NodeImageArgs
 from components.preflight.preflight import Preflight, PreflightArgs
-from components.preflight.spec import PreflightSpec
+from components.preflight.spec import PreflightSpec, container_shape
 from components.serving import spec as serve_spec
 from components.serving.serving import RankInputs, ServingCluster, ServingClusterArgs
 from components.ssh import KeyDirError, stack_dir
@@ -111,6 +111,7 @@ def _wire(loaded: Loaded, stack: str, *, pins: Mapping[str, host_keys.Pin], keys
                 check_export_path=n is s.head and s.weights.share == "nfs",
                 stack_label=stack,
                 generation=generation,
+                container_shape=container_shape(s.container.ipc_mode, s.container.memlock_bytes),
             ),
             connection=access[n.name].connection,
             # Re-run exactly when this node's container will be created or replaced.

@@ -9,6 +9,8 @@
 #   LABEL_KEY         the stack label's key
 #   CONFIG_LABEL_KEY  the key of the label holding a container's config generation
 #   GENERATION        the generation this update asks for ("" = none known: stop every own container)
+#   SHAPE             the container shape this update asks for, as SHAPE_FORMAT prints it
+#   SHAPE_FORMAT      docker inspect template: IPC mode and memlock hard limit
 #   INSPECT_FORMAT    docker inspect template: name|gpu capabilities|device paths|stack label
 #   MIN_MEM           minimum MemAvailable, GiB
 #   WEIGHTS_ROOT      the head: where the weights are staged; a worker with `share: copy`: its copy root (may start
@@ -61,10 +63,25 @@ if [ "$DOCKER_OK" = 1 ]; then
   # plain `docker ps` lists running, restarting and paused containers: all of them hold memory
   if listed=$(timeout "$DOCKER_TIMEOUT_S" docker ps --filter "label=$LABEL_KEY=$STACK_LABEL" \
            --format "{{.ID}} {{.Names}} {{.Label \"$CONFIG_LABEL_KEY\"}}" 2>&1); then
-    # A container already on the generation this update asks for is not being replaced: leave it
-    # serving, and skip the memory check (a running deployment legitimately leaves ~5 GiB).
-    own=$(printf '%s\n' "$listed" | awk -v g="$GENERATION" 'NF && (g == "" || $3 != g)')
-    CURRENT=$(printf '%s\n' "$listed" | awk -v g="$GENERATION" 'NF && g != "" && $3 == g { print $2 }')
+    # A container already on the generation and the container shape this update asks for is not being
+    # replaced: leave it serving, and skip the memory check (a running deployment legitimately leaves ~5 GiB).
+    # Another shape (container.ipcMode, memlockBytes) replaces every rank under the same generation, and a new
+    # worker must not meet the old head still listening on the master port: those are stopped too.
+    own=''
+    while read -r id name gen; do
+      [ -n "$id" ] || continue
+      if [ -n "$GENERATION" ] && [ "$gen" = "$GENERATION" ]; then
+        # a container gone between `ps` and `inspect` needs no stop
+        have=$(timeout "$DOCKER_TIMEOUT_S" docker inspect --format "$SHAPE_FORMAT" "$id" 2>/dev/null) || continue
+        if [ "$have" = "$SHAPE" ]; then
+          CURRENT="$CURRENT$name$NL"
+          continue
+        fi
+      fi
+      own="$own$id $name$NL"
+    done <<EOF
+$listed
+EOF
     if [ -n "$CURRENT" ]; then
       note "$(printf '%s' "$CURRENT" | tr '\n' ' ')already serves generation $GENERATION:\
  left running, memory check skipped"

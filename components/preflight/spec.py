@@ -41,6 +41,16 @@ DEV_ROOT_ENV = "DSV41_DEV_ROOT"
 
 # One line per running container: name|gpu capabilities|device paths|this project's stack label.
 # The label goes last: a label value may contain '|', a container name may not.
+# What of a rank's container shape replaces it without moving the generation: docker inspect prints it, and
+# container_shape() writes what this update asks for in the same form.
+SHAPE_FORMAT = '{{.HostConfig.IpcMode}} {{range .HostConfig.Ulimits}}{{if eq .Name "memlock"}}{{.Hard}}{{end}}{{end}}'
+
+
+def container_shape(ipc_mode: str, memlock_bytes: int) -> str:
+    """The shape a rank container gets (container.ipcMode, container.memlockBytes), as SHAPE_FORMAT prints it."""
+    return f"{ipc_mode} {memlock_bytes}"
+
+
 INSPECT_FORMAT = (
     "{{.Name}}|"
     "{{range .HostConfig.DeviceRequests}}{{range .Capabilities}}{{range .}}{{.}} {{end}}{{end}}{{end}}|"
@@ -74,6 +84,8 @@ class PreflightSpec:
     """Value of label dsv41-exl3.stack on this stack's own containers: those are stopped, others never."""
     generation: str
     """Config generation the update asks for: own containers already on it are left running."""
+    container_shape: str
+    """container_shape() of this update: an own container on the generation but of another shape is stopped."""
     check_export_path: bool
     """Head with the NFS share: every directory on the weights root's path must be o+x."""
     # The bounds below are the preflight's own steps, not operator settings (no config key): tests shorten them.
@@ -147,6 +159,8 @@ def render_script(spec: PreflightSpec) -> str:
         "LABEL_KEY": STACK_LABEL_KEY,
         "CONFIG_LABEL_KEY": CONFIG_LABEL_KEY,
         "GENERATION": spec.generation,
+        "SHAPE": spec.container_shape,
+        "SHAPE_FORMAT": SHAPE_FORMAT,
         "INSPECT_FORMAT": INSPECT_FORMAT,
         "MIN_MEM": f"{spec.min_mem_available_gib:g}",
         "WEIGHTS_ROOT": spec.weights_root or "",

@@ -225,13 +225,8 @@ def cluster_generation(s: Settings) -> str:
         # The head alone would be replaced by a new key; a worker left behind would hang at rendezvous.
         "apiKey": hashlib.sha256(s.serve.api_key.get_secret_value().encode()).hexdigest() if s.serve.api_key else None,
     }
-    # The container's shape replaces every rank too, and the preflight stops the old ranks only when the
-    # generation moves: a new worker started while the old head still listens on the master port joins the old
-    # head's rendezvous and hangs (seen with real vLLM). Only non-default values enter the hash, so stacks
-    # deployed before the key existed keep their generation.
-    container = s.container.model_dump(mode="json", exclude_defaults=True)
-    if container:
-        agreed["container"] = container
+    # The container's shape (container.*) is left out: a change replaces every rank under the same generation,
+    # and the preflight stops the old ranks of another shape first (preflight.sh).
     return hashlib.sha256(json.dumps(agreed, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -26,6 +26,7 @@ from components.preflight.gid import render_gid_check
 from components.preflight.preflight import Preflight, PreflightArgs
 from components.preflight.spec import (
     INSPECT_FORMAT,
+    SHAPE_FORMAT,
     PreflightSpec,
     format_report,
     parse_output,
@@ -96,6 +97,10 @@ elif cmd == "stop":
             str(state["mem_after_stop_delay_s"]), os.environ["DSV41_MEMINFO"],
             "MemAvailable: %d kB\\n" % state["mem_after_stop_kib"]], start_new_session=True)
     print("\\n".join(args[3:]))
+elif cmd == "inspect" and value_of("--format") == [os.environ["FAKE_SHAPE_FORMAT"]]:
+    for cid in args[3:]:
+        (c,) = [c for c in containers if c["id"] == cid]
+        print(c["shape"])
 elif cmd == "inspect":
     if value_of("--format") != [os.environ["FAKE_INSPECT_FORMAT"]]:
         sys.exit("fake docker: inspect format changed in transit: " + repr(args))
@@ -122,12 +127,13 @@ echo "/dev/nvme0n1p2  3907029168 100000000 $FAKE_DF_FREE_K      3% /"
 
 
 def container(cid: str, name: str, *, stack: str | None = None, running: bool = True, gpu: bool = False,
-              devices: tuple[str, ...] = (), labels: dict[str, str] | None = None) -> dict[str, Any]:
+              devices: tuple[str, ...] = (), labels: dict[str, str] | None = None,
+              shape: str = "host -1") -> dict[str, Any]:
     all_labels = dict(labels or {})
     if stack is not None:
         all_labels["dsv41-exl3.stack"] = stack
     return {"id": cid, "name": name, "labels": all_labels, "running": running,
-            "gpu_caps": ["gpu"] if gpu else [], "devices": list(devices)}
+            "gpu_caps": ["gpu"] if gpu else [], "devices": list(devices), "shape": shape}
 
 
 OWN_HEAD = container("a1a1a1", "dsv41-exl3-dev-head", stack="dev", gpu=True, devices=("/dev/infiniband",))
@@ -220,6 +226,7 @@ class FakeNode:
             "FAKE_DOCKER_STATE": str(state),
             "FAKE_DOCKER_LOG": str(logs["docker"]),
             "FAKE_INSPECT_FORMAT": INSPECT_FORMAT,
+            "FAKE_SHAPE_FORMAT": SHAPE_FORMAT,
             "FAKE_SYSTEMCTL_LOG": str(logs["systemctl"]),
             "FAKE_UNITS": str(units),
             "FAKE_DF_LOG": str(logs["df"]),
@@ -245,7 +252,8 @@ def make_spec(**overrides: Any) -> PreflightSpec:
     base: dict[str, Any] = dict(
         node_name="spark-1", fabric_ip="192.168.100.1", ib_hcas=("rocep1s0f1",), gid_index="auto",
         check_rdma=True, min_mem_available_gib=111.5, weights_root=None, min_free_disk_gib=None,
-        stack_label="dev", generation="", check_export_path=False, command_timeout_s=40, stop_timeout_s=2,
+        stack_label="dev", generation="", container_shape="host -1", check_export_path=False,
+        command_timeout_s=40, stop_timeout_s=2,
         mem_settle_s=3, docker_timeout_s=5,
     )
     base.update(overrides)
@@ -305,6 +313,23 @@ def test_containers_already_on_the_requested_generation_keep_serving(node: FakeN
     assert run.calls("stop") == [["stop", "-t", "2", "b2b2b2"]], "only the stale generation is stopped"
     result = parse_output(run.stdout, spec)
     assert any("already serves generation gen-new" in f for f in result.findings)
+
+
+def test_a_container_of_another_shape_is_stopped_under_the_same_generation(node: FakeNode) -> None:
+    """container.ipcMode or memlockBytes replace every rank without moving the generation: the old ranks must
+    be stopped before any new one starts, or a new worker meets the old head on the master port."""
+    node.containers = [
+        container("a1a1a1", "dsv41-exl3-dev-head", stack="dev", labels={"dsv41-exl3.config": "gen-new"},
+                  shape="host -1"),
+        container("c3c3c3", "dsv41-exl3-dev-worker", stack="dev", labels={"dsv41-exl3.config": "gen-new"},
+                  shape="private -1"),
+    ]
+    node.mem_available_kib = 200 * GIB_KIB
+    spec = make_spec(generation="gen-new", container_shape="private -1")
+    run = node.run(spec)
+    assert run.rc == 0, run.stderr
+    assert run.calls("stop") == [["stop", "-t", "2", "a1a1a1"]], "the head of the old shape is stopped"
+    assert parse_output(run.stdout, spec).stopped == ("dsv41-exl3-dev-head",)
 
 
 def test_a_new_generation_stops_the_running_one_and_checks_memory(node: FakeNode) -> None:
@@ -648,7 +673,7 @@ def component_args(**spec_overrides: Any) -> PreflightArgs:
     spec: dict[str, Any] = dict(
         node_name="spark-1", fabric_ip="192.168.100.1", ib_hcas=("rocep1s0f1",), gid_index="auto", check_rdma=True,
         min_mem_available_gib=111.5, weights_root="/srv/dsv41-exl3", min_free_disk_gib=387.0,
-        stack_label="dev", generation="", check_export_path=False,
+        stack_label="dev", generation="", container_shape="host -1", check_export_path=False,
     )
     spec.update(spec_overrides)
     return PreflightArgs(
