@@ -448,6 +448,31 @@ class Gates(_Model):
         return v
 
 
+class Supervisor(_Model):
+    """The head's supervisor: heals a dead group between `pulumi up` runs (components/supervisor/)."""
+
+    enabled: bool = True
+    # Each node's agent listens here on its fabric address (token-protected); not serve.port or masterPort.
+    port: int = Field(default=18391, ge=1024, le=65535)
+    probe_seconds: int = Field(default=60, ge=5, le=3600)
+    max_restarts: int = Field(default=3, ge=1, le=100)
+    window_hours: float = Field(default=6, gt=0, le=168)
+    # Doubles per restart already in the window: 30 s, 60 s, 120 s...
+    backoff_seconds: int = Field(default=30, ge=0, le=3600)
+    # After the ranks stop: how long MemAvailable may take to come back over preflight.minMemAvailableGiB.
+    mem_wait_seconds: int = Field(default=300, ge=10, le=3600)
+    # Run on the head (in the supervisor's container, `sh -c`) with the event as JSON on stdin; "" = none.
+    notify_command: str = ""
+
+    @field_validator("notify_command")
+    @classmethod
+    def _one_line(cls, v: str) -> str:
+        if any(c in v for c in "\r\n\0"):
+            raise ValueError("must be one shell command line (it is run as `sh -c`), e.g. "
+                             "`curl -fsS -d @- https://ntfy.example/spark`")
+        return v
+
+
 class Settings(_Model):
     nodes: list[Node]
     ssh: Ssh = Ssh()
@@ -459,6 +484,7 @@ class Settings(_Model):
     watchdog: Watchdog = Watchdog()
     container: Container = Container()
     gates: Gates = Gates()
+    supervisor: Supervisor = Supervisor()
 
     @field_validator("image")
     @classmethod
@@ -735,6 +761,11 @@ def _rules(s: Settings) -> tuple[list[str], list[str]]:
         problems.append(
             f"`serve.masterPort` = {s.serve.master_port} equals `serve.port`: the rendezvous and the API need "
             "different ports"
+        )
+    if s.supervisor.enabled and s.supervisor.port in (s.serve.port, s.serve.master_port):
+        problems.append(
+            f"`supervisor.port` = {s.supervisor.port} is also `serve.port` or `serve.masterPort`: the supervisor's "
+            "agents need a port of their own on every node; pick another (default 18391)"
         )
 
     problems += capacity.problems(

@@ -36,6 +36,14 @@ from components.preflight.spec import PreflightSpec, container_shape
 from components.serving import spec as serve_spec
 from components.serving.serving import RankInputs, ServingCluster, ServingClusterArgs
 from components.ssh import KeyDirError, stack_dir
+from components.supervisor.supervisor import (
+    Supervisor,
+    SupervisorArgs,
+    SupervisorNode,
+    leader_url,
+    supervisor_token,
+)
+from components.supervisor.update_lock import UpdateLock, holder_name
 from components.verify.verifier import Verifier, VerifierArgs
 from components.watchdog.watchdog import MemoryWatchdog, MemoryWatchdogArgs, WatchdogKey, WatchdogKeyArgs, WatchdogPeer
 from components.weights.weight_store import CopySettings, WeightNode, WeightStore, WeightStoreArgs
@@ -78,6 +86,11 @@ def _wire(loaded: Loaded, stack: str, *, pins: Mapping[str, host_keys.Pin], keys
     s = loaded.settings
     for warning in loaded.warnings:
         pulumi.log.warn(warning)
+    if s.supervisor.enabled:
+        token = supervisor_token(s, stack, keys_dir)
+        # The supervisor (once it exists) leaves every rank to this update until the program ends.
+        UpdateLock(leader_url(s), token, holder_name(stack, pulumi.runtime.is_dry_run()),
+                   log=pulumi.log.warn).start()
     # Everything this stack names on a node (export file, staging/check containers, watchdog files) carries
     # it, so two stacks on one head never collide. The rank containers keep their names (renaming would
     # replace running ranks): they were already per stack.
@@ -212,6 +225,15 @@ def _wire(loaded: Loaded, stack: str, *, pins: Mapping[str, host_keys.Pin], keys
     }
     if s.gates.min_decode_tokens_per_second is not None:
         outputs["decodeTokensPerSecond"] = verifier.decode_tokens_per_second
+    if s.supervisor.enabled:
+        supervisor = Supervisor("supervisor", SupervisorArgs(
+            settings=s, stack=stack, stack_prefix=prefix, token=token, endpoint=endpoint_of(s),
+            nodes=[SupervisorNode(name=n.name, index=i, connection=access[n.name].connection,
+                                  docker_provider=access[n.name].docker_provider, image_id=image_ids[n.name])
+                   for i, n in enumerate(s.nodes)],
+            after=[verifier],
+        ), opts=under(root))
+        outputs["supervisor"] = {"url": supervisor.url, "token": pulumi.Output.secret(token)}
     return outputs
 
 

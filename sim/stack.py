@@ -75,10 +75,12 @@ def real_vllm_settings(head_ip: str) -> dict[str, Any]:
 
 def sim_config(sim: dict[str, Any], *, weights_root: str, nodes: int | None = None, port: int = 8888,
                master_port: int = 29521, extra_env: dict[str, str] | None = None,
-               copy_root: str | None = None, server: str = "standin") -> dict[str, Any]:
+               copy_root: str | None = None, server: str = "standin", supervisor: bool = False) -> dict[str, Any]:
     """The namespace's keys (plain JSON values) for a stack on the running sim; ssh.privateKey is separate.
 
-    `server`: `standin` (the tests' default: fast, with faults by `extra_env`) or `real` (real vLLM)."""
+    `server`: `standin` (the tests' default: fast, with faults by `extra_env`) or `real` (real vLLM).
+    `supervisor`: off by default in tests, whose faults are for the next `pulumi up` to find; on for the
+    supervisor's own tests and the demo."""
     if server not in SERVERS:
         raise ValueError(f"server={server!r}: use one of {', '.join(SERVERS)}")
     chosen = sim["nodes"][:nodes] if nodes else sim["nodes"]
@@ -92,6 +94,8 @@ def sim_config(sim: dict[str, Any], *, weights_root: str, nodes: int | None = No
         real["serve"]["extraEnv"].update(extra_env or {})
         for section, values in real.items():
             config[section] = {**config[section], **values}
+    # The agents' port: one per stack, as the master port is (several test stacks share the sim's nodes).
+    config["supervisor"] = {"port": master_port + 1000} if supervisor else {"enabled": False}
     return config
 
 
@@ -184,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     sim = read_sim()
     key = Path(sim["ssh"]["key"]).read_text()
-    init_stack(args.stack, sim_config(sim, weights_root=args.weights_root, server=args.server), key)
+    init_stack(args.stack, sim_config(sim, weights_root=args.weights_root, server=args.server, supervisor=True),
+               key)
     print(f"stack {args.stack}: config written for the simulated cluster ({len(sim['nodes'])} nodes, "
           f"{args.server} server)", file=sys.stderr)
     return 0

@@ -29,6 +29,11 @@ def two() -> recording.Recorded:
     return run(config(2))
 
 
+def rank_containers(rec: recording.Recorded) -> list[recording.Registration]:
+    """The serving ranks (the supervisor's agents are containers too)."""
+    return [c for c in rec.of_type(CONTAINER) if c.name.startswith("serving-")]
+
+
 def container(rec: recording.Recorded, node: str) -> recording.Registration:
     return rec.named(f"serving-{node}")
 
@@ -108,7 +113,7 @@ def test_each_node_is_reached_through_its_own_provider(two: recording.Recorded) 
 
 def test_four_nodes_make_four_ranks_with_three_headless_workers() -> None:
     rec = run(config(4, serve={"maxModelLen": 1_000_000, "kvCacheMemoryBytes": 4 * 1024**3}))
-    containers = rec.of_type(CONTAINER)
+    containers = rank_containers(rec)
     assert len(containers) == 4
     headless = [c for c in containers if "--headless" in c.inputs["command"]]
     assert len(headless) == 3
@@ -177,7 +182,7 @@ def test_a_serve_change_is_a_new_generation_for_every_rank() -> None:
 def test_every_rank_is_replaced_together_when_live_ranks_finds_one_down(two: recording.Recorded) -> None:
     live = two.named("live-ranks")
     assert live.typ == "pulumi-python:dynamic/drift:LiveRanks"
-    for c in two.of_type(CONTAINER):
+    for c in rank_containers(two):
         assert c.replacement_trigger == "live-ranks-id", (
             f"{c.name} must be replaced whenever LiveRanks is (a rank found not running)")
     assert [r["container"] for r in live.inputs["ranks"]] == [
@@ -262,7 +267,8 @@ def test_everything_named_on_a_node_is_per_stack_and_rank_names_are_unchanged() 
         assert f".local/share/{prefix}" in commands["watchdog-spark-0-install"].inputs["create"]
         assert f".local/state/{prefix}" in commands["watchdog-key-spark-0-keygen"].inputs["create"]
         names = sorted(c.inputs["name"] for c in rec.of_type(CONTAINER))
-        assert names == [f"{prefix}-spark-0", f"{prefix}-spark-1"]
+        assert names == [f"{prefix}-spark-0", f"{prefix}-spark-1",
+                         f"{prefix}-supervisor-spark-0", f"{prefix}-supervisor-spark-1"]
         creates[stack] = {n: c.inputs["create"] for n, c in commands.items()}
     shared = [n for n in creates["dev"] if n in creates["prod"] and creates["dev"][n] == creates["prod"][n]]
     # The head's own check only stats files: it names nothing on the node.

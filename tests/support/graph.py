@@ -28,6 +28,11 @@ def fake_stdout(args: pulumi.runtime.MockResourceArgs) -> dict[str, Any]:
     if args.name.endswith("-keygen"):
         key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFake" + args.name.replace("-", "")
         return {"stdout": f"DSV41_WATCHDOG_PUBKEY {key}"}
+    if args.name.startswith("supervisor-") and args.name.endswith("-files"):
+        node = args.name.removeprefix("supervisor-").removesuffix("-files")
+        return {"stdout": json.dumps({"dir": f"/home/me/.local/share/dsv41-exl3-test/supervisor-{node}",
+                                      "state": f"/home/me/.local/state/dsv41-exl3-test/supervisor-{node}",
+                                      "socket": "/var/run/docker.sock"})}
     if "stage" in args.name:
         return {"stdout": "DSV41_WEIGHTS_MANIFEST " + json.dumps(
             {"root": "/home/me/dsv41-exl3", "files": FULL_MANIFEST, "sha256": FULL_DIGESTS,

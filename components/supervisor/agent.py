@@ -1,0 +1,472 @@
+"""The supervisor's process: one per node, in a container of the serving image that docker restarts (after
+its own crash and at boot). Stdlib plus `requests` (every vLLM image has it), and the verifier's own modules.
+
+Every node's agent owns its node's rank container through the node's docker socket and answers, on
+`supervisor.port` of the node's fabric address, with a bearer token:
+
+    GET  /rank           the rank container's state and the node's MemAvailable
+    POST /rank/stop      stop it (10 s, then kill)          POST /rank/start   start the same container
+
+The head's agent also leads: it looks at every rank once a second and probes the endpoint every
+`supervisor.probeSeconds` with the drift probe's rules; on a dead group it stops every rank, waits for memory,
+starts the workers then the head, and verifies with the verifier's verdict (policy.py decides, this acts).
+It also serves `GET /status`, `POST /pause|/resume` and the update lock (`POST|DELETE /lock`).
+
+Usage: python3 -m components.supervisor.agent CONFIG.json
+"""
+
+from __future__ import annotations
+
+import hmac
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import components.verify.client as verify_client  # the package forwards unknown names to verifier.py (pulumi)
+from components.supervisor import policy
+
+GENERATION_LABEL = "dsv41-exl3.generation"
+AGENT_TIMEOUT_S = 5.0
+STOP_GRACE_S = 10
+HISTORY = 50
+
+
+def log(message: str) -> None:
+    print(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} supervisor: {message}", flush=True)
+
+
+# --- the node's docker, over its unix socket ---------------------------------------------------------------
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self._path)
+
+
+class Docker:
+    def __init__(self, socket_path: str) -> None:
+        self.socket_path = socket_path
+
+    def _call(self, method: str, path: str, timeout: float = 30.0) -> tuple[int, bytes]:
+        conn = _UnixConnection(self.socket_path, timeout)
+        try:
+            conn.request(method, path, headers={"Content-Length": "0"} if method == "POST" else {})
+            reply = conn.getresponse()
+            return reply.status, reply.read()
+        finally:
+            conn.close()
+
+    def inspect(self, name: str) -> dict[str, Any] | None:
+        status, body = self._call("GET", f"/containers/{urllib.parse.quote(name)}/json")
+        if status == 404:
+            return None
+        if status != 200:
+            raise OSError(f"docker inspect {name}: HTTP {status} {body[:200]!r}")
+        data: dict[str, Any] = json.loads(body)
+        return data
+
+    def act(self, name: str, verb: str, query: str = "") -> None:
+        status, body = self._call("POST", f"/containers/{urllib.parse.quote(name)}/{verb}{query}", timeout=90)
+        if status not in (204, 304):
+            raise OSError(f"docker {verb} {name}: HTTP {status} {body[:200]!r}")
+
+
+def mem_available_gib(meminfo: str = "/proc/meminfo") -> float | None:
+    try:
+        for line in Path(meminfo).read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return round(int(line.split()[1]) / 1048576, 2)
+    except OSError:
+        pass
+    return None
+
+
+def rank_state(docker: Docker, container: str, node: str) -> dict[str, Any]:
+    data = docker.inspect(container)
+    out: dict[str, Any] = {"node": node, "container": container, "exists": data is not None,
+                           "mem_available_gib": mem_available_gib()}
+    if data is not None:
+        state = data.get("State", {})
+        out.update(running=bool(state.get("Running")), status=state.get("Status"), exit_code=state.get("ExitCode"),
+                   oom_killed=bool(state.get("OOMKilled")), started_at=state.get("StartedAt"),
+                   finished_at=state.get("FinishedAt"),
+                   generation=(data.get("Config", {}).get("Labels") or {}).get(GENERATION_LABEL, ""))
+    return out
+
+
+# --- state that survives the agent's restart and the node's reboot ----------------------------------------
+
+class Store:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.lock = threading.Lock()
+        try:
+            self.data: dict[str, Any] = json.loads(path.read_text())
+        except (OSError, ValueError):
+            self.data = {}
+        self.data.setdefault("restarts", [])
+        self.data.setdefault("events", [])
+        self.data.setdefault("paused", False)
+
+    def update(self, **fields: Any) -> None:
+        with self.lock:
+            self.data.update(fields)
+            self._save()
+
+    def append(self, key: str, item: dict[str, Any]) -> None:
+        with self.lock:
+            self.data[key] = [*self.data.get(key, []), item][-HISTORY:]
+            self._save()
+
+    def _save(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=1, sort_keys=True))
+        os.replace(tmp, self.path)
+
+    def snapshot(self) -> dict[str, Any]:
+        with self.lock:
+            copy: dict[str, Any] = json.loads(json.dumps(self.data))
+            return copy
+
+
+# --- the leader ---------------------------------------------------------------------------------------------
+
+class Leader:
+    def __init__(self, cfg: dict[str, Any], docker: Docker, token: str, store: Store,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.cfg = cfg
+        self.docker = docker
+        self.token = token
+        self.store = store
+        self.clock = clock
+        self.budget = policy.Budget(max_restarts=cfg["max_restarts"], window_s=cfg["window_s"],
+                                    backoff_s=cfg["backoff_s"])
+        self.next_probe = 0.0
+        self.drift_streak = 0
+        self.last_drift = ""
+        self.hard_drift = False
+
+    # the nodes, through their agents (the head's own rank through its docker)
+    def _agent(self, node: dict[str, Any], method: str, path: str, timeout: float = AGENT_TIMEOUT_S) -> Any:
+        if node["name"] == self.cfg["node"]:
+            if path == "/rank/stop":
+                stop_rank(self.docker, node["container"])
+            elif path == "/rank/start":
+                self.docker.act(node["container"], "start")
+            return rank_state(self.docker, node["container"], node["name"])
+        parts = urllib.parse.urlsplit(node["url"])
+        conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=timeout)
+        try:
+            conn.request(method, path, headers={"Authorization": f"Bearer {self.token}", "Content-Length": "0"})
+            reply = conn.getresponse()
+            body = reply.read()
+        finally:
+            conn.close()
+        if reply.status != 200:
+            raise OSError(f"agent on {node['name']}: HTTP {reply.status} {body[:200]!r}")
+        return json.loads(body)
+
+    def look(self) -> list[policy.RankView]:
+        views = []
+        for node in self.cfg["nodes"]:
+            try:
+                views.append(policy.RankView.from_json(node["name"], self._agent(node, "GET", "/rank")))
+            except (OSError, http.client.HTTPException, ValueError) as error:
+                views.append(policy.RankView(node=node["name"], reachable=False, error=str(error)))
+        return views
+
+    def api_key(self) -> str | None:
+        head = self.docker.inspect(self.cfg["nodes"][0]["container"]) or {}
+        for item in head.get("Config", {}).get("Env") or []:
+            if item.startswith("VLLM_API_KEY="):
+                return str(item.split("=", 1)[1])
+        return None
+
+    def notify(self, kind: str, **fields: Any) -> None:
+        item = policy.event(kind, self.cfg["stack"], at=time.time(), **fields)
+        self.store.append("events", item)
+        log(f"{kind}: {json.dumps(fields, sort_keys=True)}")
+        command = self.cfg.get("notify_command") or ""
+        if not command:
+            return
+        try:
+            done = subprocess.run(["sh", "-c", command], input=json.dumps(item), text=True, capture_output=True,
+                                  timeout=30)
+            if done.returncode != 0:
+                log(f"notifyCommand exited {done.returncode}: {done.stderr.strip()[-300:]}")
+        except (OSError, subprocess.TimeoutExpired) as error:
+            log(f"notifyCommand failed: {error}")
+
+    def lock_holder(self) -> str | None:
+        return policy.lock_holder(self.store.snapshot().get("lock"), time.time())
+
+    def verify(self, budget_s: float) -> verify_client.Outcome:
+        return verify_client.verify_endpoint(
+            self.cfg["endpoint"], self.cfg["model"], self.api_key(), timeout_s=min(120.0, budget_s),
+            retry_window_s=budget_s, warmup_timeout_s=budget_s, expected_answer=self.cfg["expected_answer"])
+
+    def record_verified(self, outcome: verify_client.Passed, generation: str) -> None:
+        self.store.update(armed_generation=generation, last_verified={
+            "at": time.time(), "generation": generation, "answer": outcome.answer,
+            "logprobs": [[t.token, t.logprob] for t in outcome.logprobs]})
+
+    def probe(self) -> None:
+        found = verify_client.probe_endpoint(self.cfg["endpoint"], self.cfg["model"], self.api_key(),
+                                             timeout_s=self.cfg["probe_timeout_s"])
+        self.store.update(last_probe={"at": time.time(), "state": found.state, "seen": found.seen})
+        if found.state == "drift":
+            self.drift_streak += 1
+            self.last_drift = found.seen
+            self.hard_drift = not found.confirm
+            self.next_probe = self.clock() + 5  # confirm soon
+        else:
+            self.drift_streak, self.hard_drift = 0, False
+            self.next_probe = self.clock() + self.cfg["probe_seconds"]
+
+    def step(self) -> policy.Decision:
+        snap = self.store.snapshot()
+        ranks = self.look()
+        decision = policy.decide(
+            ranks, paused=bool(snap.get("paused")), lock_holder=self.lock_holder(), given_up=snap.get("given_up"),
+            armed_generation=str(snap.get("armed_generation") or ""), probe_due=self.clock() >= self.next_probe,
+            drift_streak=self.drift_streak, last_drift=self.last_drift, hard_drift=self.hard_drift)
+        if decision.why != snap.get("doing"):
+            self.store.update(doing=decision.why)
+        if decision.action == "verify" and self.clock() >= self.next_probe:
+            self.next_probe = self.clock() + self.cfg["probe_seconds"]
+            outcome = self.verify(self.cfg["verify_timeout_s"])
+            if isinstance(outcome, verify_client.Passed):
+                self.record_verified(outcome, ranks[0].generation)
+                self.notify("armed", generation=ranks[0].generation)
+            else:
+                self.store.update(last_probe={"at": time.time(), "state": "unverified", "seen": outcome.message})
+        elif decision.action == "probe":
+            self.probe()
+        elif decision.action == "heal":
+            self.heal(decision.why)
+        return decision
+
+    def _stop_if_held(self) -> str | None:
+        snap = self.store.snapshot()
+        if snap.get("paused"):
+            return "paused by the operator"
+        holder = self.lock_holder()
+        return f"an update took the lock ({holder})" if holder else None
+
+    def heal(self, cause: str) -> None:
+        snap = self.store.snapshot()
+        # A resume after a give-up starts a fresh budget: the operator says the cause is fixed.
+        since = float(snap.get("budget_since") or 0)
+        times = [float(r["at"]) for r in snap.get("restarts", []) if r.get("at") and float(r["at"]) >= since]
+        when, why = policy.next_attempt(times, time.time(), self.budget)
+        if when is None:
+            reason = f"{why}; last cause: {cause}"
+            self.store.update(given_up=reason)
+            self.notify("gave-up", reason=reason, cause=cause)
+            return
+        while time.time() < when:
+            if self._stop_if_held():
+                return
+            time.sleep(min(1.0, when - time.time()))
+        started = time.time()
+        self.store.append("restarts", {"at": started, "cause": cause, "result": "running"})
+        self.notify("restarting", cause=cause, why=why)
+        result = self._restart_group(started)
+        self.drift_streak, self.hard_drift = 0, False
+        self.next_probe = self.clock() + self.cfg["probe_seconds"]
+        restarts = self.store.snapshot()["restarts"]
+        restarts[-1] = {**restarts[-1], "result": result, "seconds": round(time.time() - started, 1)}
+        self.store.update(restarts=restarts)
+        self.notify("restarted" if result == "verified" else "restart-failed", cause=cause, result=result,
+                    seconds=round(time.time() - started, 1))
+
+    def _restart_group(self, started: float) -> str:
+        nodes = self.cfg["nodes"]
+        for node in nodes:  # every rank: a rank left running would hold the old group's rendezvous
+            try:
+                self._agent(node, "POST", "/rank/stop", timeout=STOP_GRACE_S + 30)
+            except (OSError, http.client.HTTPException, ValueError) as error:
+                return f"could not stop the rank on {node['name']}: {error}"
+        deadline = time.time() + self.cfg["mem_wait_s"]
+        while True:
+            low = [(v.node, v.mem_available_gib) for v in self.look()
+                   if v.mem_available_gib is None or v.mem_available_gib < self.cfg["min_mem_gib"]]
+            if not low:
+                break
+            if time.time() >= deadline:
+                return (f"gave up waiting for memory: MemAvailable {low[0][1]} GiB on {low[0][0]} stayed below "
+                        f"preflight.minMemAvailableGiB {self.cfg['min_mem_gib']:g} for {self.cfg['mem_wait_s']} s")
+            time.sleep(1)
+        if held := self._stop_if_held():
+            return f"not started: {held}"
+        for node in [*nodes[1:], nodes[0]]:  # the workers, then the head
+            try:
+                self._agent(node, "POST", "/rank/start", timeout=60)
+            except (OSError, http.client.HTTPException, ValueError) as error:
+                return f"could not start the rank on {node['name']}: {error}"
+        boot_deadline = started + self.cfg["boot_timeout_s"]
+        while time.time() < boot_deadline:
+            if held := self._stop_if_held():
+                return f"left to {held}"
+            ranks = self.look()
+            if death := policy.rank_death(ranks):
+                return f"{death} during the boot"
+            if self._health():
+                outcome = self.verify(max(10.0, min(self.cfg["verify_timeout_s"], boot_deadline - time.time())))
+                if isinstance(outcome, verify_client.Passed):
+                    self.record_verified(outcome, ranks[0].generation)
+                    return "verified"
+                return f"not verified: {outcome.message}"
+            time.sleep(1)
+        return f"not ready within supervisor boot bound {self.cfg['boot_timeout_s']} s"
+
+    def _health(self) -> bool:
+        url = urllib.parse.urlsplit(verify_client.health_url(self.cfg["endpoint"]))
+        conn = http.client.HTTPConnection(url.hostname or "", url.port, timeout=5)
+        try:
+            conn.request("GET", url.path)
+            return conn.getresponse().status == 200
+        except (OSError, http.client.HTTPException):
+            return False
+        finally:
+            conn.close()
+
+    def run(self) -> None:
+        log(f"leading {len(self.cfg['nodes'])} rank(s) of stack {self.cfg['stack']}")
+        while True:
+            try:
+                self.step()
+            except Exception as error:  # one bad look must not end the supervisor; docker would restart it anyway
+                log(f"step failed: {error!r}")
+                time.sleep(5)
+            time.sleep(1)
+
+
+def stop_rank(docker: Docker, container: str) -> None:
+    data = docker.inspect(container)
+    if data is None or not data.get("State", {}).get("Running"):
+        return
+    docker.act(container, "stop", f"?t={STOP_GRACE_S}")
+
+
+# --- the HTTP API -------------------------------------------------------------------------------------------
+
+def make_handler(cfg: dict[str, Any], docker: Docker, token: str, leader: Leader | None) -> type:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+            pass
+
+        def _reply(self, status: int, data: Any) -> None:
+            body = json.dumps(data).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _authorized(self) -> bool:
+            given = self.headers.get("Authorization", "")
+            if hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+                return True
+            self._reply(401, {"error": "a bearer token is required"})
+            return False
+
+        def _body(self) -> dict[str, Any]:
+            length = int(self.headers.get("Content-Length") or 0)
+            if length > 65536:
+                raise ValueError("body too large")
+            data = json.loads(self.rfile.read(length) or b"{}")
+            return data if isinstance(data, dict) else {}
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            if not self._authorized():
+                return
+            if self.path == "/rank":
+                self._reply(200, rank_state(docker, cfg["container"], cfg["node"]))
+            elif self.path == "/status" and leader is not None:
+                self._reply(200, {**leader.store.snapshot(), "lock_holder": leader.lock_holder(),
+                                  "node": cfg["node"], "now": time.time()})
+            else:
+                self._reply(404, {"error": f"no {self.path}"})
+
+        def do_POST(self) -> None:  # noqa: N802
+            if not self._authorized():
+                return
+            try:
+                body = self._body()
+                if self.path == "/rank/stop":
+                    stop_rank(docker, cfg["container"])
+                    self._reply(200, rank_state(docker, cfg["container"], cfg["node"]))
+                elif self.path == "/rank/start":
+                    docker.act(cfg["container"], "start")
+                    self._reply(200, rank_state(docker, cfg["container"], cfg["node"]))
+                elif leader is not None and self.path in ("/pause", "/resume"):
+                    paused = self.path == "/pause"
+                    # resume also clears a give-up: the operator says the cause is fixed
+                    leader.store.update(paused=paused,
+                                        **({} if paused else {"given_up": None, "budget_since": time.time()}))
+                    leader.notify("paused" if paused else "resumed")
+                    self._reply(200, {"paused": paused})
+                elif leader is not None and self.path == "/lock":
+                    ttl = max(1.0, min(float(body.get("ttl_s", 120)), 3600.0))
+                    lock = {"holder": str(body.get("holder") or "an update")[:200], "expires_at": time.time() + ttl}
+                    leader.store.update(lock=lock)
+                    self._reply(200, lock)
+                else:
+                    self._reply(404, {"error": f"no {self.path}"})
+            except (OSError, ValueError) as error:
+                self._reply(500, {"error": str(error)})
+
+        def do_DELETE(self) -> None:  # noqa: N802
+            if not self._authorized():
+                return
+            if leader is not None and self.path == "/lock":
+                holder = self._body().get("holder")
+                current = leader.store.snapshot().get("lock") or {}
+                if not holder or current.get("holder") == holder:
+                    leader.store.update(lock=None)
+                self._reply(200, {"released": True})
+            else:
+                self._reply(404, {"error": f"no {self.path}"})
+
+    return Handler
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print(__doc__.strip().splitlines()[-1], file=sys.stderr)
+        return 2
+    cfg = json.loads(Path(argv[1]).read_text())
+    token = Path(cfg["token_file"]).read_text().strip()
+    docker = Docker(cfg["docker_socket"])
+    leader = None
+    if cfg["role"] == "leader":
+        state_dir = Path(cfg["state_dir"])
+        state_dir.mkdir(parents=True, exist_ok=True)
+        leader = Leader(cfg, docker, token, Store(state_dir / "supervisor-state.json"))
+    server = ThreadingHTTPServer((cfg["listen_host"], cfg["listen_port"]), make_handler(cfg, docker, token, leader))
+    server.daemon_threads = True
+    log(f"{cfg['role']} for {cfg['container']} on {cfg['node']}, API on {cfg['listen_host']}:{cfg['listen_port']}")
+    if leader is not None:
+        threading.Thread(target=leader.run, name="leader", daemon=True).start()
+    server.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

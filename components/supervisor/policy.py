@@ -1,0 +1,131 @@
+"""What the supervisor decides, apart from how it looks and acts: pure logic, stdlib only (it also runs
+inside the supervisor's container, on the serving image's Python).
+
+The supervisor sees each rank's container (`RankView`, from the node's agent), the update lock, its own
+pause flag and the endpoint's probe verdicts; `decide` turns one such look into one action. The restart
+budget (`supervisor.maxRestarts` in `supervisor.windowHours`, with doubling backoff) is `next_attempt`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+# How many drift probes in a row, `confirm`-grade ones (a refused port, a timeout with the engine idle), make a
+# dead group: one can be a hiccup of the head's own loopback; NaN, -inf and vLLM's dead-engine answer act at once.
+CONFIRMING_PROBES = 2
+
+
+@dataclass(frozen=True)
+class RankView:
+    """One rank's container as its node's agent reports it; `reachable` False: the agent did not answer."""
+
+    node: str
+    reachable: bool
+    exists: bool = False
+    running: bool = False
+    exit_code: int | None = None
+    oom_killed: bool = False
+    generation: str = ""
+    mem_available_gib: float | None = None
+    error: str = ""
+
+    @classmethod
+    def from_json(cls, node: str, data: Mapping[str, Any]) -> RankView:
+        return cls(node=node, reachable=True, exists=bool(data.get("exists")), running=bool(data.get("running")),
+                   exit_code=data.get("exit_code"), oom_killed=bool(data.get("oom_killed")),
+                   generation=str(data.get("generation") or ""), mem_available_gib=data.get("mem_available_gib"))
+
+
+Action = Literal["wait", "verify", "probe", "heal"]
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    why: str
+
+
+def rank_death(ranks: Sequence[RankView]) -> str | None:
+    """The cause when a rank's container has ended (the group cannot serve without it), else None."""
+    for r in ranks:
+        if r.reachable and r.exists and not r.running:
+            how = "was OOM-killed" if r.oom_killed else f"exited with code {r.exit_code}"
+            return f"the rank on {r.node} {how}"
+    return None
+
+
+def decide(ranks: Sequence[RankView], *, paused: bool, lock_holder: str | None, given_up: str | None,
+           armed_generation: str, probe_due: bool, drift_streak: int, last_drift: str = "",
+           hard_drift: bool = False) -> Decision:
+    """One look's action. The order is the rules' priority: the operator and an update first, then what
+    is known about every node, then the group itself."""
+    if paused:
+        return Decision("wait", "paused by the operator (python -m components.supervisor resume)")
+    if lock_holder:
+        return Decision("wait", f"an update holds the head's lock ({lock_holder}): the update owns the ranks")
+    if given_up:
+        return Decision("wait", f"gave up: {given_up}; run `pulumi up` (or resume after fixing the cause)")
+    unreachable = [r.node for r in ranks if not r.reachable]
+    if unreachable:
+        # A node coming back from a reboot: the group starts in order only once every node's docker answers.
+        return Decision("wait", f"waiting for the agent on {', '.join(unreachable)}")
+    missing = [r.node for r in ranks if not r.exists]
+    if missing:
+        return Decision("wait", f"no rank container on {', '.join(missing)}: that is `pulumi up`'s to create")
+    head_generation = ranks[0].generation
+    if head_generation != armed_generation:
+        # Nothing is done for a generation the supervisor has not seen serve real logprobs.
+        if all(r.running for r in ranks):
+            return Decision("verify", f"generation {head_generation or '?'} not yet verified by the supervisor")
+        return Decision("wait", f"generation {head_generation or '?'} was never verified: left to `pulumi up`")
+    death = rank_death(ranks)
+    if death:
+        return Decision("heal", death)
+    if hard_drift or drift_streak >= CONFIRMING_PROBES:
+        return Decision("heal", f"the endpoint {last_drift}")
+    if probe_due or drift_streak:
+        return Decision("probe", "probe due" if probe_due else "confirming a drift probe")
+    return Decision("wait", "serving")
+
+
+@dataclass(frozen=True)
+class Budget:
+    max_restarts: int
+    window_s: float
+    backoff_s: float
+
+
+def restarts_in_window(restart_times: Sequence[float], now: float, window_s: float) -> int:
+    return sum(1 for t in restart_times if now - t < window_s)
+
+
+def next_attempt(restart_times: Sequence[float], now: float, budget: Budget) -> tuple[float | None, str]:
+    """(when the next restart may start, why); None: the budget is spent, give up.
+
+    The first restart in a window starts at once; each further one waits backoff_s, doubled per restart
+    already in the window, after the previous one."""
+    recent = sorted(t for t in restart_times if now - t < budget.window_s)
+    if len(recent) >= budget.max_restarts:
+        hours = budget.window_s / 3600
+        return None, (f"{len(recent)} restarts within {hours:g} h (supervisor.maxRestarts "
+                      f"{budget.max_restarts} in supervisor.windowHours {hours:g})")
+    if not recent:
+        return now, "first restart in the window"
+    wait = budget.backoff_s * 2 ** (len(recent) - 1)
+    return max(now, recent[-1] + wait), f"restart {len(recent) + 1} in the window, {wait:g} s after the last"
+
+
+def lock_holder(lock: Mapping[str, Any] | None, now_wall: float) -> str | None:
+    """Who holds the update lock, if it has not expired (a crashed update's lock ends with its lease)."""
+    if not lock:
+        return None
+    if float(lock.get("expires_at", 0)) <= now_wall:
+        return None
+    return str(lock.get("holder") or "an update")
+
+
+def event(kind: str, stack: str, **fields: Any) -> dict[str, Any]:
+    """The notification's JSON object (supervisor.notifyCommand reads it on stdin)."""
+    return {"event": kind, "stack": stack, **fields}

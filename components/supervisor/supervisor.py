@@ -1,0 +1,227 @@
+"""Supervisor: keeps the group serving between `pulumi up` runs, and brings it back after a reboot.
+
+Per node, a remote.Command installs the agent's files (code from this checkout, config, token; all on stdin)
+and a docker.Container of the serving image runs `python3 -m components.supervisor.agent` with restart
+`unless-stopped`: docker restarts it after its own crash and when the daemon starts at boot, and the Sparks
+have docker on every node already (no systemd unit to install, nothing that differs in the simulated cluster).
+The head's agent leads (agent.py); the others only act on their own rank when it asks.
+
+It is created after the verifier: nothing supervises a deployment that never verified.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import hashlib
+import io
+import json
+import tarfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import pulumi_docker as docker
+from pulumi_command import remote
+
+from components import labels, scripts
+from components.config import Settings
+
+REPO = Path(__file__).resolve().parents[2]
+# What the agent imports: its own modules and the verifier's verdict and probe (stdlib and requests only).
+AGENT_FILES = (
+    "components/__init__.py",
+    "components/http.py",
+    "components/redaction.py",
+    "components/verify/__init__.py",
+    "components/verify/client.py",
+    "components/verify/verdict.py",
+    "components/supervisor/__init__.py",
+    "components/supervisor/agent.py",
+    "components/supervisor/policy.py",
+)
+CODE_MOUNT = "/opt/dsv41-supervisor"
+STATE_MOUNT = "/var/lib/dsv41-supervisor"
+SOCKET_MOUNT = "/var/run/docker.sock"
+SUPERVISOR_LABEL = "dsv41-exl3.supervisor"
+CODE_LABEL = "dsv41-exl3.supervisor-code"
+# The container's own bound: the agent is a small Python process, and the head has ~4 GiB to spare.
+MEMORY_MB = 256
+
+
+def supervisor_token(s: Settings, stack: str, keys_dir: str) -> str:
+    """The agents' shared bearer token: stable across updates, never in argv or a preview.
+
+    Derived from the stack's SSH private key when the config has one (a second operator's machine derives the
+    same); else kept in the stack's private key directory on this machine."""
+    if s.ssh.private_key is not None:
+        material = s.ssh.private_key.get_secret_value().encode()
+        return hashlib.sha256(b"dsv41-exl3 supervisor\0" + stack.encode() + b"\0" + material).hexdigest()
+    path = Path(keys_dir) / "supervisor.token"
+    if not path.exists():
+        import secrets
+
+        path.write_text(secrets.token_hex(32))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+def agent_url(s: Settings, node_index: int) -> str:
+    return f"http://{s.nodes[node_index].fabric_ip}:{s.supervisor.port}"
+
+
+def leader_url(s: Settings) -> str:
+    """Where the operator's machine (the CLI, the update lock) reaches the leading agent: the head's SSH
+    address, as the endpoint."""
+    return f"http://{s.head.host}:{s.supervisor.port}"
+
+
+def agent_config(s: Settings, stack: str, node_index: int, *, endpoint: str) -> dict[str, Any]:
+    """The agent's config file (no secret: the token is a file of its own, the API key is read from the head
+    container's env)."""
+    node = s.nodes[node_index]
+    cfg: dict[str, Any] = {
+        "stack": stack,
+        "node": node.name,
+        "role": "leader" if node_index == 0 else "worker",
+        # The head's agent also answers the operator's machine, which reaches the head at its SSH address.
+        "listen_host": "0.0.0.0" if node_index == 0 and node.host != node.fabric_ip else node.fabric_ip,
+        "listen_port": s.supervisor.port,
+        "token_file": f"{CODE_MOUNT}/token",
+        "state_dir": STATE_MOUNT,
+        "docker_socket": SOCKET_MOUNT,
+        "container": labels.container_name(stack, node.name),
+    }
+    if node_index == 0:
+        gates = s.gates
+        cfg.update({
+            "nodes": [{"name": n.name, "url": agent_url(s, i), "container": labels.container_name(stack, n.name)}
+                      for i, n in enumerate(s.nodes)],
+            # The head's own loopback view would do, but the endpoint is what clients see.
+            "endpoint": endpoint,
+            "model": s.serve.served_model_name,
+            "expected_answer": gates.expected_answer,
+            "probe_seconds": s.supervisor.probe_seconds,
+            "probe_timeout_s": 15.0,
+            "max_restarts": s.supervisor.max_restarts,
+            "window_s": s.supervisor.window_hours * 3600,
+            "backoff_s": s.supervisor.backoff_seconds,
+            "mem_wait_s": s.supervisor.mem_wait_seconds,
+            "min_mem_gib": s.preflight.min_mem_available_gib,
+            # A restart is a boot: the gates' bounds, end to end.
+            "boot_timeout_s": gates.rendezvous_timeout_seconds + gates.ready_timeout_seconds
+            + gates.verify_timeout_seconds,
+            "verify_timeout_s": float(gates.verify_timeout_seconds),
+            "notify_command": s.supervisor.notify_command,
+        })
+    return cfg
+
+
+def payload(cfg: Mapping[str, Any], token: str) -> tuple[str, str]:
+    """(base64 tar.gz of the agent's files, config and token; hash of the code and config alone)."""
+    buf = io.BytesIO()
+    digest = hashlib.sha256()
+    # gzip's header carries a time: mtime=0 keeps the same files the same payload (no diff at every preview).
+    with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as gz, \
+            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        entries = [(name, (REPO / name).read_bytes()) for name in AGENT_FILES]
+        entries.append(("config.json", json.dumps(cfg, indent=1, sort_keys=True).encode()))
+        for name, data in entries:
+            digest.update(name.encode() + b"\0" + data)
+        entries.append(("token", token.encode()))
+        for name, data in entries:
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), 0o600, 0
+            tar.addfile(info, io.BytesIO(data))
+    return base64.b64encode(buf.getvalue()).decode(), digest.hexdigest()[:16]
+
+
+def install_command(prefix: str, node: str, action: str) -> str:
+    script = scripts.render("supervisor/install.sh", {
+        "ACTION": action,
+        "SHARE_DIR": f".local/share/{prefix}/supervisor-{node}",
+        "STATE_DIR": f".local/state/{prefix}/supervisor-{node}",
+    })
+    return scripts.sh_command(script, timeout_s=120, name="components/supervisor/install.sh")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SupervisorNode:
+    name: str
+    index: int
+    connection: pulumi.Input[remote.ConnectionArgs]
+    docker_provider: docker.Provider
+    image_id: pulumi.Input[str]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SupervisorArgs:
+    settings: Settings
+    stack: str
+    stack_prefix: str
+    token: str
+    endpoint: str
+    nodes: Sequence[SupervisorNode]
+    after: Sequence[pulumi.Resource]
+    """The verifier: the supervisor starts only on a deployment that verified."""
+
+
+class Supervisor(pulumi.ComponentResource):
+    containers: dict[str, docker.Container]
+    url: str
+    """The leading agent's API (python -m components.supervisor status|pause|resume)."""
+
+    def __init__(self, name: str, args: SupervisorArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("dsv41-exl3:supervisor:Supervisor", name, None, opts)
+        s = args.settings
+        self.containers = {}
+        for node in args.nodes:
+            cfg = agent_config(s, args.stack, node.index, endpoint=args.endpoint)
+            files, code_hash = payload(cfg, args.token)
+            install = remote.Command(
+                f"{name}-{node.name}-files",
+                connection=node.connection,
+                create=install_command(args.stack_prefix, node.name, "install"),
+                update=install_command(args.stack_prefix, node.name, "install"),
+                delete=install_command(args.stack_prefix, node.name, "remove"),
+                # Secret: it holds the token; the code's hash (a label below) shows a change in a preview.
+                stdin=pulumi.Output.secret(files),
+                add_previous_output_in_env=False,
+                opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.after)),
+            )
+            paths = install.stdout.apply(_paths)
+            self.containers[node.name] = docker.Container(
+                f"{name}-{node.name}",
+                name=f"{args.stack_prefix}-supervisor-{node.name}",
+                image=node.image_id,
+                entrypoints=["python3", "-u", "-m", "components.supervisor.agent", f"{CODE_MOUNT}/config.json"],
+                working_dir=CODE_MOUNT,
+                envs=[f"PYTHONPATH={CODE_MOUNT}", "PYTHONDONTWRITEBYTECODE=1"],
+                network_mode="host",
+                # Back after its own crash and after the node's docker starts at boot; `docker stop` (the
+                # operator's, or destroy) keeps it down.
+                restart="unless-stopped",
+                memory=MEMORY_MB,
+                memory_swap=MEMORY_MB,  # no swap; docker's default (twice the limit) would show in every diff
+                mounts=[
+                    docker.ContainerMountArgs(target=CODE_MOUNT, source=paths["dir"], type="bind", read_only=True),
+                    docker.ContainerMountArgs(target=STATE_MOUNT, source=paths["state"], type="bind"),
+                    docker.ContainerMountArgs(target=SOCKET_MOUNT, source=paths["socket"], type="bind"),
+                ],
+                labels=[docker.ContainerLabelArgs(label=SUPERVISOR_LABEL, value=args.stack),
+                        docker.ContainerLabelArgs(label=CODE_LABEL, value=code_hash)],
+                log_opts={"max-size": "10m", "max-file": "3"},
+                must_run=True,
+                opts=pulumi.ResourceOptions(parent=self, provider=node.docker_provider, depends_on=[install],
+                                            delete_before_replace=True),
+            )
+        self.url = leader_url(s)
+        self.register_outputs({"url": self.url})
+
+
+def _paths(stdout: str) -> dict[str, str]:
+    line = [x for x in stdout.splitlines() if x.startswith("{")][-1]
+    data = json.loads(line)
+    return {k: str(data[k]) for k in ("dir", "state", "socket")}

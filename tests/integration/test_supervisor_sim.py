@@ -1,0 +1,254 @@
+"""The supervisor on the simulated cluster: a verified stand-in deployment that breaks heals with no Pulumi
+command, within its budget, never while paused, and the next preview stays a no-op.
+
+One deployment serves the module; each test leaves it verified (or says why not) for the next.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from program_support import REPO, Deployment, assert_verified, docker_on, new_deployment, remove_deployment
+
+from components import labels
+
+pytestmark = [pytest.mark.sim, pytest.mark.engine]
+
+NOTIFY_LOG = "/var/lib/dsv41-supervisor/notify.log"  # inside the supervisor's state mount
+
+
+def configure(config: dict[str, Any]) -> None:
+    config["supervisor"].update({
+        "probeSeconds": 5, "maxRestarts": 2, "windowHours": 1, "backoffSeconds": 1, "memWaitSeconds": 30,
+        "notifyCommand": f"cat >> {NOTIFY_LOG}; echo >> {NOTIFY_LOG}",
+    })
+
+
+@pytest.fixture(scope="module")
+def weights_root() -> Iterator[Path]:
+    root = Path(tempfile.mkdtemp(prefix="dsv41-supervisor-weights-", dir="/var/tmp"))
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def supervised(sim: dict[str, Any], program_env: dict[str, str], pulumi_root: Path,
+               weights_root: Path) -> Iterator[Deployment]:
+    d = new_deployment(sim, f"sup-{uuid.uuid4().hex[:6]}", program_env, pulumi_root, weights_root=weights_root,
+                       port=18895, master_port=29627, supervisor=True, configure=configure)
+    try:
+        assert_verified(d, d.up().outputs)
+        yield d
+    finally:
+        remove_deployment(d)
+
+
+def leader(d: Deployment) -> tuple[str, dict[str, str]]:
+    value = d.stack.outputs()["supervisor"].value
+    return value["url"], {"Authorization": f"Bearer {value['token']}"}
+
+
+def status(d: Deployment) -> dict[str, Any]:
+    url, headers = leader(d)
+    reply = requests.get(f"{url}/status", headers=headers, timeout=10)
+    reply.raise_for_status()
+    data: dict[str, Any] = reply.json()
+    return data
+
+
+def wait_for(d: Deployment, what: str, done: Callable[[dict[str, Any]], bool], timeout_s: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    last: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        try:
+            last = status(d)
+        except requests.RequestException as error:
+            last = {"error": str(error)}
+        if done(last):
+            return last
+        time.sleep(1)
+    raise AssertionError(f"supervisor: {what} not within {timeout_s:g} s; last status:\n{json.dumps(last, indent=1)}"
+                         f"\n{supervisor_logs(d)}")
+
+
+def supervisor_logs(d: Deployment) -> str:
+    out = []
+    prefix = labels.stack_prefix("dsv41-exl3", d.name)
+    for n in d.sim["nodes"]:
+        name = f"{prefix}-supervisor-node-{n['index']}"
+        logs = docker_on(n["index"], "logs", "--tail", "30", name)
+        ps = docker_on(n["index"], "ps", "-a", "--filter", f"name={name}", "--format", "{{.Status}}").stdout
+        out.append(f"--- {name} ({ps.strip()}):\n{logs.stdout}{logs.stderr}")
+    return "\n".join(out)
+
+
+def armed(d: Deployment) -> dict[str, Any]:
+    return wait_for(d, "armed", lambda s: bool(s.get("armed_generation")) and not s.get("lock_holder"), 120)
+
+
+def rank_state(d: Deployment, node: dict[str, Any]) -> dict[str, Any]:
+    out = docker_on(node["index"], "inspect", "--format", "{{json .State}} {{.Id}}", d.container(node)).stdout
+    state, _, cid = out.strip().rpartition(" ")
+    return {**json.loads(state), "Id": cid}
+
+
+def cli(d: Deployment, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **d.env, "PATH": f"{d.pulumi_root / 'bin'}:{os.environ['PATH']}"}
+    return subprocess.run([sys.executable, "-m", "components.supervisor", *args, "--stack", d.name], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=120)
+
+
+def restarts(s: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(s.get("restarts") or [])
+
+
+def notify_events(d: Deployment) -> list[dict[str, Any]]:
+    head = d.sim["nodes"][0]
+    prefix = labels.stack_prefix("dsv41-exl3", d.name)
+    path = Path.home() / ".local" / "state" / prefix / f"supervisor-node-{head['index']}" / "notify.log"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.timeout(900)
+def test_a_killed_worker_is_healed_with_no_pulumi_command_and_preview_stays_a_no_op(supervised: Deployment) -> None:
+    d = supervised
+    before = armed(d)
+    worker = d.sim["nodes"][1]
+    ids = {n["index"]: rank_state(d, n)["Id"] for n in d.sim["nodes"]}
+    killed_at = time.monotonic()
+    assert docker_on(worker["index"], "kill", d.container(worker)).returncode == 0
+    after = wait_for(d, "a verified restart", lambda s: len(restarts(s)) > len(restarts(before))
+                     and restarts(s)[-1].get("result") not in (None, "running"), 300)
+    healed_s = time.monotonic() - killed_at
+    last = restarts(after)[-1]
+    assert last["result"] == "verified", last
+    assert "node-2" in last["cause"] and "exited" in last["cause"], last
+    print(f"\n[supervisor] worker killed -> verified again in {healed_s:.1f} s (restart took {last['seconds']} s)")
+    # The same containers, started again: Pulumi's state stays true.
+    for n in d.sim["nodes"]:
+        state = rank_state(d, n)
+        assert state["Running"] and state["Id"] == ids[n["index"]], (n, state)
+    d.preview()
+    assert not d.ops, f"after a heal the preview must change nothing: {d.ops}\n" + "\n".join(d.lines[-40:])
+    kinds = [e["event"] for e in notify_events(d)]
+    assert "restarting" in kinds and "restarted" in kinds, kinds
+
+
+@pytest.mark.timeout(900)
+def test_a_killed_head_is_healed_and_recorded_with_its_cause(supervised: Deployment) -> None:
+    d = supervised
+    before = armed(d)
+    head = d.sim["nodes"][0]
+    assert docker_on(head["index"], "kill", d.container(head)).returncode == 0
+    after = wait_for(d, "a verified restart", lambda s: len(restarts(s)) > len(restarts(before))
+                     and restarts(s)[-1].get("result") not in (None, "running"), 300)
+    last = restarts(after)[-1]
+    assert last["result"] == "verified" and "node-1" in last["cause"], last
+    out = cli(d, "status")
+    assert out.returncode == 0, out.stderr
+    assert "restarts:" in out.stdout and "node-1" in out.stdout, out.stdout
+
+
+@pytest.mark.timeout(900)
+def test_pause_stops_every_action_and_resume_restores_it(supervised: Deployment) -> None:
+    d = supervised
+    armed(d)
+    paused = cli(d, "pause")
+    assert paused.returncode == 0 and "paused" in paused.stdout, paused.stderr
+    before = status(d)
+    assert before["paused"] is True
+    worker = d.sim["nodes"][1]
+    assert docker_on(worker["index"], "kill", d.container(worker)).returncode == 0
+    time.sleep(15)  # three probe periods and fifteen looks
+    held = status(d)
+    assert restarts(held) == restarts(before), "a paused supervisor must not act"
+    assert not rank_state(d, worker)["Running"]
+    assert "paused" in held["doing"], held["doing"]
+    assert cli(d, "resume").returncode == 0
+    after = wait_for(d, "a restart after resume", lambda s: len(restarts(s)) > len(restarts(before))
+                     and restarts(s)[-1].get("result") not in (None, "running"), 300)
+    assert restarts(after)[-1]["result"] == "verified", restarts(after)[-1]
+
+
+@pytest.mark.timeout(900)
+def test_nan_after_ready_is_healed_within_the_budget_then_given_up_with_a_notification(
+        supervised: Deployment) -> None:
+    d = supervised
+    assert cli(d, "resume").returncode == 0  # a fresh budget: the earlier tests' restarts count no more
+    before = armed(d)
+    head = d.sim["nodes"][0]
+    # The stand-in's runtime fault lives in the container's /tmp: it outlasts every restart, a crash loop.
+    assert docker_on(head["index"], "exec", d.container(head), "sh", "-c",
+                     "echo nan-logits > /tmp/sim-fault").returncode == 0
+    try:
+        gave_up = wait_for(d, "a give-up", lambda s: bool(s.get("given_up")), 600)
+        assert "supervisor.maxRestarts" in gave_up["given_up"], gave_up["given_up"]
+        new = restarts(gave_up)[len(restarts(before)):]
+        assert len(new) == 2 and all(r["result"] != "verified" for r in new), new
+        kinds = [e["event"] for e in notify_events(d)]
+        assert "gave-up" in kinds, kinds
+        out = cli(d, "status")
+        assert "gave up:" in out.stdout, out.stdout
+    finally:
+        docker_on(head["index"], "exec", d.container(head), "rm", "-f", "/tmp/sim-fault")
+    assert cli(d, "resume").returncode == 0
+    healed = wait_for(d, "healthy after resume", lambda s: (s.get("last_probe") or {}).get("state") == "healthy"
+                      or (restarts(s) and restarts(s)[-1].get("result") == "verified"), 300)
+    assert not healed.get("given_up"), healed
+
+
+@pytest.mark.timeout(900)
+def test_a_rank_killed_during_an_up_is_left_to_the_up(supervised: Deployment) -> None:
+    d = supervised
+    before = armed(d)
+    url, headers = leader(d)
+    # What the program does for the length of an update (update_lock.py): hold the head's lock.
+    lock = requests.post(f"{url}/lock", json={"holder": "test update", "ttl_s": 30}, headers=headers, timeout=10)
+    assert lock.status_code == 200
+    worker = d.sim["nodes"][1]
+    try:
+        assert docker_on(worker["index"], "kill", d.container(worker)).returncode == 0
+        time.sleep(10)
+        held = status(d)
+        assert held["lock_holder"] == "test update" and restarts(held) == restarts(before), held
+        assert not rank_state(d, worker)["Running"]
+    finally:
+        requests.delete(f"{url}/lock", json={"holder": "test update"}, headers=headers, timeout=10)
+    after = wait_for(d, "a restart once the lock is gone", lambda s: len(restarts(s)) > len(restarts(before))
+                     and restarts(s)[-1].get("result") not in (None, "running"), 300)
+    assert restarts(after)[-1]["result"] == "verified"
+
+
+@pytest.mark.timeout(900)
+def test_destroy_removes_the_supervisor_and_keeps_the_weights(sim: dict[str, Any], program_env: dict[str, str],
+                                                             pulumi_root: Path, weights_root: Path) -> None:
+    d = new_deployment(sim, f"sud-{uuid.uuid4().hex[:6]}", program_env, pulumi_root, weights_root=weights_root,
+                       port=18897, master_port=29629, supervisor=True)
+    prefix = labels.stack_prefix("dsv41-exl3", d.name)
+    try:
+        assert_verified(d, d.up().outputs)
+        for n in sim["nodes"]:
+            ps = docker_on(n["index"], "ps", "--filter", f"label=dsv41-exl3.supervisor={d.name}", "--format",
+                           "{{.Names}} {{.Status}}").stdout
+            assert f"{prefix}-supervisor-node-{n['index']}" in ps and "Up" in ps, ps
+    finally:
+        remove_deployment(d)
+    for n in sim["nodes"]:
+        left = docker_on(n["index"], "ps", "-a", "--filter", f"label=dsv41-exl3.supervisor={d.name}", "-q").stdout
+        assert not left.strip(), f"supervisor container left on node-{n['index']}"
+    assert not list((Path.home() / ".local" / "share" / prefix).glob("supervisor-*"))
+    assert any(weights_root.iterdir()), "the weights stay"

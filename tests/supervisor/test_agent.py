@@ -1,0 +1,171 @@
+"""The supervisor's process (components/supervisor/agent.py) on loopback: a leader and a worker agent with
+fake docker daemons; the verifier's calls are replaced, everything else is the real code."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from components.supervisor import agent, supervisor
+from components.verify.client import Passed
+from components.verify.verdict import Failed, Reason, TokenLogprob
+
+TOKEN = "t0ken-for-tests"
+
+
+class FakeDocker:
+    """One node's daemon: containers by name, every start/stop recorded in one shared log."""
+
+    def __init__(self, node: str, log: list[str], generation: str = "g1") -> None:
+        self.node = node
+        self.log = log
+        self.containers: dict[str, dict[str, Any]] = {}
+        self.generation = generation
+
+    def add(self, name: str, running: bool = True, env: list[str] | None = None) -> None:
+        self.containers[name] = {"State": {"Running": running, "Status": "running" if running else "exited",
+                                           "ExitCode": 0 if running else 137, "OOMKilled": False},
+                                 "Config": {"Labels": {agent.GENERATION_LABEL: self.generation}, "Env": env or []}}
+
+    def inspect(self, name: str) -> dict[str, Any] | None:
+        return json.loads(json.dumps(self.containers[name])) if name in self.containers else None
+
+    def act(self, name: str, verb: str, query: str = "") -> None:
+        self.log.append(f"{verb} {self.node}")
+        state = self.containers[name]["State"]
+        state["Running"] = verb == "start"
+        state["ExitCode"] = 0 if verb == "start" else 143
+
+
+def config(tmp_path: Path, worker_port: int, **overrides: Any) -> dict[str, Any]:
+    cfg = {
+        "stack": "dev", "node": "node-1", "role": "leader", "container": "rank-1", "token_file": "",
+        "state_dir": str(tmp_path), "docker_socket": "",
+        "nodes": [{"name": "node-1", "url": "http://127.0.0.1:1", "container": "rank-1"},
+                  {"name": "node-2", "url": f"http://127.0.0.1:{worker_port}", "container": "rank-2"}],
+        "endpoint": "http://127.0.0.1:9/v1", "model": "m", "expected_answer": "", "probe_seconds": 60,
+        "probe_timeout_s": 5.0, "max_restarts": 2, "window_s": 3600, "backoff_s": 0, "mem_wait_s": 10,
+        "min_mem_gib": 0, "boot_timeout_s": 20, "verify_timeout_s": 5.0, "notify_command": "",
+    }
+    cfg.update(overrides)
+    return cfg
+
+
+class ScriptedLeader(agent.Leader):
+    """The real leader with the endpoint's answers scripted: health at once, then each verdict in turn."""
+
+    verdicts: list[Passed | Failed]
+
+    def verify(self, budget_s: float) -> Any:
+        return self.verdicts.pop(0) if self.verdicts else Failed(Reason.NAN, "NaN")
+
+    def _health(self) -> bool:
+        return True
+
+    def api_key(self) -> str | None:
+        return None
+
+
+PASSED = Passed(answer="Paris", logprobs=(TokenLogprob("Paris", -0.1),), latency_s=0.1)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[tuple[ScriptedLeader, FakeDocker, FakeDocker, list[str], int]]:
+    log: list[str] = []
+    head, worker = FakeDocker("node-1", log), FakeDocker("node-2", log)
+    head.add("rank-1")
+    worker.add("rank-2")
+    worker_cfg = {"node": "node-2", "container": "rank-2"}
+    server = ThreadingHTTPServer(("127.0.0.1", 0), agent.make_handler(worker_cfg, worker, TOKEN, None))  # type: ignore[arg-type]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    cfg = config(tmp_path, server.server_address[1])
+    leader = ScriptedLeader(cfg, head, TOKEN, agent.Store(tmp_path / "state.json"))  # type: ignore[arg-type]
+    leader.verdicts = [PASSED]
+    yield leader, head, worker, log, server.server_address[1]
+    server.shutdown()
+
+
+def test_a_dead_worker_stops_every_rank_then_starts_the_workers_before_the_head(cluster: Any) -> None:
+    leader, head, worker, log, _ = cluster
+    assert leader.step().action == "verify"  # arms on its own verification first
+    assert leader.store.snapshot()["armed_generation"] == "g1"
+    worker.containers["rank-2"]["State"].update(Running=False, ExitCode=137)
+    leader.verdicts = [PASSED]
+    decision = leader.step()
+    assert decision.action == "heal" and "node-2 exited with code 137" in decision.why
+    assert log == ["stop node-1", "start node-2", "start node-1"], "stop all (the dead one is already down), " \
+        "then the workers, then the head"
+    (restart,) = leader.store.snapshot()["restarts"]
+    assert restart["result"] == "verified" and "node-2" in restart["cause"]
+
+
+def test_the_budget_gives_up_and_runs_the_notify_command(cluster: Any, tmp_path: Path) -> None:
+    leader, head, worker, log, _ = cluster
+    events = tmp_path / "events"
+    leader.cfg["notify_command"] = f"cat >> {events}; echo >> {events}"
+    leader.step()
+    for _ in range(3):  # every restart comes back NaN, and the rank dies again
+        worker.containers["rank-2"]["State"].update(Running=False, ExitCode=137)
+        leader.verdicts = [Failed(Reason.NAN, "the answer carries NaN logprobs")]
+        leader.step()
+    snap = leader.store.snapshot()
+    assert len(snap["restarts"]) == 2 and all(r["result"].startswith("not verified") for r in snap["restarts"])
+    assert "supervisor.maxRestarts 2" in snap["given_up"]
+    kinds = [json.loads(x)["event"] for x in events.read_text().splitlines() if x.strip()]
+    assert kinds == ["armed", "restarting", "restart-failed", "restarting", "restart-failed", "gave-up"]
+    assert leader.step().action == "wait", "a supervisor that gave up waits for the operator"
+
+
+def test_pause_survives_a_restart_of_the_supervisor(cluster: Any, tmp_path: Path) -> None:
+    leader, head, worker, log, _ = cluster
+    leader.step()
+    leader.store.update(paused=True)
+    worker.containers["rank-2"]["State"].update(Running=False)
+    again = ScriptedLeader(leader.cfg, head, TOKEN, agent.Store(tmp_path / "state.json"))  # type: ignore[arg-type]
+    again.verdicts = [PASSED]
+    assert again.step().action == "wait" and log == []
+
+
+def test_the_agents_api_wants_the_token_and_acts_only_on_its_own_rank(cluster: Any) -> None:
+    leader, head, worker, log, port = cluster
+    url = f"http://127.0.0.1:{port}"
+    assert requests.get(f"{url}/rank", timeout=5).status_code == 401
+    assert requests.get(f"{url}/rank", headers={"Authorization": "Bearer wrong"}, timeout=5).status_code == 401
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    state = requests.get(f"{url}/rank", headers=auth, timeout=5).json()
+    assert state["running"] is True and state["generation"] == "g1" and state["container"] == "rank-2"
+    assert requests.post(f"{url}/rank/stop", headers=auth, timeout=5).json()["running"] is False
+    assert log == ["stop node-2"]
+    assert requests.post(f"{url}/pause", headers=auth, timeout=5).status_code == 404, "a worker does not lead"
+
+
+def test_the_agent_runs_from_its_payload_alone_without_pulumi(tmp_path: Path) -> None:
+    # What the node receives: the payload's files; what the serving image has: Python and requests.
+    files, _ = supervisor.payload({"x": 1}, "secret-token")
+    import base64
+    import io
+    import tarfile
+
+    with tarfile.open(fileobj=io.BytesIO(base64.b64decode(files))) as tar:
+        tar.extractall(tmp_path, filter="data")
+    assert (tmp_path / "token").read_text() == "secret-token"
+    probe = ("import sys; import components.supervisor.agent as a; "
+             "sys.exit(1 if any(m.split('.')[0] in ('pulumi', 'pydantic') for m in sys.modules) else 0)")
+    done = subprocess.run([sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(tmp_path)!r}); {probe}"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_same_files_make_the_same_payload() -> None:
+    # the payload is a secret input: any byte of difference would show as an update at every preview
+    assert supervisor.payload({"x": 1}, "t") == supervisor.payload({"x": 1}, "t")
+    assert supervisor.payload({"x": 1}, "t")[1] != supervisor.payload({"x": 2}, "t")[1]
