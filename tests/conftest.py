@@ -1,7 +1,8 @@
 """Unit tests never reach a network nor touch the operator's SSH files.
 
-Every test session gets its own known_hosts file, key directories under a temporary dir, and an
-ssh-keyscan stand-in that answers every host with a fixed key derived from its address.
+Every test session gets its own known_hosts file, key directories under a temporary dir, an
+ssh-keyscan stand-in that answers every host with a fixed key derived from its address, and an update lock
+that is never sent (tests/supervisor/test_update_lock.py sends it, to loopback).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from components import host_keys
+from components.supervisor import update_lock
 from tests.support.host_keys import fake_host_key
 
 
@@ -27,5 +29,6 @@ def offline_ssh() -> Iterator[Path]:
         mp.setenv("XDG_STATE_HOME", str(home / "state"))
         mp.setattr(host_keys, "default_known_hosts_file", lambda: str(home / "known_hosts"))
         mp.setattr(host_keys, "keyscan", lambda host, port: [fake_host_key(host, port)])
+        mp.setattr(update_lock.UpdateLock, "start", lambda self: self)
         yield home
     shutil.rmtree(home, ignore_errors=True)

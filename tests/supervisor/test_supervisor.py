@@ -1,0 +1,84 @@
+"""The supervisor's wiring under the recording mock, and its config (components/supervisor/supervisor.py)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import tarfile
+
+import pytest
+
+from components.config import ConfigError, parse
+from components.deployment import deploy
+from tests.support import recording
+from tests.support.graph import COMMAND, CONTAINER, FIXTURES, config
+
+
+def stdin_of(rec: recording.Recorded, name: str) -> tarfile.TarFile:
+    value = rec.named(name).inputs["stdin"]
+    if isinstance(value, dict):  # a secret, as the mock monitor keeps it
+        value = value["value"]
+    return tarfile.open(fileobj=io.BytesIO(base64.b64decode(value)))
+
+
+def run(**overrides: object) -> recording.Recorded:
+    return recording.run(lambda: deploy(parse(config(**overrides)), "dev"), FIXTURES)
+
+
+def test_one_agent_per_node_restarted_by_docker_and_started_after_the_verifier() -> None:
+    rec = run()
+    agents = [c for c in rec.of_type(CONTAINER) if c.name.startswith("supervisor-")]
+    assert sorted(c.name for c in agents) == ["supervisor-spark-0", "supervisor-spark-1"]
+    verifier = rec.named("verify")
+    for c in agents:
+        assert c.inputs["restart"] == "unless-stopped" and c.inputs["networkMode"] == "host"
+        assert c.inputs["entrypoints"][:4] == ["python3", "-u", "-m", "components.supervisor.agent"]
+        install = rec.named(f"{c.name}-files")
+        assert rec.depends_on(c, install) and rec.depends_on(install, verifier), \
+            "nothing supervises a deployment that never verified"
+        assert c.delete_before_replace
+
+
+def test_the_token_travels_only_as_a_secret() -> None:
+    rec = run()
+    install = rec.named("supervisor-spark-0-files")
+    assert "stdin" in install.secret_paths()
+    with stdin_of(rec, "supervisor-spark-0-files") as tar:
+        token = tar.extractfile("token").read().decode()  # type: ignore[union-attr]
+        cfg = json.loads(tar.extractfile("config.json").read())  # type: ignore[union-attr]
+    assert len(token) == 64 and token not in json.dumps(cfg)
+    for reg in rec.registrations:
+        for key, value in reg.inputs.items():
+            if key not in reg.secret_paths():
+                assert token not in json.dumps(value, default=str), f"{reg.name}.{key} holds the token"
+    assert cfg["role"] == "leader" and [n["name"] for n in cfg["nodes"]] == ["spark-0", "spark-1"]
+    with stdin_of(rec, "supervisor-spark-1-files") as tar:
+        assert json.loads(tar.extractfile("config.json").read())["role"] == "worker"  # type: ignore[union-attr]
+
+
+def test_the_token_is_stable_across_runs() -> None:
+    def token(rec: recording.Recorded) -> str:
+        with stdin_of(rec, "supervisor-spark-0-files") as tar:
+            return tar.extractfile("token").read().decode()  # type: ignore[union-attr]
+
+    assert token(run()) == token(run())
+
+
+def test_off_is_one_line_and_leaves_nothing() -> None:
+    rec = run(supervisor={"enabled": False})
+    assert not [r for r in rec.registrations if r.name.startswith("supervisor-")]
+    assert "supervisor" not in rec.outputs
+
+
+@pytest.mark.parametrize(("section", "needle"), [
+    ({"port": 8888}, "`supervisor.port` = 8888"),
+    ({"probeSeconds": 0}, "supervisor.probeSeconds"),
+    ({"maxRestarts": 0}, "supervisor.maxRestarts"),
+    ({"windowHours": 0}, "supervisor.windowHours"),
+    ({"notifyCommand": "echo a\necho b"}, "supervisor.notifyCommand"),
+])
+def test_bad_values_are_refused_with_the_key(section: dict[str, object], needle: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse(config(supervisor=section))
+    assert needle in str(err.value)

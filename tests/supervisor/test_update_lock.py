@@ -1,0 +1,57 @@
+"""The lock the program holds on the leading agent while an update runs (components/supervisor/update_lock.py),
+against a real agent's API on loopback."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from components.supervisor import agent, update_lock
+
+
+@pytest.fixture
+def leader_api(tmp_path: Path) -> Iterator[tuple[str, agent.Leader]]:
+    cfg: dict[str, Any] = {"node": "node-1", "container": "rank-1", "nodes": [], "max_restarts": 1, "window_s": 1,
+                           "backoff_s": 0, "stack": "dev"}
+    leader = agent.Leader(cfg, None, "tok", agent.Store(tmp_path / "state.json"))  # type: ignore[arg-type]
+    server = ThreadingHTTPServer(("127.0.0.1", 0), agent.make_handler(cfg, None, "tok", leader))  # type: ignore[arg-type]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", leader
+    server.shutdown()
+
+
+def test_an_update_holds_the_lock_until_it_releases_it(leader_api: tuple[str, agent.Leader]) -> None:
+    url, leader = leader_api
+    lock = update_lock.UpdateLock(url, "tok", "pulumi up of dev from laptop pid 1")
+    assert lock.renew() and lock.held
+    assert leader.lock_holder() == "pulumi up of dev from laptop pid 1"
+    lock.release()
+    assert leader.lock_holder() is None
+
+
+def test_a_release_by_another_holder_leaves_the_lock(leader_api: tuple[str, agent.Leader]) -> None:
+    url, leader = leader_api
+    assert update_lock.UpdateLock(url, "tok", "first").renew()
+    update_lock.UpdateLock(url, "tok", "second").release()
+    assert leader.lock_holder() == "first"
+
+
+def test_a_wrong_token_is_refused_and_said_once(leader_api: tuple[str, agent.Leader]) -> None:
+    url, leader = leader_api
+    said: list[str] = []
+    lock = update_lock.UpdateLock(url, "wrong", "me", log=said.append)
+    assert not lock.renew() and not lock.renew()
+    assert len(said) == 1 and "HTTP 401" in said[0]
+    assert leader.lock_holder() is None
+
+
+def test_no_supervisor_yet_is_not_an_error() -> None:
+    # the first up: nothing listens on the head yet (port 1 on loopback refuses)
+    lock = update_lock.UpdateLock("http://127.0.0.1:1", "tok", "me", log=lambda m: pytest.fail(m))
+    assert lock.renew() is False
+    lock.release()
