@@ -504,3 +504,106 @@ def test_a_peer_login_name_is_checked_as_config_checks_it() -> None:
     for user in ("-oProxyCommand=x", "me;rm", "a b", "me:x"):
         with pytest.raises(ValueError, match="is not a plain host or user name"):
             WatchdogPeer(node_name="spark-a", host="10.0.0.1", port=22, user=user, host_key=HOST_KEY_A)
+
+
+# --- issue 21 item 5.1: authorized_keys is never replaced from an incomplete copy, and edits are locked -------
+
+OPERATOR_LINES = "".join(f"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOperatorKey{i:04d} operator-{i}@laptop\n"
+                         for i in range(300))
+
+
+def _with_our_lines(settings: WatchdogSettings) -> str:
+    """The operator's lines with two of this container's peer lines among them (what a remove takes out)."""
+    ours = "".join(f"{authorized_key_line(settings, peer, PEER_KEY)}\n" for peer in ("spark-a", "spark-c"))
+    return OPERATOR_LINES[:5000] + ours + OPERATOR_LINES[5000:]
+
+
+def _no_temp_copies(ak: Path) -> None:
+    left = [p.name for p in ak.parent.iterdir() if p.name.startswith("authorized_keys.") and p.suffix != ".lock"]
+    assert left == [], f"temp copies left beside authorized_keys: {left}"
+
+
+class TestAuthorizedKeysSafety:
+    def test_a_grep_that_fails_midway_leaves_the_file_unchanged_and_fails_naming_it(
+        self, installed: tuple[dict[str, str], WatchdogSettings], tmp_path: Path
+    ) -> None:
+        env, base = installed
+        settings = WatchdogSettings(**{**base.__dict__, "peers": PEERS})
+        real_grep = shutil.which("grep")
+        fake = tmp_path / "badgrep"
+        fake.mkdir()
+        # The copying grep (-v) writes one line, then fails as on a write error (exit 2); every other grep is real.
+        (fake / "grep").write_text(f'#!/bin/sh\ncase " $* " in *" -v "*) {real_grep} "$@" | head -n 1; exit 2 ;; esac\n'
+                                   f'exec {real_grep} "$@"\n')
+        (fake / "grep").chmod(0o755)
+        env = {**env, "PATH": f"{fake}{os.pathsep}{env['PATH']}"}
+        ak = Path(env["HOME"]) / ".ssh" / "authorized_keys"
+        ak.parent.mkdir(mode=0o700)
+        before = _with_our_lines(settings)
+        ak.write_text(before)
+        for command in (render_remove_command(settings),
+                        render_install_command(settings, peer_keys=[("spark-a", PEER_KEY)])):
+            done = _sh(command, env)
+            assert done.returncode != 0, f"a failed copy must fail the command:\n{done.stdout}"
+            assert f"{ak} on spark-b: grep exited 2" in done.stderr and "left unchanged" in done.stderr, done.stderr
+            assert ak.read_text() == before, "authorized_keys must stay as it was"
+            _no_temp_copies(ak)
+
+    def test_a_full_filesystem_leaves_the_file_unchanged(
+        self, installed: tuple[dict[str, str], WatchdogSettings], tmp_path: Path
+    ) -> None:
+        """The reported case: a 64 KiB tmpfs home, full; `remove` used to return 0 and leave the file empty."""
+        env, base = installed
+        settings = WatchdogSettings(**{**base.__dict__, "peers": PEERS})
+        home = tmp_path / "tinyhome"
+        home.mkdir()
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0755", "tmpfs", str(home)],
+                                 capture_output=True, text=True, check=False)
+        if mounted.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+        try:
+            ak = home / ".ssh" / "authorized_keys"
+            ak.parent.mkdir(mode=0o700)
+            before = _with_our_lines(settings)
+            ak.write_text(before)
+            with contextlib.suppress(OSError), (home / "filler").open("wb") as f:
+                while True:  # fill the filesystem to the last block
+                    f.write(b"x" * 1024)
+                    f.flush()
+            done = _sh(render_remove_command(settings), {**env, "HOME": str(home)})
+            assert done.returncode != 0, done.stdout
+            assert f"{ak} on spark-b:" in done.stderr and "left unchanged" in done.stderr, done.stderr
+            assert ak.read_text() == before
+            _no_temp_copies(ak)
+        finally:
+            subprocess.run(["umount", str(home)], check=False)
+
+    def test_concurrent_installs_lose_no_line(self, installed: tuple[dict[str, str], WatchdogSettings]) -> None:
+        """Ten stacks' installs rewriting one authorized_keys at once (before the lock, 5 of 10 such trials
+        lost a line): every install's peer line and every operator line is there afterwards."""
+        env, base = installed
+        home = Path(env["HOME"])
+        ak = home / ".ssh" / "authorized_keys"
+        ak.parent.mkdir(mode=0o700)
+        ak.write_text(OPERATOR_LINES)
+        stacks = [WatchdogSettings(**{**base.__dict__, "peers": PEERS, "stack_prefix": f"dsv41-exl3-t{i}",
+                                      "container_name": f"dsv41-exl3-t{i}-spark-b"}) for i in range(10)]
+        keys = [f"{PEER_KEY}{i}" for i in range(10)]
+        try:
+            running = [subprocess.Popen(["sh", "-c", render_install_command(s, peer_keys=[("spark-a", k)])], env=env,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                       for s, k in zip(stacks, keys, strict=True)]
+            for p in running:
+                _, err = p.communicate(timeout=60)
+                assert p.returncode == 0, err
+            lines = ak.read_text().splitlines()
+            assert lines[:300] == OPERATOR_LINES.splitlines(), "the operator's lines are kept, in order"
+            for s, k in zip(stacks, keys, strict=True):
+                assert sum(f" {k} {s.key_tag}:from-spark-a" in ln for ln in lines) == 1, f"{s.stack_prefix}'s line"
+            assert len(lines) == 310
+            _no_temp_copies(ak)
+        finally:
+            for s in stacks:
+                pidfile = home / s.state_dir / s.pid_name
+                with contextlib.suppress(FileNotFoundError, ProcessLookupError, ValueError):
+                    os.kill(int(pidfile.read_text()), signal.SIGKILL)
