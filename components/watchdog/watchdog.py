@@ -4,7 +4,8 @@ GB10's weights are not charged to any process RSS, so the guard is MemAvailable 
 /proc/meminfo, never a `used` figure (a large resident footprint is normal here). When
 MemAvailable stays below the floor for K consecutive samples the watchdog records which
 processes held the memory (the top of the process list by RSS, and MemAvailable), runs
-`docker stop` on that node's serving container, and then stops every other rank: a
+`docker kill` on that node's serving container (no stop grace: a host short of unified memory
+wedges in seconds), and then kills every other rank the same way: a
 tensor-parallel group with one rank gone hangs forever while `/health` says 200. Everything
 goes to `~/.local/state/<stack prefix>/watchdog.log` (and syslog through `logger -t
 dsv41-exl3-watchdog` when available). Every file lives in directories named by the stack's prefix
@@ -153,8 +154,9 @@ class WatchdogSettings(WatchdogNames):
     refuses a floor at or below 0 or above a Spark's memory, and an interval or a count below 1."""
     # Not operator settings (no config key): the script's env override and the tests point at a fixture.
     meminfo_path: str = MEMINFO_PATH
-    # The serving container has a 60 s stop timeout; docker stop then kills. Bound the whole call.
-    stop_timeout_s: int = 120
+    # docker kill returns at once (no stop grace: a host short of unified memory wedges in seconds); this bounds a
+    # hung daemon or an unreachable peer, each docker and ssh call.
+    stop_timeout_s: int = 30
     peers: tuple[WatchdogPeer, ...] = ()
     """Every other rank's node: stopped through its forced-command key when this watchdog trips."""
 
