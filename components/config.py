@@ -408,8 +408,10 @@ class Watchdog(_Model):
     # Below the observed low-water of a healthy head (~2.1 GiB at the end of a 601k prefill,
     # ~4 GiB in normal serving); the launcher arms its own guard at 1.5 GiB.
     mem_available_floor_gib: float = Field(default=1.5, gt=0, alias="memAvailableFloorGiB")
-    sample_seconds: int = Field(default=5, ge=1)
-    consecutive_samples: int = Field(default=3, ge=1)
+    # As the launcher's guard: a sample a second, act on the second low one (a host short of unified memory
+    # wedges in seconds), and the watchdog kills rather than waits out a stop grace.
+    sample_seconds: int = Field(default=1, ge=1)
+    consecutive_samples: int = Field(default=2, ge=1)
 
 
 class Container(_Model):

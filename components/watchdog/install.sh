@@ -26,16 +26,48 @@ stop_pidfile() {
   fi
 }
 # Replaces this container's lines in ~/.ssh/authorized_keys with AUTHORIZED_KEYS (empty: removes them).
-# A temp file of its own: two stacks' watchdogs may rewrite the same file at once.
+# Every other line is the operator's way in: the file is replaced only by a copy proved complete (grep's
+# status, the line count) and synced, and edits hold a lock beside it (two stacks, or nodes sharing one
+# home, rewrite the same file at once: unlocked, one rewrite drops the other's lines). No flock: refuse,
+# since an unlocked edit can lose lines.
 authorize_peers() {
   mkdir -p "$HOME/.ssh" && chmod 700 "$HOME/.ssh"
   ak="$HOME/.ssh/authorized_keys"
+  command -v flock >/dev/null 2>&1 ||
+    fail "${LINENO:-}" "flock (util-linux) not found on $NODE: it serializes edits of $ak; install util-linux"
   touch "$ak"
-  tmp=$(mktemp "$ak.XXXXXX")
-  grep -v -F "$KEY_TAG:" "$ak" > "$tmp" || true
-  printf '%b' "$1" >> "$tmp"
-  chmod 600 "$tmp"
-  mv -f "$tmp" "$ak"
+  exec 9>>"$ak.lock"
+  flock -w 30 9 || fail "${LINENO:-}" "$ak.lock on $NODE is held for over 30 s; $ak left unchanged"
+  edit_authorized_keys "$1"
+  exec 9>&-
+}
+# Under the lock. Any doubt about the copy (a read or write error, a short count, a failed sync or rename)
+# leaves $ak as it was and fails naming it.
+edit_authorized_keys() {
+  tmp=$(mktemp "$ak.XXXXXX") || fail "${LINENO:-}" "cannot create a temp file beside $ak; $ak left unchanged"
+  total=$(grep -c '' "$ak") || [ "$?" -eq 1 ] || refuse_copy "cannot read it"
+  mine=$(grep -c -F "$KEY_TAG:" "$ak") || [ "$?" -eq 1 ] || refuse_copy "cannot read it"
+  # grep exits 1 when it kept no line (only ours were there): fine; above 1 (e.g. a write error) never is
+  rc=0; grep -v -F "$KEY_TAG:" "$ak" > "$tmp" || rc=$?
+  [ "$rc" -le 1 ] || refuse_copy "grep exited $rc copying it"
+  kept=$(grep -c '' "$tmp") || [ "$?" -eq 1 ] || refuse_copy "cannot read the copy back"
+  [ "$kept" -eq $((total - mine)) ] || refuse_copy "the copy holds $kept of its $((total - mine)) other lines"
+  added=0
+  if [ -n "$1" ]; then
+    printf '%b' "$1" >> "$tmp" || refuse_copy "cannot append the peer lines"
+    added=$(printf '%b' "$1" | grep -c '')
+  fi
+  now=$(grep -c '' "$tmp") || [ "$?" -eq 1 ] || refuse_copy "cannot read the copy back"
+  [ "$now" -eq $((kept + added)) ] || refuse_copy "the copy holds $now lines, expected $((kept + added))"
+  chmod 600 "$tmp" || refuse_copy "cannot chmod the copy"
+  # coreutils' sync FILE fsyncs the file (an old sync ignores the operand and syncs everything)
+  sync "$tmp" || refuse_copy "cannot sync the copy"
+  mv -f "$tmp" "$ak" || refuse_copy "cannot rename the copy over it"
+  sync "$HOME/.ssh" 2>/dev/null || :  # the rename itself; best effort (the file is complete either way)
+}
+refuse_copy() {
+  rm -f "$tmp"
+  fail "" "$ak on $NODE: $1; $ak left unchanged (a full disk?)"
 }
 # Writes text $2 to file $1 through a temp file, executable.
 install_text() {

@@ -4,7 +4,8 @@ GB10's weights are not charged to any process RSS, so the guard is MemAvailable 
 /proc/meminfo, never a `used` figure (a large resident footprint is normal here). When
 MemAvailable stays below the floor for K consecutive samples the watchdog records which
 processes held the memory (the top of the process list by RSS, and MemAvailable), runs
-`docker stop` on that node's serving container, and then stops every other rank: a
+`docker kill` on that node's serving container (no stop grace: a host short of unified memory
+wedges in seconds), and then kills every other rank the same way: a
 tensor-parallel group with one rank gone hangs forever while `/health` says 200. Everything
 goes to `~/.local/state/<stack prefix>/watchdog.log` (and syslog through `logger -t
 dsv41-exl3-watchdog` when available). Every file lives in directories named by the stack's prefix
@@ -35,6 +36,7 @@ node as text values of the install script). Rendering is pure (tested by running
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -52,7 +54,8 @@ _LEGACY_SHARE_DIR = ".local/share/dsv41-exl3"
 _STACK_PREFIX = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,39}$")
 _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _CONTAINER_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]*$")
-KEY_NAME = "watchdog-peer-key"
+# Before keys were named per node; the key remove deletes a file left under this name.
+LEGACY_KEY_NAME = "watchdog-peer-key"
 PUBKEY_MARKER = "DSV41_WATCHDOG_PUBKEY"
 _PUBKEY = re.compile(r"^ssh-ed25519 [A-Za-z0-9+/=]+( [^\s\"]*)?$")
 # The kernel's memory counters; the floor, interval and sample count are operator settings (config.Watchdog).
@@ -139,6 +142,13 @@ class WatchdogNames:
         return f"memory-watchdog-{self.node_name}-peer-stop.sh"
 
     @property
+    def key_name(self) -> str:
+        """The key pair's file in the state dir. It names the stack and the node: nodes sharing one home (NFS
+        homes, the simulated cluster) would otherwise all get one key, and a peer's stop would run the first
+        matching authorized_keys line, another node's forced command."""
+        return f"watchdog-key-{self.stack_prefix}-{self.node_name}"
+
+    @property
     def key_tag(self) -> str:
         """Marks this container's lines in authorized_keys, so install and remove touch only those."""
         return f"dsv41-exl3-watchdog:{self.container_name}"
@@ -153,8 +163,9 @@ class WatchdogSettings(WatchdogNames):
     refuses a floor at or below 0 or above a Spark's memory, and an interval or a count below 1."""
     # Not operator settings (no config key): the script's env override and the tests point at a fixture.
     meminfo_path: str = MEMINFO_PATH
-    # The serving container has a 60 s stop timeout; docker stop then kills. Bound the whole call.
-    stop_timeout_s: int = 120
+    # docker kill returns at once (no stop grace: a host short of unified memory wedges in seconds); this bounds a
+    # hung daemon or an unreachable peer, each docker and ssh call.
+    stop_timeout_s: int = 30
     peers: tuple[WatchdogPeer, ...] = ()
     """Every other rank's node: stopped through its forced-command key when this watchdog trips."""
 
@@ -186,7 +197,7 @@ def render_watchdog_script(s: WatchdogSettings) -> str:
         "NODE": s.node_name, "CONTAINER": s.container_name, "FLOOR_KIB": s.floor_kib,
         "SAMPLES": s.watchdog.consecutive_samples, "STOP_TIMEOUT": s.stop_timeout_s,
         "SAMPLE_INTERVAL_S": s.watchdog.sample_seconds, "MEMINFO_PATH": s.meminfo_path, "STATE_DIR": s.state_dir,
-        "KEY_NAME": KEY_NAME, "PID_NAME": s.pid_name, "SYSLOG_TAG": SYSLOG_TAG, "TOP_HOLDERS": TOP_HOLDERS,
+        "KEY_NAME": s.key_name, "PID_NAME": s.pid_name, "SYSLOG_TAG": SYSLOG_TAG, "TOP_HOLDERS": TOP_HOLDERS,
         "PEERS": scripts.text_value(peers_text(s.peers)),
         "KNOWN_HOSTS": scripts.text_value(known_hosts_text(s.peers)),
     })
@@ -201,14 +212,31 @@ def render_peer_stop_script(s: WatchdogSettings) -> str:
     })
 
 
-def authorized_key_line(s: WatchdogNames, peer_node: str, public_key: str) -> str:
-    """One authorized_keys line: the peer's key may only run this node's peer-stop script."""
+def from_pattern(host: str) -> str | None:
+    """sshd's `from=` for a peer that this node knows by `host` (its SSH address): the address its watchdog
+    connects from. A loopback peer shares this machine's kernel (the simulated cluster), which sends from
+    127.0.0.1 whatever 127.0.0.N it connects to: the loopback range. A hostname: None, since sshd matches names
+    only with UseDNS (off by default) and the line would refuse every stop; the per-node key still binds it."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    if address.is_loopback:
+        return "127.0.0.0/8" if address.version == 4 else "::1"
+    return host
+
+
+def authorized_key_line(s: WatchdogNames, peer: WatchdogPeer, public_key: str) -> str:
+    """One authorized_keys line: the peer's key, from the peer's address, may only run this node's peer-stop
+    script (the forced command of this line)."""
     key = " ".join(public_key.strip().split()[:2])
-    if not _PUBKEY.match(key) or not _NODE_NAME.match(peer_node):
-        raise ValueError(f"watchdog on {s.node_name}: peer {peer_node!r} public key {public_key[:40]!r} is not an "
-                         "ssh-ed25519 key line")
-    command = f"sh {s.share_dir}/{s.peer_stop_name} {peer_node}"
-    return f'restrict,command="{command}" {key} {s.key_tag}:from-{peer_node}'
+    if not _PUBKEY.match(key):
+        raise ValueError(f"watchdog on {s.node_name}: peer {peer.node_name!r} public key {public_key[:40]!r} is not "
+                         "an ssh-ed25519 key line")
+    command = f"sh {s.share_dir}/{s.peer_stop_name} {peer.node_name}"
+    source = from_pattern(peer.host)
+    options = "restrict" + (f',from="{source}"' if source else "") + f',command="{command}"'
+    return f"{options} {key} {s.key_tag}:from-{peer.node_name}"
 
 
 def _bounded(timeout_s: int, text: str) -> str:
@@ -217,8 +245,9 @@ def _bounded(timeout_s: int, text: str) -> str:
 
 
 def _key_script(s: WatchdogNames, action: str) -> str:
-    return scripts.render("watchdog/key.sh", {"ACTION": action, "STATE_DIR": s.state_dir, "KEY_NAME": KEY_NAME,
-                                               "KEY_TAG": s.key_tag, "PUBKEY_MARKER": PUBKEY_MARKER})
+    return scripts.render("watchdog/key.sh", {
+        "ACTION": action, "NODE": s.node_name, "STATE_DIR": s.state_dir, "KEY_NAME": s.key_name,
+        "LEGACY_KEY_NAME": LEGACY_KEY_NAME, "KEY_TAG": s.key_tag, "PUBKEY_MARKER": PUBKEY_MARKER})
 
 
 def render_key_command(s: WatchdogNames, *, timeout_s: int = 30) -> str:
@@ -259,7 +288,12 @@ def render_install_command(
     """Idempotent: writes the script, stops a running copy, starts it again, confirms it is alive.
 
     `peer_keys`: (peer node, its watchdog public key); each may then stop this node's container."""
-    lines = [authorized_key_line(s, peer, key) for peer, key in peer_keys]
+    by_name = {p.node_name: p for p in s.peers}
+    unknown = sorted({name for name, _ in peer_keys} - set(by_name))
+    if unknown:
+        raise ValueError(f"watchdog on {s.node_name}: keys of {unknown} that are not among its peers "
+                         f"{sorted(by_name)}: a line needs the peer's address (from=)")
+    lines = [authorized_key_line(s, by_name[name], key) for name, key in peer_keys]
     manage = bool(s.peers or lines)
     return _bounded(timeout_s, _install_script(
         s, action="install", manage_peers=manage, authorized=lines, watchdog=render_watchdog_script(s),

@@ -1,10 +1,11 @@
 #!/bin/sh
 # dsv41-exl3 memory watchdog for one node (rendered by the Pulumi program; edits are overwritten).
-# Header values: NODE, CONTAINER (the serving container it stops), FLOOR_KIB, SAMPLES (consecutive low
-# samples before a stop), STOP_TIMEOUT (seconds), SAMPLE_INTERVAL_S, MEMINFO_PATH, STATE_DIR (under $HOME),
+# Header values: NODE, CONTAINER (the serving container it kills), FLOOR_KIB, SAMPLES (consecutive low
+# samples before a kill), STOP_TIMEOUT (seconds, bounds each docker and ssh call), SAMPLE_INTERVAL_S, MEMINFO_PATH, STATE_DIR (under $HOME),
 # KEY_NAME, PID_NAME, SYSLOG_TAG, TOP_HOLDERS, PEERS (text: one `node user host port` line per other rank),
 # KNOWN_HOSTS (text: the peers' pinned host keys, known_hosts lines).
-# Stops CONTAINER when MemAvailable stays below FLOOR_KIB for SAMPLES consecutive samples. MemAvailable,
+# Kills CONTAINER (docker kill: no stop grace, the host may wedge within seconds) when MemAvailable stays
+# below FLOOR_KIB for SAMPLES consecutive samples. MemAvailable,
 # never "used": on GB10 the weights are not charged to any RSS and a large resident footprint is normal.
 # Env overrides (configuration, e.g. for a node without /proc or a docker behind sudo):
 # DSV41_WATCHDOG_MEMINFO, DSV41_WATCHDOG_DOCKER, DSV41_WATCHDOG_SSH, DSV41_WATCHDOG_INTERVAL_S.
@@ -27,8 +28,8 @@ say() {
 # DOCKER and SSH are command words (e.g. `sudo docker`): split on purpose.
 stop_container() {
   # shellcheck disable=SC2086 # DOCKER may be several words
-  if command -v timeout >/dev/null 2>&1; then timeout "$STOP_TIMEOUT" $DOCKER stop "$CONTAINER"
-  else $DOCKER stop "$CONTAINER"; fi
+  if command -v timeout >/dev/null 2>&1; then timeout "$STOP_TIMEOUT" $DOCKER kill "$CONTAINER"
+  else $DOCKER kill "$CONTAINER"; fi
 }
 # Who held the memory at the moment of the trip: MemAvailable and the top of the process list by RSS
 # (the weights are in no RSS, so this names what else grew: often an unrelated host process).
@@ -91,10 +92,10 @@ while :; do
       if [ "$avail" -lt "$FLOOR_KIB" ]; then
         low=$((low + 1)); recent="$recent $avail"
         if [ "$low" -ge "$SAMPLES" ]; then
-          say "STOP: MemAvailable below $FLOOR_KIB KiB in $low consecutive samples (KiB:$recent); docker stop"
+          say "STOP: MemAvailable below $FLOOR_KIB KiB in $low consecutive samples (KiB:$recent); docker kill"
           memory_holders
-          if stop_container >/dev/null 2>&1; then say "stopped $CONTAINER"
-          else say "docker stop $CONTAINER failed (exit $?)"; fi
+          if stop_container >/dev/null 2>&1; then say "killed $CONTAINER"
+          else say "docker kill $CONTAINER failed (exit $?)"; fi
           # the rest of the tensor-parallel group: one rank gone leaves the others hanging forever
           stop_peers
           low=0; recent=""
