@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from program_support import Deployment, assert_verified, docker_on, new_deployment, remove_deployment
+from supervisor_support import armed, restarted, restarts, wait_for
 
 pytestmark = [pytest.mark.sim, pytest.mark.engine]
 
@@ -143,3 +144,26 @@ def test_a_real_head_killed_is_seen_by_preview_and_healed_by_up(real: Deployment
     out = assert_every_rank_replaced_by_preview(real, "the head was killed")
     assert f"node-{head['index']}" in out, out
     assert_verified(real, real.up().outputs)
+
+
+@pytest.mark.timeout(1500)
+def test_the_supervisor_heals_a_real_killed_worker_with_no_pulumi_command(real: Deployment) -> None:
+    # Last in the module: from here on the supervisor, not the next `up`, heals this deployment.
+    cfg = json.loads(json.dumps(real.config))
+    cfg["supervisor"] = {"port": cfg["serve"]["masterPort"] + 1000, "probeSeconds": 10}
+    real.write_config(cfg)
+    before_ids = rank_ids(real)
+    assert_verified(real, real.up().outputs)
+    assert rank_ids(real) == before_ids, "adding the supervisor replaces no rank"
+    before = armed(real)
+    worker = real.sim["nodes"][1]
+    killed = time.monotonic()
+    assert docker_on(worker["index"], "kill", real.container(worker)).returncode == 0
+    after = wait_for(real, "a restart of the real group", restarted(before), 900)
+    last = restarts(after)[-1]
+    print(f"\n[real vLLM] supervisor: worker killed -> verified again in {time.monotonic() - killed:.1f} s "
+          f"(restart {last['seconds']} s)")
+    assert last["result"] == "verified" and "node-2" in last["cause"], last
+    assert rank_ids(real) == before_ids, "the same containers, started again"
+    real.preview()
+    assert not real.ops, f"after the heal the preview changes nothing: {real.ops}"

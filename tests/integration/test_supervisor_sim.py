@@ -14,13 +14,14 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
 from program_support import REPO, Deployment, assert_verified, docker_on, new_deployment, remove_deployment
+from supervisor_support import armed, leader, restarts, status, wait_for
 
 from components import labels
 
@@ -55,49 +56,6 @@ def supervised(sim: dict[str, Any], program_env: dict[str, str], pulumi_root: Pa
         remove_deployment(d)
 
 
-def leader(d: Deployment) -> tuple[str, dict[str, str]]:
-    value = d.stack.outputs()["supervisor"].value
-    return value["url"], {"Authorization": f"Bearer {value['token']}"}
-
-
-def status(d: Deployment) -> dict[str, Any]:
-    url, headers = leader(d)
-    reply = requests.get(f"{url}/status", headers=headers, timeout=10)
-    reply.raise_for_status()
-    data: dict[str, Any] = reply.json()
-    return data
-
-
-def wait_for(d: Deployment, what: str, done: Callable[[dict[str, Any]], bool], timeout_s: float) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    last: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        try:
-            last = status(d)
-        except requests.RequestException as error:
-            last = {"error": str(error)}
-        if done(last):
-            return last
-        time.sleep(1)
-    raise AssertionError(f"supervisor: {what} not within {timeout_s:g} s; last status:\n{json.dumps(last, indent=1)}"
-                         f"\n{supervisor_logs(d)}")
-
-
-def supervisor_logs(d: Deployment) -> str:
-    out = []
-    prefix = labels.stack_prefix("dsv41-exl3", d.name)
-    for n in d.sim["nodes"]:
-        name = f"{prefix}-supervisor-node-{n['index']}"
-        logs = docker_on(n["index"], "logs", "--tail", "30", name)
-        ps = docker_on(n["index"], "ps", "-a", "--filter", f"name={name}", "--format", "{{.Status}}").stdout
-        out.append(f"--- {name} ({ps.strip()}):\n{logs.stdout}{logs.stderr}")
-    return "\n".join(out)
-
-
-def armed(d: Deployment) -> dict[str, Any]:
-    return wait_for(d, "armed", lambda s: bool(s.get("armed_generation")) and not s.get("lock_holder"), 120)
-
-
 def rank_state(d: Deployment, node: dict[str, Any]) -> dict[str, Any]:
     out = docker_on(node["index"], "inspect", "--format", "{{json .State}} {{.Id}}", d.container(node)).stdout
     state, _, cid = out.strip().rpartition(" ")
@@ -108,10 +66,6 @@ def cli(d: Deployment, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, **d.env, "PATH": f"{d.pulumi_root / 'bin'}:{os.environ['PATH']}"}
     return subprocess.run([sys.executable, "-m", "components.supervisor", *args, "--stack", d.name], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=120)
-
-
-def restarts(s: dict[str, Any]) -> list[dict[str, Any]]:
-    return list(s.get("restarts") or [])
 
 
 def notify_events(d: Deployment) -> list[dict[str, Any]]:

@@ -12,7 +12,7 @@ import pytest
 from components.config import ConfigError, parse
 from components.deployment import deploy
 from tests.support import recording
-from tests.support.graph import COMMAND, CONTAINER, FIXTURES, config
+from tests.support.graph import CONTAINER, FIXTURES, config
 
 
 def stdin_of(rec: recording.Recorded, name: str) -> tarfile.TarFile:
