@@ -90,7 +90,7 @@ def _wire(loaded: Loaded, stack: str, *, pins: Mapping[str, host_keys.Pin], keys
         token = supervisor_token(s, stack, keys_dir)
         # The supervisor (once it exists) leaves every rank to this update until the program ends.
         UpdateLock(leader_url(s), token, holder_name(stack, pulumi.runtime.is_dry_run()),
-                   log=pulumi.log.warn).start()
+                   log=pulumi.log.warn).start(report=pulumi.log.info)
     # Everything this stack names on a node (export file, staging/check containers, watchdog files) carries
     # it, so two stacks on one head never collide. The rank containers keep their names (renaming would
     # replace running ranks): they were already per stack.

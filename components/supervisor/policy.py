@@ -129,3 +129,18 @@ def lock_holder(lock: Mapping[str, Any] | None, now_wall: float) -> str | None:
 def event(kind: str, stack: str, **fields: Any) -> dict[str, Any]:
     """The notification's JSON object (supervisor.notifyCommand reads it on stdin)."""
     return {"event": kind, "stack": stack, **fields}
+
+
+def summary(status: Mapping[str, Any], now: float) -> str:
+    """One line of the leader's status, for a preview's output."""
+    parts = [f"supervisor: {status.get('doing') or 'starting'}"]
+    probe = status.get("last_probe") or {}
+    if probe.get("at"):
+        parts.append(f"last probe {probe.get('state')} {now - float(probe['at']):.0f} s ago")
+    restarts = status.get("restarts") or []
+    if restarts:
+        last = restarts[-1]
+        parts.append(f"{len(restarts)} restart(s), last: {last.get('cause')} -> {last.get('result')}")
+    if status.get("given_up"):
+        parts.append(f"GAVE UP: {status['given_up']}")
+    return "; ".join(parts)

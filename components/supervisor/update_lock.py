@@ -13,9 +13,12 @@ import contextlib
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable
 
 import requests
+
+from components.supervisor import policy
 
 TTL_S = 90.0
 RENEW_S = 20.0
@@ -59,8 +62,19 @@ class UpdateLock:
         while not self._stop.wait(RENEW_S):
             self.renew()
 
-    def start(self) -> UpdateLock:
-        self.renew()
+    def status_line(self) -> str | None:
+        """The leader's state in one line (policy.summary), or None when it does not answer."""
+        try:
+            reply = self._session.get(self.url.removesuffix("/lock") + "/status", headers=self._headers,
+                                      timeout=TIMEOUT_S)
+            return policy.summary(reply.json(), time.time()) if reply.status_code == 200 else None
+        except (requests.RequestException, ValueError):
+            return None
+
+    def start(self, report: Callable[[str], None] | None = None) -> UpdateLock:
+        """Take the lock, renew it until the process ends; `report` gets the supervisor's state line."""
+        if self.renew() and report is not None and (line := self.status_line()):
+            report(line)
         threading.Thread(target=self._renew_until_stopped, name="update-lock", daemon=True).start()
         atexit.register(self.release)
         return self

@@ -55,3 +55,15 @@ def test_no_supervisor_yet_is_not_an_error() -> None:
     lock = update_lock.UpdateLock("http://127.0.0.1:1", "tok", "me", log=lambda m: pytest.fail(m))
     assert lock.renew() is False
     lock.release()
+
+
+def test_the_preview_gets_the_supervisors_state_in_one_line(leader_api: tuple[str, agent.Leader]) -> None:
+    url, leader = leader_api
+    leader.store.update(doing="serving", last_probe={"at": 1.0, "state": "healthy"},
+                        restarts=[{"at": 1.0, "cause": "the rank on node-2 exited with code 137",
+                                   "result": "verified"}])
+    lock = update_lock.UpdateLock(url, "tok", "me")  # start() is kept offline for the unit tests (conftest)
+    line = lock.status_line()
+    assert line is not None
+    assert line.startswith("supervisor: serving; last probe healthy")
+    assert "1 restart(s), last: the rank on node-2 exited with code 137 -> verified" in line
