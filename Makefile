@@ -13,7 +13,8 @@ REQ_HASH := $(shell cat requirements.txt requirements-dev.txt | sha256sum | cut 
 VENV_STAMP := $(VENV)/.installed-$(REQ_HASH)
 WITH_ENV := . toolchain/env.sh &&
 
-.PHONY: venv toolchain plugins env lint typecheck test-unit test-engine test-sim test clean clean-cache demo demo-down
+.PHONY: venv toolchain plugins env lint typecheck test-unit test-engine test-sim test clean clean-cache demo demo-down \
+	bench-heal
 
 venv: $(VENV_STAMP)
 
@@ -117,4 +118,9 @@ bench: toolchain
 	@test -f .state/sim/sim.json || $(MAKE) --no-print-directory sim-up
 	$(PY) -m pytest -p no:hypothesispytest -q bench
 	$(WITH_ENV) nice -n 5 $(PY) -m bench.run
+
+# heal_s: a killed worker until the supervisor verified again (bench/heal.py; the sim's nodes 1-2).
+bench-heal: toolchain
+	@test -f .state/sim/sim.json || $(MAKE) --no-print-directory sim-up
+	$(WITH_ENV) $(PY) -m bench.heal
 # --- end benchmarks

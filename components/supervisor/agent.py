@@ -286,22 +286,33 @@ class Leader:
         started = time.time()
         self.store.append("restarts", {"at": started, "cause": cause, "result": "running"})
         self.notify("restarting", cause=cause, why=why)
-        result = self._restart_group(started)
+        phases: dict[str, float] = {}
+        result = self._restart_group(started, phases)
         self.drift_streak, self.hard_drift = 0, False
         self.next_probe = self.clock() + self.cfg["probe_seconds"]
         restarts = self.store.snapshot()["restarts"]
-        restarts[-1] = {**restarts[-1], "result": result, "seconds": round(time.time() - started, 1)}
+        restarts[-1] = {**restarts[-1], "result": result, "seconds": round(time.time() - started, 1),
+                        "phases": phases}
         self.store.update(restarts=restarts)
         self.notify("restarted" if result == "verified" else "restart-failed", cause=cause, result=result,
                     seconds=round(time.time() - started, 1))
 
-    def _restart_group(self, started: float) -> str:
+    def _restart_group(self, started: float, phases: dict[str, float]) -> str:
+        """Stop, wait for memory, start, boot, verify; each phase's seconds go into `phases`."""
         nodes = self.cfg["nodes"]
+        mark = [time.time()]
+
+        def phase(name: str) -> None:
+            now = time.time()
+            phases[name] = round(now - mark[0], 2)
+            mark[0] = now
+
         for node in nodes:  # every rank: a rank left running would hold the old group's rendezvous
             try:
                 self._agent(node, "POST", "/rank/stop", timeout=STOP_GRACE_S + 30)
             except (OSError, http.client.HTTPException, ValueError) as error:
                 return f"could not stop the rank on {node['name']}: {error}"
+        phase("stop")
         deadline = time.time() + self.cfg["mem_wait_s"]
         while True:
             low = [(v.node, v.mem_available_gib) for v in self.look()
@@ -312,6 +323,7 @@ class Leader:
                 return (f"gave up waiting for memory: MemAvailable {low[0][1]} GiB on {low[0][0]} stayed below "
                         f"preflight.minMemAvailableGiB {self.cfg['min_mem_gib']:g} for {self.cfg['mem_wait_s']} s")
             time.sleep(1)
+        phase("memory")
         if held := self._stop_if_held():
             return f"not started: {held}"
         for node in [*nodes[1:], nodes[0]]:  # the workers, then the head
@@ -327,7 +339,9 @@ class Leader:
             if death := policy.rank_death(ranks):
                 return f"{death} during the boot"
             if self._health():
+                phase("boot")  # from the first start to /health 200
                 outcome = self.verify(max(10.0, min(self.cfg["verify_timeout_s"], boot_deadline - time.time())))
+                phase("verify")
                 if isinstance(outcome, verify_client.Passed):
                     self.record_verified(outcome, ranks[0].generation)
                     return "verified"

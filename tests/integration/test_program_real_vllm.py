@@ -21,7 +21,8 @@ from typing import Any
 
 import pytest
 from program_support import Deployment, assert_verified, docker_on, new_deployment, remove_deployment
-from supervisor_support import armed, restarted, restarts, wait_for
+
+from sim.supervisor_view import armed, restarted, restarts, wait_for
 
 pytestmark = [pytest.mark.sim, pytest.mark.engine]
 

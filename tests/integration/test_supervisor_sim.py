@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 import requests
 from program_support import REPO, Deployment, assert_verified, docker_on, new_deployment, remove_deployment
-from supervisor_support import armed, leader, restarts, status, wait_for
 
 from components import labels
+from sim.supervisor_view import armed, leader, restarts, status, wait_for
 
 pytestmark = [pytest.mark.sim, pytest.mark.engine]
 

@@ -106,6 +106,7 @@ def test_a_dead_worker_stops_every_rank_then_starts_the_workers_before_the_head(
         "then the workers, then the head"
     (restart,) = leader.store.snapshot()["restarts"]
     assert restart["result"] == "verified" and "node-2" in restart["cause"]
+    assert set(restart["phases"]) == {"stop", "memory", "boot", "verify"}
 
 
 def test_the_budget_gives_up_and_runs_the_notify_command(cluster: Any, tmp_path: Path) -> None:

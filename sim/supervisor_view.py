@@ -1,4 +1,4 @@
-"""Reading the supervisor of a deployed sim stack, for the end-to-end tests."""
+"""Reading the supervisor of a deployed sim stack: the end-to-end tests and `make bench-heal` (bench/heal.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from collections.abc import Callable
 from typing import Any
 
 import requests
-from program_support import Deployment, docker_on
 
 from components import labels
+from sim.deploy import Deployment, docker_on
 
 
 def leader(d: Deployment) -> tuple[str, dict[str, str]]:

@@ -1,0 +1,87 @@
+"""`heal_s`: a worker killed until the supervisor has verified the group again, on the simulated cluster.
+
+    make bench-heal            # python -m bench.heal [--runs 5] [--server standin|real]
+
+Deploys one supervised stack on sim nodes 1-2, kills the worker's rank `--runs` times (each after the group is
+verified again) and writes bench/heal-results.json: per run the time from the kill to the verified restart, the
+detection (kill to the restart's start, as the leader recorded it), the restart's phases (stop, memory, boot,
+verify), and the overhead (everything but the boot); medians of each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from sim import cluster
+from sim.deploy import REPO, docker_on, new_deployment, program_env, remove_deployment
+from sim.supervisor_view import armed, restarted, restarts, wait_for
+
+RESULTS = REPO / "bench" / "heal-results.json"
+
+
+def heal_runs(runs: int, server: str) -> list[dict[str, Any]]:
+    pulumi_root = Path(os.environ.get("DSV41_TOOLCHAIN_DIR") or "")
+    if not os.access(pulumi_root / "bin" / "pulumi", os.X_OK):
+        raise SystemExit("bench.heal: DSV41_TOOLCHAIN_DIR/bin/pulumi is missing; run through `make bench-heal`")
+    sim = json.loads((cluster.default_layout().state / "sim.json").read_text())
+    work = Path(tempfile.mkdtemp(prefix="dsv41-heal-"))
+    weights = Path(tempfile.mkdtemp(prefix="dsv41-heal-weights-", dir="/var/tmp"))
+    d = new_deployment(sim, f"heal-{uuid.uuid4().hex[:6]}", program_env(pulumi_root, work, "bench-only"),
+                       pulumi_root, weights_root=weights, port=18899, master_port=29631, server=server,
+                       supervisor=True)
+    out: list[dict[str, Any]] = []
+    try:
+        d.up()
+        worker = sim["nodes"][1]
+        for i in range(runs):
+            before = armed(d)
+            killed = time.time()
+            docker_on(worker["index"], "kill", d.container(worker))
+            after = wait_for(d, "a verified restart", restarted(before), 1200)
+            healed = time.time() - killed
+            last = restarts(after)[-1]
+            phases = last.get("phases", {})
+            run = {"heal_s": round(healed, 2), "detect_s": round(float(last["at"]) - killed, 2),
+                   "restart_s": last.get("seconds"), "phases": phases, "result": last["result"],
+                   "overhead_s": round(healed - float(phases.get("boot", 0)), 2)}
+            print(f"bench.heal: run {i + 1}/{runs}: {json.dumps(run)}", flush=True)
+            out.append(run)
+    finally:
+        remove_deployment(d)
+        shutil.rmtree(weights, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--server", choices=("standin", "real"), default="standin")
+    args = parser.parse_args(argv)
+    runs = heal_runs(args.runs, args.server)
+
+    def median(key: str) -> float:
+        return round(statistics.median(float(r[key]) for r in runs), 2)
+
+    summary = {"server": args.server, "runs": runs, "heal_s": median("heal_s"), "detect_s": median("detect_s"),
+               "overhead_s": median("overhead_s"),
+               "boot_s": round(statistics.median(float(r["phases"].get("boot", 0)) for r in runs), 2),
+               "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    RESULTS.write_text(json.dumps(summary, indent=1) + "\n")
+    print(f"bench.heal: median heal {summary['heal_s']} s (detect {summary['detect_s']} s, boot "
+          f"{summary['boot_s']} s, overhead {summary['overhead_s']} s) -> {RESULTS.relative_to(REPO)}")
+    return 0 if all(r["result"] == "verified" for r in runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
