@@ -6,8 +6,10 @@ nodes: an image registry on 127.0.0.1:5000 and the Hugging Face hub stand-in on 
 filesystem is the host's (the sim deploys with `weights.share: bind`).
 
     python3 -m sim.cluster up [--nodes N]   start what is not running (pidfile + liveness), build/push the image
+    python3 -m sim.cluster up --node I ...  start only node I (its dockerd and sshd): an extra node
     python3 -m sim.cluster image            registry + node 1 only, then build/push the image
-    python3 -m sim.cluster down             remove containers, stop every daemon the sim started
+    python3 -m sim.cluster down [--node I]  remove containers, stop every daemon the sim started (or node I's)
+    python3 -m sim.cluster reboot I         power-cut node I (SIGKILL all it holds), then boot it again
     python3 -m sim.cluster status | env | clean
 
 State lives in <repo>/.state/sim (SIM_STATE_DIR overrides); sim.json there describes the running sim.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import http.client
 import json
 import os
@@ -47,6 +50,8 @@ MAX_NODES = 200  # 127.0.0.2 .. 127.0.0.201
 PACKAGES = {"dockerd": "docker.io", "docker": "docker.io", "sshd": "openssh-server", "ssh": "openssh-client",
             "ssh-keygen": "openssh-client", "docker-registry": "docker-registry", "debootstrap": "debootstrap"}
 SBIN_PATH = "/usr/local/sbin:/usr/sbin:/sbin"
+# Set by each node's sshd in its sessions' environment (SetEnv): a fallback to find what they started.
+NODE_TAG = "DSV41_SIM_NODE"
 
 
 class SimError(Exception):
@@ -74,6 +79,14 @@ class Layout:
 
     def socket(self, i: int) -> Path:
         return self.node_dir(i) / "docker.sock"
+
+    def cgroup_name(self, i: int) -> str:
+        """Node i's cgroup v2 directory name, unique per state dir (two checkouts may each have a node i)."""
+        return f"dsv41-sim-node-{i}-{hashlib.sha1(str(self.state).encode()).hexdigest()[:8]}"
+
+    def node_tag(self, i: int) -> str:
+        """NAME=VALUE in the environment of every session of node i's sshd (and what they start)."""
+        return f"{NODE_TAG}={self.node_dir(i)}"
 
     def docker_host(self, i: int) -> str:
         return f"unix://{self.socket(i)}"
@@ -184,6 +197,277 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+# --- node cgroups: what a node holds ------------------------------------------------------------------
+#
+# Every process a node holds must be found for a power cut, including what a session started with nohup or
+# setsid (re-parented to init, so no longer below the sshd) and containerd's shims (re-parented to init too).
+# Each node's dockerd and sshd therefore start in a cgroup v2 directory of their own: children inherit it,
+# no re-parenting, setsid or env scrubbing leaves it, and `cgroup.kill` ends all of it at once. Containers'
+# processes are moved out by runc (into docker's own cgroups); they are the descendants of the node's shims.
+# Where no cgroup v2 hierarchy is writable (or for daemons started before this), the fallback is the pid trees
+# of sshd and dockerd, the shims naming the node's containerd socket and the NODE_TAG environment variable.
+
+
+def cgroup2_root() -> Path | None:
+    """Where the cgroup v2 hierarchy is mounted (pure v2: /sys/fs/cgroup; hybrid: /sys/fs/cgroup/unified)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/mounts").read_text().splitlines():
+            fields = line.split()
+            if len(fields) > 2 and fields[2] == "cgroup2" and os.access(fields[1], os.W_OK):
+                return Path(fields[1].encode().decode("unicode_escape"))
+    return None
+
+
+def node_cgroup(layout: Layout, i: int) -> Path | None:
+    """Node i's cgroup (created here), or None where there is no writable cgroup v2 hierarchy."""
+    root = cgroup2_root()
+    if root is None:
+        return None
+    path = root / layout.cgroup_name(i)
+    try:
+        path.mkdir(exist_ok=True)
+    except OSError as exc:
+        log(f"node {i}: no cgroup {path} ({exc}); a reboot finds its processes by pid tree and {NODE_TAG}")
+        return None
+    return path
+
+
+def join_cgroup(cgroup: Path | None) -> Callable[[], None] | None:
+    """A preexec_fn that moves the new process into `cgroup` before it execs (None: no cgroup)."""
+    if cgroup is None:
+        return None
+    procs = str(cgroup / "cgroup.procs")
+
+    def join() -> None:
+        fd = os.open(procs, os.O_WRONLY)
+        try:
+            os.write(fd, b"0")
+        finally:
+            os.close(fd)
+    return join
+
+
+def adopt(cgroup: Path | None, pids: Sequence[int]) -> None:
+    """Move running processes (a daemon started outside its node's cgroup) into it; what they fork later follows."""
+    if cgroup is None:
+        return
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            if f"::/{cgroup.name}\n" not in Path(f"/proc/{pid}/cgroup").read_text():
+                (cgroup / "cgroup.procs").write_text(str(pid))
+
+
+def cgroup_pids(cgroup: Path | None) -> set[int]:
+    """Every process in `cgroup` and the cgroups below it."""
+    pids: set[int] = set()
+    if cgroup is None or not cgroup.is_dir():
+        return pids
+    for procs in [cgroup / "cgroup.procs", *cgroup.rglob("*/cgroup.procs")]:
+        with contextlib.suppress(OSError):
+            pids.update(int(p) for p in procs.read_text().split())
+    return pids
+
+
+@dataclass(frozen=True)
+class Proc:
+    pid: int
+    ppid: int
+    start: int  # clock ticks since boot: with the pid, names a process even if the pid is reused later
+    comm: str
+    cmdline: tuple[str, ...]
+    zombie: bool
+
+
+def proc_table() -> dict[int, Proc]:
+    table = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+            cmdline = (d / "cmdline").read_bytes()
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        table[int(d.name)] = Proc(int(d.name), int(fields[1]), int(fields[19]), comm,
+                                  tuple(a.decode(errors="replace") for a in cmdline.split(b"\0") if a),
+                                  fields[0] == "Z")
+    return table
+
+
+def has_env(pid: int, entry: str) -> bool:
+    try:
+        return entry.encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+
+
+SHIM_PREFIX = "containerd-shim"
+DOCKER_SIDE = ("dockerd", "containerd", "docker-proxy", "runc")
+
+
+def node_processes(layout: Layout, i: int) -> dict[int, Proc]:
+    """Every live process node i holds: its cgroup, its sshd's and dockerd's pid trees, its shims (by their
+    containerd socket) and what carries its NODE_TAG, plus all their descendants (the containers' processes).
+    Never this process or its ancestors (a reboot run from a session on the node survives it)."""
+    table = proc_table()
+    d = layout.node_dir(i)
+    roots = cgroup_pids(node_cgroup(layout, i))
+    for pidfile, name in ((d / "sshd.pid", "sshd"), (d / "dockerd.pid", "dockerd")):
+        pid = running_pid(pidfile, name)
+        if pid is not None:
+            roots.add(pid)
+    address = str(d / "exec" / "containerd" / "containerd.sock")
+    tag = layout.node_tag(i)
+    for proc in table.values():
+        shim = proc.comm.startswith(SHIM_PREFIX) and address in proc.cmdline
+        if shim or (not proc.zombie and proc.pid not in roots and has_env(proc.pid, tag)):
+            roots.add(proc.pid)
+    children: dict[int, list[int]] = {}
+    for proc in table.values():
+        children.setdefault(proc.ppid, []).append(proc.pid)
+    found, todo = set(), [p for p in roots if p in table]
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo.extend(children.get(pid, []))
+    spare, pid = set(), os.getpid()
+    while pid > 1 and pid in table:
+        spare.add(pid)
+        pid = table[pid].ppid
+    return {p: table[p] for p in found - spare - {1} if not table[p].zombie}
+
+
+def classify(procs: dict[int, Proc]) -> dict[str, int]:
+    """Counts of what a node held: its containers' processes (below a shim), sshd's own processes (listener and
+    one per connection), the docker side (dockerd, containerd, shims) and everything else its sessions ran."""
+    shims = {p for p, proc in procs.items() if proc.comm.startswith(SHIM_PREFIX)}
+    counts = {"container processes": 0, "sshd": 0, "session processes": 0, "docker daemons": 0}
+    for pid, proc in procs.items():
+        up, in_container = proc.ppid, False
+        while up in procs:
+            if up in shims:
+                in_container = True
+                break
+            up = procs[up].ppid
+        if in_container:
+            counts["container processes"] += 1
+        elif proc.comm == "sshd":
+            counts["sshd"] += 1
+        elif pid in shims or proc.comm in DOCKER_SIDE:
+            counts["docker daemons"] += 1
+        else:
+            counts["session processes"] += 1
+    return counts
+
+
+def alive(proc: Proc) -> bool:
+    """The very process (same pid, same start time) still exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{proc.pid}/stat").read_text()
+    except OSError:
+        return False
+    fields = stat[stat.rindex(")") + 2:].split()
+    return fields[0] != "Z" and int(fields[19]) == proc.start
+
+
+def signal_all(procs: Sequence[Proc], sig: signal.Signals) -> None:
+    for proc in procs:
+        if alive(proc):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, sig)
+
+
+def running_containers(sock: Path) -> int | None:
+    """How many containers node's daemon runs, or None when it does not answer."""
+    try:
+        conn = _UnixHTTPConnection(sock)
+        conn.request("GET", "/containers/json")
+        resp = conn.getresponse()
+        body = resp.read()
+        conn.close()
+    except OSError:
+        return None
+    return len(json.loads(body)) if resp.status == 200 else None
+
+
+def power_cut(layout: Layout, i: int) -> dict[str, int]:
+    """End every process node i holds at once, as a power cut would: freeze (cgroup) and SIGSTOP them all, so
+    none reacts to another's death or forks past the sweep, then SIGKILL them all; then what a boot finds
+    gone with /run: the node's mounts and its exec root. Counts what it ended."""
+    containers = running_containers(layout.socket(i))
+    cgroup = node_cgroup(layout, i)
+    freeze = cgroup / "cgroup.freeze" if cgroup is not None else None
+    if freeze is not None:
+        with contextlib.suppress(OSError):
+            freeze.write_text("1")
+    procs: dict[int, Proc] = {}
+    for _ in range(10):  # until a sweep finds nothing new: what was forking when it was stopped
+        found = node_processes(layout, i)
+        new = [proc for pid, proc in found.items() if pid not in procs]
+        if not new:
+            break
+        procs.update((proc.pid, proc) for proc in new)
+        signal_all(new, signal.SIGSTOP)
+    signal_all(list(procs.values()), signal.SIGKILL)
+    if cgroup is not None:
+        with contextlib.suppress(OSError):
+            (cgroup / "cgroup.kill").write_text("1")
+        with contextlib.suppress(OSError):
+            assert freeze is not None
+            freeze.write_text("0")
+    wait_until(f"node {i}'s processes to end", lambda: not any(alive(p) for p in procs.values()), 30)
+    d = layout.node_dir(i)
+    unmount_leftovers(d)  # container rootfs (overlay), shm, netns: a boot starts without them
+    if mounts_under(d / "exec"):
+        raise SimError(f"node {i}: {mounts_under(d / 'exec')[0]} is still mounted after the power cut")
+    subprocess.run(["rm", "-rf", "--one-file-system", str(d / "exec")], check=True, timeout=120)
+    for name in ("dockerd.pid", "sshd.pid"):
+        (d / name).unlink(missing_ok=True)
+    counts = classify(procs)
+    counts["processes"] = len(procs)
+    counts["containers"] = containers if containers is not None else sum(
+        1 for proc in procs.values() if proc.comm.startswith(SHIM_PREFIX))
+    return counts
+
+
+def ssh_banner(host: str, port: int) -> bool:
+    """sshd accepts a connection and greets it (a listener that is up, not just a port that is bound)."""
+    try:
+        with socket.create_connection((host, port), timeout=2) as conn:
+            conn.settimeout(2)
+            return conn.recv(256).startswith(b"SSH-")
+    except OSError:
+        return False
+
+
+def reboot(layout: Layout, i: int) -> dict[str, float]:
+    """Power-cut node i, then boot it: its dockerd (docker's restart policies then apply, as on a real boot)
+    and its sshd start again; returns once docker answers and sshd greets a connection."""
+    require_root()
+    ip, d = layout.node_ip(i), layout.node_dir(i)
+    if not (d / "ssh_host_ed25519_key").exists():
+        raise SimError(f"node {i} was never started here ({d}); `python3 -m sim.cluster up --node {i}` first")
+    started = time.monotonic()
+    ended = power_cut(layout, i)
+    cut = time.monotonic()
+    start_dockerd(layout, i)
+    start_sshd(layout, i)
+    wait_until(f"node {i} dockerd", lambda: docker_ping(layout.socket(i)), 90, d / "dockerd.log")
+    docker_at = time.monotonic()
+    wait_until(f"node {i} sshd", lambda: ssh_banner(ip, SSH_PORT), 30, d / "sshd.log")
+    done = time.monotonic()
+    print(f"node {i} rebooted in {done - started:.1f}s: ended {ended['processes']} process(es) "
+          f"[{ended['containers']} running container(s) with {ended['container processes']} process(es), "
+          f"{ended['sshd']} sshd, {ended['session processes']} started by sessions, "
+          f"{ended['docker daemons']} dockerd/containerd/shim]; power cut {cut - started:.1f}s, "
+          f"docker answered {docker_at - cut:.1f}s later, sshd {done - docker_at:.1f}s after that", flush=True)
+    return {**{k: float(v) for k, v in ended.items()}, "cut_s": cut - started, "docker_s": docker_at - cut,
+            "total_s": done - started}
+
+
 def stop_pid(pidfile: Path, name: str, timeout_s: float = 30.0, *, with_sessions: bool = False) -> bool:
     """SIGTERM the process named in pidfile (only if it is really `name`), SIGKILL after timeout_s.
 
@@ -214,11 +498,13 @@ def daemon_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if "proxy" not in k.lower() and k != "PYTHONPATH"}
 
 
-def spawn(argv: Sequence[str], logfile: Path) -> subprocess.Popen[bytes]:
-    """A daemon detached from this process (own session), so it outlives `make`."""
+def spawn(argv: Sequence[str], logfile: Path, cgroup: Path | None = None) -> subprocess.Popen[bytes]:
+    """A daemon detached from this process (own session), so it outlives `make`; in `cgroup` from its first
+    instruction on (so everything it ever forks is there too) when one is given."""
     with logfile.open("ab") as out:
         return subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, cwd=REPO, env=daemon_env())
+                                start_new_session=True, cwd=REPO, env=daemon_env(),
+                                preexec_fn=join_cgroup(cgroup))
 
 
 def tcp_open(host: str, port: int) -> bool:
@@ -298,13 +584,28 @@ def ssh_keygen(key: Path, comment: str) -> None:
                        check=True, timeout=30)
 
 
+def write_if_changed(path: Path, text: str, mode: int | None = None) -> None:
+    """Replace `path` atomically, and only when its content changes: sshd and ssh clients of running nodes read
+    these files at any moment, and must never see one half written."""
+    with contextlib.suppress(OSError):
+        if path.read_text() == text:
+            return
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(text)
+    if mode is not None:
+        tmp.chmod(mode)
+    os.replace(tmp, path)
+
+
 def ensure_keys(layout: Layout, nodes: Sequence[int]) -> None:
+    """Client key, host keys of `nodes`, and known_hosts + ssh config naming them and every other node that
+    already has a host key (an `up` with fewer nodes, or of one extra node, keeps the others reachable)."""
     layout.ssh_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     ssh_keygen(layout.client_key, "dsv41-exl3-sim-client")
-    layout.authorized_keys.write_text(layout.client_key.with_suffix(".pub").read_text())
-    layout.authorized_keys.chmod(0o600)
+    write_if_changed(layout.authorized_keys, layout.client_key.with_suffix(".pub").read_text(), 0o600)
     known, config = [], []
-    for i in nodes:
+    keyed = {i for i in layout.existing_nodes() if (layout.node_dir(i) / "ssh_host_ed25519_key.pub").exists()}
+    for i in sorted(set(nodes) | keyed):
         host_key = layout.node_dir(i) / "ssh_host_ed25519_key"
         ssh_keygen(host_key, f"dsv41-exl3-sim-node-{i}")
         kind, blob = host_key.with_suffix(".pub").read_text().split()[:2]
@@ -314,13 +615,12 @@ def ensure_keys(layout: Layout, nodes: Sequence[int]) -> None:
                       f"  IdentityFile {layout.client_key}\n  IdentitiesOnly yes\n"
                       f"  UserKnownHostsFile {layout.known_hosts}\n  StrictHostKeyChecking yes\n"
                       f"  BatchMode yes\n  ConnectTimeout 10\n\n")
-    layout.known_hosts.write_text("".join(known))
-    layout.ssh_config.write_text("# generated by sim/cluster.py: the sim's nodes\n" + "".join(config))
+    write_if_changed(layout.known_hosts, "".join(known))
+    write_if_changed(layout.ssh_config, "# generated by sim/cluster.py: the sim's nodes\n" + "".join(config))
     layout.bin_dir.mkdir(parents=True, exist_ok=True)
-    wrapper = layout.bin_dir / "ssh"
-    wrapper.write_text(f'#!/bin/sh\n# ssh with the sim\'s config (for `docker -H ssh://root@127.0.0.x:{SSH_PORT}`)\n'
-                       f'exec {tool("ssh")} -F "{layout.ssh_config}" "$@"\n')
-    wrapper.chmod(0o755)
+    write_if_changed(layout.bin_dir / "ssh",
+                     f'#!/bin/sh\n# ssh with the sim\'s config (for `docker -H ssh://root@127.0.0.x:{SSH_PORT}`)\n'
+                     f'exec {tool("ssh")} -F "{layout.ssh_config}" "$@"\n', 0o755)
 
 
 # --- daemons ---------------------------------------------------------------------------------------
@@ -329,7 +629,9 @@ def ensure_keys(layout: Layout, nodes: Sequence[int]) -> None:
 def start_dockerd(layout: Layout, i: int) -> None:
     d = layout.node_dir(i)
     pidfile, sock = d / "dockerd.pid", layout.socket(i)
-    if running_pid(pidfile, "dockerd") and docker_ping(sock):
+    pid = running_pid(pidfile, "dockerd")
+    if pid and docker_ping(sock):
+        adopt(node_cgroup(layout, i), [pid, *descendants(pid)])  # dockerd and its containerd
         return
     exec_root = d / "exec"
     if len(str(exec_root / "containerd" / "containerd-debug.sock")) > 100:
@@ -345,7 +647,7 @@ def start_dockerd(layout: Layout, i: int) -> None:
            "--bridge=none", "--iptables=false", "--ip-forward=false", "--ip-masq=false", "--userland-proxy=false",
            "--containerd-namespace", f"dsv41-sim-node-{i}",
            "--containerd-plugins-namespace", f"dsv41-sim-node-{i}-plugins",
-           "--label", f"dsv41.sim.node=node-{i}"], d / "dockerd.log")
+           "--label", f"dsv41.sim.node=node-{i}"], d / "dockerd.log", node_cgroup(layout, i))
 
 
 def sshd_config(layout: Layout, i: int) -> str:
@@ -368,7 +670,8 @@ Subsystem sftp internal-sftp
 MaxStartups 100:30:200
 MaxSessions 100
 # Every session on this node, `docker system dial-stdio` included, reaches this node's own daemon.
-SetEnv DOCKER_HOST={layout.docker_host(i)}
+# {NODE_TAG} marks what those sessions start as this node's (a fallback: see node_processes).
+SetEnv DOCKER_HOST={layout.docker_host(i)} {layout.node_tag(i)}
 PrintMotd no
 """
 
@@ -379,6 +682,7 @@ def start_sshd(layout: Layout, i: int) -> None:
     config = d / "sshd_config"
     pid = running_pid(pidfile, "sshd")
     if pid and tcp_open(ip, SSH_PORT):
+        adopt(node_cgroup(layout, i), [pid])  # the sessions it forks from now on are the node's too
         if config.exists() and config.read_text() != sshd_config(layout, i):
             # A newer sim's config: sshd re-reads it on SIGHUP and keeps the sessions it has.
             config.write_text(sshd_config(layout, i))
@@ -394,8 +698,10 @@ def start_sshd(layout: Layout, i: int) -> None:
     if check.returncode != 0:
         raise SimError(f"node {i}: sshd rejects {config}: {check.stderr.strip()}")
     log(f"node {i}: starting sshd on {ip}:{SSH_PORT}")
-    # sshd daemonizes itself and writes PidFile.
-    subprocess.run([sshd, "-f", str(config), "-E", str(d / "sshd.log")], check=True, timeout=30)
+    # sshd daemonizes itself and writes PidFile; in the node's cgroup, every session and whatever a session
+    # starts (nohup'd, setsid'd, re-parented to init) stays there.
+    subprocess.run([sshd, "-f", str(config), "-E", str(d / "sshd.log")], check=True, timeout=30,
+                   preexec_fn=join_cgroup(node_cgroup(layout, i)))
 
 
 def registry_config(layout: Layout) -> str:
@@ -447,12 +753,14 @@ def start_hub(layout: Layout) -> None:
            "--pidfile", str(pidfile)], d / "hub.log")
 
 
-def wait_ready(layout: Layout, nodes: Sequence[int], with_hub: bool = True) -> None:
+def wait_ready(layout: Layout, nodes: Sequence[int], with_hub: bool = True, with_registry: bool = True) -> None:
     for i in nodes:
         wait_until(f"node {i} dockerd", lambda i=i: docker_ping(layout.socket(i)), 90,  # type: ignore[misc]
                    layout.node_dir(i) / "dockerd.log")
         wait_until(f"node {i} sshd", lambda i=i: tcp_open(layout.node_ip(i), SSH_PORT), 30,  # type: ignore[misc]
                    layout.node_dir(i) / "sshd.log")
+    if not with_registry:
+        return
     host, port = REGISTRY_ADDR
     wait_until("registry", lambda: http_ok(f"http://{host}:{port}/v2/"), 30, layout.registry_dir / "registry.log")
     if with_hub:
@@ -543,6 +851,21 @@ def up(layout: Layout, nodes: int, build: bool = True) -> None:
     log(f"up: {nodes} node(s); `python3 -m sim.cluster env` prints how to reach them")
 
 
+def up_nodes(layout: Layout, indices: Sequence[int]) -> None:
+    """Start only these nodes (dockerd + sshd), e.g. an extra node beside a running sim; the registry, the hub,
+    the image and sim.json are left as they are (a node pulls from whichever registry serves 127.0.0.1:5000)."""
+    require_root()
+    ensure_packages()
+    for i in indices:
+        layout.node_dir(i).mkdir(parents=True, exist_ok=True)
+    ensure_keys(layout, indices)
+    for i in indices:
+        start_dockerd(layout, i)
+        start_sshd(layout, i)
+    wait_ready(layout, indices, with_registry=False)
+    log(f"up: node(s) {', '.join(map(str, indices))} ({', '.join(layout.node_ip(i) for i in indices)})")
+
+
 def image(layout: Layout) -> None:
     require_root()
     ensure_packages()
@@ -582,15 +905,16 @@ def unmount_leftovers(path: Path) -> None:
         subprocess.run(["umount", "-l", point], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30)
 
 
-def down(layout: Layout) -> None:
-    nodes = layout.existing_nodes()
+def down(layout: Layout, only: Sequence[int] = ()) -> None:
+    """Everything, or (`only`) just these nodes' daemons and containers."""
+    nodes = list(only) or layout.existing_nodes()
     for i in nodes:
         if running_pid(layout.node_dir(i) / "dockerd.pid", "dockerd") and docker_ping(layout.socket(i)):
             remove_containers(layout, i)
     stopped = []
-    if stop_pid(layout.hub_dir / "hub.pid", "sim.hub", 10):
+    if not only and stop_pid(layout.hub_dir / "hub.pid", "sim.hub", 10):
         stopped.append("hub")
-    if stop_pid(layout.registry_dir / "registry.pid", "docker-registry", 10):
+    if not only and stop_pid(layout.registry_dir / "registry.pid", "docker-registry", 10):
         stopped.append("registry")
     for i in nodes:
         if stop_pid(layout.node_dir(i) / "sshd.pid", "sshd", 10, with_sessions=True):
@@ -598,6 +922,10 @@ def down(layout: Layout) -> None:
         if stop_pid(layout.node_dir(i) / "dockerd.pid", "dockerd", 60):
             stopped.append(f"node {i} dockerd")
         unmount_leftovers(layout.node_dir(i) / "exec")
+        cgroup = cgroup2_root()
+        with contextlib.suppress(OSError):  # only when empty (a nohup'd leftover keeps it)
+            if cgroup is not None:
+                (cgroup / layout.cgroup_name(i)).rmdir()
     log(f"down: stopped {', '.join(stopped) if stopped else 'nothing (not running)'}")
 
 
@@ -632,20 +960,39 @@ def clean(layout: Layout) -> None:
         log(f"removed {layout.state}")
 
 
+def node_index(text: str) -> int:
+    """`3` or `node-3` (as sim/cluster.sh users write it)."""
+    digits = text.removeprefix("node-")
+    if not digits.isdigit() or not 1 <= int(digits) <= MAX_NODES:
+        raise argparse.ArgumentTypeError(f"not a node: {text!r} (use N or node-N, N in 1..{MAX_NODES})")
+    return int(digits)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m sim.cluster", description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=["up", "image", "down", "status", "env", "clean"])
+    parser.add_argument("command", choices=["up", "image", "down", "reboot", "status", "env", "clean"])
+    parser.add_argument("target", nargs="?", type=node_index, help="reboot: the node (N or node-N)")
     parser.add_argument("--nodes", type=int, default=int(os.environ.get("SIM_NODES") or DEFAULT_NODES))
+    parser.add_argument("--node", type=node_index, action="append", default=[], dest="only",
+                        help="up/down: only this node (repeatable); registry, hub, image and sim.json stay as they are")
     parser.add_argument("--no-image", action="store_true", help="up: do not build/push the stand-in image")
     ns = parser.parse_args(argv)
+    if (ns.command == "reboot") != (ns.target is not None):
+        parser.error("reboot takes one node (N or node-N); no other command takes one")
+    if ns.only and ns.command not in ("up", "down"):
+        parser.error("--node is for up and down")
     layout = default_layout()
     try:
-        if ns.command == "up":
+        if ns.command == "up" and ns.only:
+            up_nodes(layout, ns.only)
+        elif ns.command == "up":
             up(layout, ns.nodes, build=not ns.no_image)
         elif ns.command == "image":
             image(layout)
         elif ns.command == "down":
-            down(layout)
+            down(layout, ns.only)
+        elif ns.command == "reboot":
+            reboot(layout, ns.target)
         elif ns.command == "clean":
             clean(layout)
         elif ns.command == "env":

@@ -9,6 +9,7 @@ idempotent) and turns any failure to do so into a test failure. Needs root (dock
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sim_support import STAGING_PREFIX, STEP_TIMEOUT, on_node, stage_on_head
+from sim_support import STAGING_PREFIX, STEP_TIMEOUT, on_node, sim_ready_or_skip, stage_on_head
 
 from components.weights import manifest as wm
 from sim import checkpoint, cluster, hub
@@ -233,10 +234,19 @@ def test_sshd_config_points_sessions_at_the_nodes_own_daemon(tmp_path: Path) -> 
     layout = cluster.Layout(state=tmp_path)
     text = cluster.sshd_config(layout, 3)
     assert f"ListenAddress 127.0.0.4:{cluster.SSH_PORT}\n" in text
-    assert f"SetEnv DOCKER_HOST=unix://{tmp_path}/node-3/docker.sock\n" in text
+    assert f"SetEnv DOCKER_HOST=unix://{tmp_path}/node-3/docker.sock {cluster.NODE_TAG}={tmp_path}/node-3\n" in text
     for line in ("PasswordAuthentication no", "UsePAM no", "PermitRootLogin prohibit-password",
                  "Subsystem sftp internal-sftp", "MaxStartups 100:30:200", f"AuthorizedKeysFile {tmp_path}/ssh/"):
         assert line in text
+
+
+def test_a_node_is_named_by_index_or_node_dash_index(tmp_path: Path) -> None:
+    assert cluster.node_index("13") == cluster.node_index("node-13") == 13
+    for bad in ("0", "node-", "n-3", "201", "-1"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            cluster.node_index(bad)
+    a, b = cluster.Layout(state=tmp_path / "a"), cluster.Layout(state=tmp_path / "b")
+    assert a.cgroup_name(3) != b.cgroup_name(3) != b.cgroup_name(4), "one cgroup per state dir and node"
 
 
 def test_liveness_needs_the_named_process_not_just_a_pid(tmp_path: Path) -> None:
@@ -489,3 +499,94 @@ def test_a_real_image_that_cannot_fit_fails_at_once_naming_the_shortfall(tmp_pat
     assert "needs 16 GiB free" in proc.stderr and "3 GiB free" in proc.stderr, proc.stderr
     assert "docker was called" not in proc.stderr
     assert not list((tmp_path / "cache").rglob("*.tar"))
+
+
+# --- a simulated reboot, on a node of its own --------------------------------------------------------------
+
+# Outside the default nodes (1, 2) and the bench's (5..12): the test starts it, power-cuts it and stops it.
+REBOOT_NODE = int(os.environ.get("DSV41_SIM_REBOOT_NODE") or 13)
+
+
+@pytest.fixture
+def reboot_node() -> Iterator[tuple[int, dict[str, Any]]]:
+    """(index, sim-like description) of a node this test starts alone and stops afterwards; never one that
+    already runs (it would be someone else's to power-cut)."""
+    if os.environ.get("DSV41_REQUIRE_SIM") != "1":
+        pytest.skip("simulated cluster tests need root and start daemons; set DSV41_REQUIRE_SIM=1 to run them")
+    layout = cluster.default_layout()
+    states = cluster.status(layout)
+    if states.get(f"node-{REBOOT_NODE}/dockerd") or states.get(f"node-{REBOOT_NODE}/sshd"):
+        pytest.fail(f"node {REBOOT_NODE} already runs; set DSV41_SIM_REBOOT_NODE to an index no one uses")
+    if cluster.registry_digest() is None:  # no image to run yet: bring the whole sim up (builds and pushes it)
+        sim_ready_or_skip()
+    started = subprocess.run([sys.executable, "-m", "sim.cluster", "up", "--node", str(REBOOT_NODE)], cwd=REPO,
+                             capture_output=True, text=True, timeout=STEP_TIMEOUT)
+    try:
+        assert started.returncode == 0, started.stderr[-2000:]
+        yield REBOOT_NODE, {"ssh": {"config": str(layout.ssh_config)}, "image": cluster.image_ref()}
+    finally:
+        subprocess.run([sys.executable, "-m", "sim.cluster", "down", "--node", str(REBOOT_NODE)], cwd=REPO,
+                       capture_output=True, text=True, timeout=STEP_TIMEOUT)
+
+
+def inspect_state(node: dict[str, Any], ip: str, name: str) -> dict[str, Any]:
+    proc = on_node(node, ip, f"docker inspect --format '{{{{json .State}}}}' {name}")
+    assert proc.returncode == 0, proc.stderr[-1000:]
+    state: dict[str, Any] = json.loads(proc.stdout)
+    return state
+
+
+def process_start(pid: int) -> str | None:
+    """The process's start time (field 22 of /proc/PID/stat), None when it is gone or a zombie."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] == "Z" else fields[19]
+
+
+@pytest.mark.sim
+@pytest.mark.timeout(300)
+def test_reboot_is_a_power_cut_then_docker_restart_policies(reboot_node: tuple[int, dict[str, Any]]) -> None:
+    """Issue 21 item 7: `reboot` kills everything the node holds (containers, sshd, what its sessions started
+    with nohup or setsid, dockerd/containerd) and boots it: `unless-stopped` runs again, `no` stays exited."""
+    index, node = reboot_node
+    ip = cluster.Layout.node_ip(index)
+    image = node["image"]
+    pull = on_node(node, ip, f"docker pull -q {image}", timeout=300)
+    assert pull.returncode == 0, pull.stderr[-1000:]
+    for name, policy in (("dsv41-reboot-unless", "unless-stopped"), ("dsv41-reboot-no", "no")):
+        run = on_node(node, ip, f"docker run -d --name {name} --restart {policy} --network host "
+                                f"--entrypoint sleep {image} 1000")
+        assert run.returncode == 0, run.stderr[-1000:]
+    before = inspect_state(node, ip, "dsv41-reboot-unless")
+    # What a watchdog installed over ssh looks like: nohup'd, re-parented to init once the session ends; and one
+    # that also left its session and its environment behind (only the node's cgroup still holds it).
+    spawned = on_node(node, ip, "nohup sleep 1000 >/dev/null 2>&1 & echo $!; "
+                                "setsid env -i sleep 1000 </dev/null >/dev/null 2>&1 & echo $!")
+    assert spawned.returncode == 0, spawned.stderr
+    nohup_pid, setsid_pid = map(int, spawned.stdout.split())
+    starts = {pid: process_start(pid) for pid in (nohup_pid, setsid_pid)}
+    assert None not in starts.values(), "the sleeps started over ssh must run before the reboot"
+
+    proc = subprocess.run([sys.executable, "-m", "sim.cluster", "reboot", f"node-{index}"], cwd=REPO,
+                          capture_output=True, text=True, timeout=STEP_TIMEOUT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"node {index} rebooted in" in proc.stdout and "2 running container(s)" in proc.stdout, proc.stdout
+
+    # Back at once: reboot returns only when docker answers and sshd greets.
+    assert on_node(node, ip, "true", timeout=30).returncode == 0
+    assert process_start(nohup_pid) != starts[nohup_pid], "the nohup'd sleep outlived the power cut"
+    if cluster.cgroup2_root() is not None:
+        assert process_start(setsid_pid) != starts[setsid_pid], "the setsid'd env -i sleep outlived the power cut"
+    deadline = time.monotonic() + 30
+    after = inspect_state(node, ip, "dsv41-reboot-unless")
+    while not after["Running"] and time.monotonic() < deadline:
+        time.sleep(0.5)
+        after = inspect_state(node, ip, "dsv41-reboot-unless")
+    assert after["Running"], f"restart: unless-stopped must run again after the boot: {after}"
+    assert after["Pid"] != before["Pid"] and after["StartedAt"] != before["StartedAt"], "it was never killed"
+    stopped = inspect_state(node, ip, "dsv41-reboot-no")
+    assert stopped["Status"] == "exited" and stopped["ExitCode"] in (137, 255), stopped
+    ps = on_node(node, ip, "docker ps --format '{{.Names}}'")
+    assert ps.returncode == 0 and ps.stdout.split() == ["dsv41-reboot-unless"], ps.stdout + ps.stderr
