@@ -150,6 +150,7 @@ def test_a_real_head_killed_is_seen_by_preview_and_healed_by_up(real: Deployment
 @pytest.mark.timeout(1500)
 def test_the_supervisor_heals_a_real_killed_worker_with_no_pulumi_command(real: Deployment) -> None:
     # Last in the module: from here on the supervisor, not the next `up`, heals this deployment.
+    assert_verified(real, real.up().outputs)
     cfg = json.loads(json.dumps(real.config))
     cfg["supervisor"] = {"port": cfg["serve"]["masterPort"] + 1000, "probeSeconds": 10}
     real.write_config(cfg)

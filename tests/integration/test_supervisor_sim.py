@@ -23,7 +23,7 @@ import requests
 from program_support import REPO, Deployment, assert_verified, docker_on, new_deployment, remove_deployment
 
 from components import labels
-from sim.supervisor_view import armed, leader, restarts, status, wait_for
+from sim.supervisor_view import armed, leader, restarted, restarts, status, wait_for
 
 pytestmark = [pytest.mark.sim, pytest.mark.engine]
 
@@ -185,6 +185,29 @@ def test_a_rank_killed_during_an_up_is_left_to_the_up(supervised: Deployment) ->
     after = wait_for(d, "a restart once the lock is gone", lambda s: len(restarts(s)) > len(restarts(before))
                      and restarts(s)[-1].get("result") not in (None, "running"), 300)
     assert restarts(after)[-1]["result"] == "verified"
+
+
+def reboot(index: int) -> str:
+    done = subprocess.run([sys.executable, "-m", "sim.cluster", "reboot", str(index)], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done.stdout + done.stderr
+
+
+@pytest.mark.timeout(1200)
+def test_a_rebooted_worker_then_a_rebooted_head_are_served_again_with_no_pulumi_command(
+        supervised: Deployment) -> None:
+    d = supervised
+    for node in (d.sim["nodes"][1], d.sim["nodes"][0]):
+        before = armed(d)
+        started = time.monotonic()
+        print(f"\n[supervisor] {reboot(node['index']).strip()}")
+        after = wait_for(d, f"a verified restart after rebooting node-{node['index']}", restarted(before), 600)
+        last = restarts(after)[-1]
+        print(f"[supervisor] node-{node['index']} rebooted -> verified again in {time.monotonic() - started:.1f} s")
+        assert last["result"] == "verified" and f"node-{node['index']}" in last["cause"], last
+        for n in d.sim["nodes"]:
+            assert rank_state(d, n)["Running"], n
 
 
 @pytest.mark.timeout(900)
