@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
+import shlex
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -472,6 +473,10 @@ class Supervisor(_Model):
         if any(c in v for c in "\r\n\0"):
             raise ValueError("must be one shell command line (it is run as `sh -c`), e.g. "
                              "`curl -fsS -d @- https://ntfy.example/spark`")
+        try:
+            shlex.split(v)
+        except ValueError as error:
+            raise ValueError(f"is not a shell command line ({error}); check its quotes") from None
         return v
 
 

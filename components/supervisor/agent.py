@@ -378,6 +378,46 @@ def stop_rank(docker: Docker, container: str) -> None:
     docker.act(container, "stop", f"?t={STOP_GRACE_S}")
 
 
+# --- the memory guard: the watchdog's rule, in a process docker brings back after a reboot ----------------
+
+class MemoryGuard:
+    """Kills this node's rank when MemAvailable stays under the floor for `samples` samples in a row (the host
+    watchdog's rule, watchdog.*). The leader then sees a dead rank, stops the others and waits for memory before
+    it restarts the group."""
+
+    def __init__(self, docker: Docker, container: str, *, floor_gib: float, sample_s: float, samples: int,
+                 meminfo: str = "/proc/meminfo", sleep: Callable[[float], None] = time.sleep) -> None:
+        self.docker, self.container = docker, container
+        self.floor_gib, self.sample_s, self.samples = floor_gib, sample_s, samples
+        self.meminfo, self.sleep = meminfo, sleep
+        self.low = 0
+        self.trips = 0
+
+    def sample(self) -> bool:
+        """One sample; True when it killed the rank."""
+        mem = mem_available_gib(self.meminfo)
+        self.low = self.low + 1 if mem is not None and mem < self.floor_gib else 0
+        if self.low < self.samples:
+            return False
+        self.low = 0
+        data = self.docker.inspect(self.container)
+        if data is None or not data.get("State", {}).get("Running"):
+            return False
+        log(f"STOP: MemAvailable {mem} GiB below the floor {self.floor_gib:g} GiB for {self.samples} samples: "
+            f"killing {self.container}")
+        self.docker.act(self.container, "kill")
+        self.trips += 1
+        return True
+
+    def run(self) -> None:
+        while True:
+            try:
+                self.sample()
+            except (OSError, http.client.HTTPException, ValueError) as error:
+                log(f"memory guard: {error}")
+            self.sleep(self.sample_s)
+
+
 # --- the HTTP API -------------------------------------------------------------------------------------------
 
 def make_handler(cfg: dict[str, Any], docker: Docker, token: str, leader: Leader | None) -> type:
@@ -478,6 +518,10 @@ def main(argv: list[str]) -> int:
     log(f"{cfg['role']} for {cfg['container']} on {cfg['node']}, API on {cfg['listen_host']}:{cfg['listen_port']}")
     if leader is not None:
         threading.Thread(target=leader.run, name="leader", daemon=True).start()
+    if guard := cfg.get("memory_guard"):
+        threading.Thread(target=MemoryGuard(docker, cfg["container"], floor_gib=guard["floor_gib"],
+                                            sample_s=guard["sample_s"], samples=guard["samples"]).run,
+                         name="memory-guard", daemon=True).start()
     server.serve_forever()
     return 0
 

@@ -5,6 +5,8 @@
 #   ACTION     install | remove
 #   SHARE_DIR  under $HOME: the code, config and token (replaced whole on install)
 #   STATE_DIR  under $HOME: the leader's state (pause, restarts, history); kept on install, removed on remove
+#   IMAGE      the serving image the supervisor runs in
+#   NOTIFY     the first word of supervisor.notifyCommand ("" = none): it must exist in IMAGE now, not at 3 a.m.
 # Success (install): one JSON line on stdout: {"dir": ..., "state": ..., "socket": ...}, the host paths the
 # supervisor's container mounts.
 set -eu
@@ -32,4 +34,12 @@ case "$socket" in
   *) fail "${LINENO:-}" "DOCKER_HOST=$socket is not a unix socket: the supervisor mounts the node's docker socket" ;;
 esac
 [ -S "$socket" ] || fail "${LINENO:-}" "no docker socket at $socket on this node"
+if [ -n "$NOTIFY" ]; then
+  # shellcheck disable=SC2016 # $1 is the inner shell's
+  if ! timeout 120 docker run --rm --network none --entrypoint sh "$IMAGE" -c 'command -v "$1"' sh "$NOTIFY" \
+      >/dev/null 2>&1; then
+    fail "${LINENO:-}" "supervisor.notifyCommand runs '$NOTIFY', which the serving image does not have \
+(it runs in the supervisor's container); use a command the image has (sh, python3, curl if installed)"
+  fi
+fi
 printf '{"dir":"%s","state":"%s","socket":"%s"}\n' "$share" "$state" "$socket"

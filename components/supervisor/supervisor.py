@@ -12,10 +12,12 @@ It is created after the verifier: nothing supervises a deployment that never ver
 from __future__ import annotations
 
 import base64
+import functools
 import gzip
 import hashlib
 import io
 import json
+import shlex
 import tarfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -94,6 +96,11 @@ def agent_config(s: Settings, stack: str, node_index: int, *, endpoint: str) -> 
         "docker_socket": SOCKET_MOUNT,
         "container": labels.container_name(stack, node.name),
     }
+    if s.watchdog.enabled:
+        # The watchdog's rule again, in the process docker restarts at boot: the host watchdog (a nohup shell)
+        # does not come back after a reboot until the next `pulumi up`.
+        cfg["memory_guard"] = {"floor_gib": s.watchdog.mem_available_floor_gib,
+                               "sample_s": s.watchdog.sample_seconds, "samples": s.watchdog.consecutive_samples}
     if node_index == 0:
         gates = s.gates
         cfg.update({
@@ -138,11 +145,19 @@ def payload(cfg: Mapping[str, Any], token: str) -> tuple[str, str]:
     return base64.b64encode(buf.getvalue()).decode(), digest.hexdigest()[:16]
 
 
-def install_command(prefix: str, node: str, action: str) -> str:
+def notify_program(command: str) -> str:
+    """The first word of supervisor.notifyCommand: what must exist in the image."""
+    words = shlex.split(command) if command.strip() else []
+    return words[0] if words else ""
+
+
+def install_command(prefix: str, node: str, action: str, *, image: str = "", notify: str = "") -> str:
     script = scripts.render("supervisor/install.sh", {
         "ACTION": action,
         "SHARE_DIR": f".local/share/{prefix}/supervisor-{node}",
         "STATE_DIR": f".local/state/{prefix}/supervisor-{node}",
+        "IMAGE": image,
+        "NOTIFY": notify,
     })
     return scripts.sh_command(script, timeout_s=120, name="components/supervisor/install.sh")
 
@@ -180,11 +195,14 @@ class Supervisor(pulumi.ComponentResource):
         for node in args.nodes:
             cfg = agent_config(s, args.stack, node.index, endpoint=args.endpoint)
             files, code_hash = payload(cfg, args.token)
+            notify = notify_program(s.supervisor.notify_command) if node.index == 0 else ""
+            command = pulumi.Output.from_input(node.image_id).apply(
+                functools.partial(_install_with_image, args.stack_prefix, node.name, notify))
             install = remote.Command(
                 f"{name}-{node.name}-files",
                 connection=node.connection,
-                create=install_command(args.stack_prefix, node.name, "install"),
-                update=install_command(args.stack_prefix, node.name, "install"),
+                create=command,
+                update=command,
                 delete=install_command(args.stack_prefix, node.name, "remove"),
                 # Secret: it holds the token; the code's hash (a label below) shows a change in a preview.
                 stdin=pulumi.Output.secret(files),
@@ -219,6 +237,10 @@ class Supervisor(pulumi.ComponentResource):
             )
         self.url = leader_url(s)
         self.register_outputs({"url": self.url})
+
+
+def _install_with_image(prefix: str, node: str, notify: str, image: str) -> str:
+    return install_command(prefix, node, "install", image=image, notify=notify)
 
 
 def _paths(stdout: str) -> dict[str, str]:

@@ -170,3 +170,20 @@ def test_the_same_files_make_the_same_payload() -> None:
     # the payload is a secret input: any byte of difference would show as an update at every preview
     assert supervisor.payload({"x": 1}, "t") == supervisor.payload({"x": 1}, "t")
     assert supervisor.payload({"x": 1}, "t")[1] != supervisor.payload({"x": 2}, "t")[1]
+
+
+def test_the_memory_guard_kills_the_rank_on_the_second_low_sample(tmp_path: Path) -> None:
+    log: list[str] = []
+    docker = FakeDocker("node-2", log)
+    docker.add("rank-2")
+    meminfo = tmp_path / "meminfo"
+    guard = agent.MemoryGuard(docker, "rank-2", floor_gib=1.5, sample_s=1, samples=2,  # type: ignore[arg-type]
+                              meminfo=str(meminfo))
+    meminfo.write_text("MemTotal: 128000000 kB\nMemAvailable: 1048576 kB\n")  # 1 GiB
+    assert guard.sample() is False and log == []
+    meminfo.write_text("MemAvailable: 4194304 kB\n")  # back over the floor: the count starts again
+    assert guard.sample() is False
+    meminfo.write_text("MemAvailable: 1048576 kB\n")
+    assert guard.sample() is False
+    assert guard.sample() is True and log == ["kill node-2"]
+    assert guard.sample() is False and guard.sample() is False, "a rank already down is not killed again"

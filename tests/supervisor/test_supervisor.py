@@ -5,12 +5,16 @@ from __future__ import annotations
 import base64
 import io
 import json
+import socket
+import subprocess
 import tarfile
+from pathlib import Path
 
 import pytest
 
 from components.config import ConfigError, parse
 from components.deployment import deploy
+from components.supervisor import supervisor
 from tests.support import recording
 from tests.support.graph import CONTAINER, FIXTURES, config
 
@@ -82,3 +86,50 @@ def test_bad_values_are_refused_with_the_key(section: dict[str, object], needle:
     with pytest.raises(ConfigError) as err:
         parse(config(supervisor=section))
     assert needle in str(err.value)
+
+
+def run_install(tmp_path: Path, notify: str, docker_exit: int) -> subprocess.CompletedProcess[str]:
+    """install.sh as the node runs it: the payload on stdin, a fake `docker` on PATH, a real socket file."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "docker").write_text(f"#!/bin/sh\necho \"$*\" >> {tmp_path}/docker.log\nexit {docker_exit}\n")
+    (bin_dir / "docker").chmod(0o755)
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(tmp_path / "docker.sock"))
+    files, _ = supervisor.payload({"x": 1}, "tok")
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "DOCKER_HOST": f"unix://{tmp_path}/docker.sock"}
+    try:
+        return subprocess.run(["sh", "-c", supervisor.install_command("p", "n1", "install", image="img@sha256:1",
+                                                                      notify=notify)],
+                              input=files, capture_output=True, text=True, env=env, timeout=60)
+    finally:
+        sock.close()
+
+
+def test_install_unpacks_the_payload_and_names_the_paths(tmp_path: Path) -> None:
+    done = run_install(tmp_path, "", 0)
+    assert done.returncode == 0, done.stderr
+    paths = json.loads(done.stdout.strip().splitlines()[-1])
+    assert paths["socket"] == str(tmp_path / "docker.sock")
+    assert (Path(paths["dir"]) / "token").read_text() == "tok"
+    assert (Path(paths["dir"]) / "components" / "supervisor" / "agent.py").is_file()
+    assert not (tmp_path / "docker.log").exists(), "no notifyCommand, no image check"
+
+
+def test_an_unknown_notify_command_fails_at_install_not_at_3_am(tmp_path: Path) -> None:
+    done = run_install(tmp_path, "ntfy-send", 1)
+    assert done.returncode != 0
+    assert "supervisor.notifyCommand runs 'ntfy-send', which the serving image does not have" in done.stderr
+    assert "img@sha256:1" in (tmp_path / "docker.log").read_text(), "checked in the serving image itself"
+    found = tmp_path / "found"
+    found.mkdir()
+    assert run_install(found, "sh", 0).returncode == 0, "a command the image has passes"
+
+
+def test_the_notify_program_is_the_first_word() -> None:
+    assert supervisor.notify_program("curl -fsS -d @- https://x") == "curl"
+    assert supervisor.notify_program("'/opt/my tool' --x") == "/opt/my tool"
+    assert supervisor.notify_program("") == ""
+    with pytest.raises(ConfigError) as err:
+        parse(config(supervisor={"notifyCommand": "echo 'unbalanced"}))
+    assert "supervisor.notifyCommand" in str(err.value) and "quotes" in str(err.value)
