@@ -198,6 +198,7 @@ def reboot(index: int) -> str:
 def test_a_rebooted_worker_then_a_rebooted_head_are_served_again_with_no_pulumi_command(
         supervised: Deployment) -> None:
     d = supervised
+    assert cli(d, "resume").returncode == 0  # a fresh budget (maxRestarts 2 here): one restart per reboot
     for node in (d.sim["nodes"][1], d.sim["nodes"][0]):
         before = armed(d)
         started = time.monotonic()
@@ -208,6 +209,12 @@ def test_a_rebooted_worker_then_a_rebooted_head_are_served_again_with_no_pulumi_
         assert last["result"] == "verified" and f"node-{node['index']}" in last["cause"], last
         for n in d.sim["nodes"]:
             assert rank_state(d, n)["Running"], n
+    # The memory guard lives in the agents, which docker brought back on both nodes.
+    prefix = labels.stack_prefix("dsv41-exl3", d.name)
+    for n in d.sim["nodes"]:
+        ps = docker_on(n["index"], "ps", "--filter", f"name={prefix}-supervisor-node-{n['index']}",
+                       "--format", "{{.Status}}").stdout
+        assert ps.startswith("Up"), (n, ps)
 
 
 @pytest.mark.timeout(900)
