@@ -494,8 +494,11 @@ def stop_pid(pidfile: Path, name: str, timeout_s: float = 30.0, *, with_sessions
 
 
 def daemon_env() -> dict[str, str]:
-    """This environment minus proxy settings: the sim's daemons only ever talk to loopback addresses."""
-    return {k: v for k, v in os.environ.items() if "proxy" not in k.lower() and k != "PYTHONPATH"}
+    """This environment minus proxy settings (the sim's daemons only ever talk to loopback addresses) and minus
+    XDG_* directories: a daemon outlives its caller, and a caller's runtime directory (a login session's, a test
+    session's) goes away with it; runc keeps its exec files there, and every later `docker exec` fails."""
+    return {k: v for k, v in os.environ.items()
+            if "proxy" not in k.lower() and k != "PYTHONPATH" and not k.startswith("XDG_")}
 
 
 def spawn(argv: Sequence[str], logfile: Path, cgroup: Path | None = None) -> subprocess.Popen[bytes]:

@@ -590,3 +590,12 @@ def test_reboot_is_a_power_cut_then_docker_restart_policies(reboot_node: tuple[i
     assert stopped["Status"] == "exited" and stopped["ExitCode"] in (137, 255), stopped
     ps = on_node(node, ip, "docker ps --format '{{.Names}}'")
     assert ps.returncode == 0 and ps.stdout.split() == ["dsv41-reboot-unless"], ps.stdout + ps.stderr
+
+
+def test_the_sim_daemons_get_no_runtime_directory_of_their_caller(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A test session's XDG_RUNTIME_DIR (tests/conftest.py) inherited by a rebooted dockerd broke every later
+    # `docker exec` once that session's directory was gone (runc keeps its exec files there).
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "/tmp/gone-with-the-caller")
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
+    env = cluster.daemon_env()
+    assert not [k for k in env if k.startswith("XDG_") or "proxy" in k.lower()], env
