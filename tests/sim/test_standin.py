@@ -48,7 +48,7 @@ from components.serving import spec as serve_spec
 from components.verify.client import DecodeMeasurement, Passed, measure_decode, probe_endpoint, verify_endpoint
 from components.verify.verdict import DECODE_PROBE_PROMPTS, VERIFY_PROMPT, Failed, Reason
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 STANDIN_DIR = REPO / "sim" / "standin"
 ENTRYPOINT = STANDIN_DIR / "vllm"
 API_KEY = "sk-sim-standin-0123456789"
