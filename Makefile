@@ -83,7 +83,7 @@ clean-cache:
 # --- simulated cluster (sim/README.md): loopback nodes with their own dockerd + sshd, a registry, a hub
 # stand-in and the stand-in image. Installs its Debian packages itself when missing (as root).
 # `make sim-up SIM_NODES=4`; `make sim-down` stops it all and removes containers (the image cache stays).
-.PHONY: sim-up sim-down sim-image
+.PHONY: sim-up sim-down sim-image record-real
 SIM_NODES ?= 2
 
 sim-up: venv
@@ -94,6 +94,11 @@ sim-image: venv
 
 sim-down:
 	$(PYTHON) -m sim.cluster down
+
+# Real vLLM's logs, answers and exit codes as fixtures (tests/support/fixtures/real-vllm) the stand-in is held to.
+record-real: toolchain
+	@test -f .state/sim/sim.json || $(MAKE) --no-print-directory sim-up
+	$(WITH_ENV) $(PY) -m sim.record
 # --- end simulated cluster
 
 # --- demo on the simulated cluster: `make demo` brings everything up and deploys the `sim` stack to a verified

@@ -45,7 +45,10 @@ SERVE_USAGE = "usage: vllm serve [model_tag] [options]"
 TOP_USAGE = "usage: vllm [-h] [-v] {chat,complete,serve,bench,collect-env,run-batch} ..."
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
-EXIT_SIGTERM = 143  # what docker reports for a process ended by SIGTERM
+# Real vLLM 0.32 (tests/support/fixtures/real-vllm/stopped-*): the head and a headless worker stopped by SIGTERM
+# shut down and exit 0; a worker loading weights does not return to Python to run the handler, so a stop then
+# ends in docker's SIGKILL (137).
+EXIT_STOPPED = 0
 CLAMPED_LOGPROB = -9999.0  # vLLM's max(x, -9999.0) at every output site
 FAULTS = ("nan-logits", "worker-exit-after-load", "rank-never-joins", "stall-after-load", "wrong-answer")
 # Faults a serving head takes on at run time, from SIM_FAULT_FILE: a verified deployment that breaks later.
@@ -55,6 +58,14 @@ DEFAULT_FAULT_FILE = "/tmp/sim-fault"
 # vLLM's serving_chat.py refusal of a request with `tools` (tool_choice "auto" is the default then).
 AUTO_TOOL_CHOICE_MESSAGE = '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
 NAN_MESSAGE = "Out of range float values are not JSON compliant"
+BANNER = (
+    "",
+    "       █     █     █▄   ▄█",
+    " ▄▄ ▄█ █     █     █ ▀▄▀ █  version {version}",
+    "  █▄█▀ █     █     █     █  model   {model}",
+    "   ▀▀  ▀▀▀▀▀ ▀▀▀▀▀ ▀     ▀",
+    "",
+)
 ENGINE_DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 
 # ---------------------------------------------------------------------------------------------
@@ -521,7 +532,9 @@ def load_checkpoint(args: ServeArgs, env: SimEnv, who: str) -> bytes:
         _absorb(digest, path)
         _pace(start + done * per_file)
         now = time.monotonic()
-        if now - last_line >= 1.0 or done in (1, len(shards)):
+        # The progress bar is rank 0's alone (weight_utils.py: tqdm disabled unless get_rank() == 0): a worker
+        # loads in silence (fixtures/real-vllm/boot/worker.log.jsonl).
+        if args.node_rank == 0 and (now - last_line >= 1.0 or done in (1, len(shards))):
             elapsed = now - start
             rate = done / elapsed if elapsed > 0 else 0.0
             left = (len(shards) - done) / rate if rate else 0.0
@@ -743,8 +756,11 @@ class WorkerLink:
     def __init__(self, node_rank: int, sock: socket.socket, reader: BinaryIO) -> None:
         self.node_rank = node_rank
         self.sock = sock
+        host, port = sock.getpeername()[:2]
+        self.peer = f"[{host}]:{port}"  # as gloo names a peer
         self.reader = reader
         self.ready = threading.Event()
+        self.closed = False  # the worker's end went away (its process died, the connection reset)
         self._cond = threading.Condition()
         self._results: dict[int, list[float]] = {}
 
@@ -763,8 +779,11 @@ class WorkerLink:
                         self._cond.notify_all()
         except (OSError, ValueError):
             pass
-        # A worker that went away is not noticed here, as in vLLM: the head only sees that its
-        # replies stop coming, when a step's RPC times out.
+        # A worker that went away is noticed by nobody until the next step needs it, as in vLLM: an idle head
+        # prints nothing and /health stays 200 (fixtures/real-vllm/killed-worker).
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
 
     def request(self, step_id: int, key: str) -> None:
         with contextlib.suppress(OSError):  # same: the missing reply is what the head notices
@@ -774,7 +793,7 @@ class WorkerLink:
         with self._cond:
             while step_id not in self._results:
                 left = deadline - time.monotonic()
-                if left <= 0:
+                if left <= 0 or self.closed:
                     return None
                 self._cond.wait(min(left, 1.0))
             return self._results.pop(step_id)
@@ -934,13 +953,8 @@ def serve_steps(
             for rank in ranks:
                 total = [a + b for a, b in zip(total, partial_logits(weights, rank, key, nan), strict=True)]
             _send(sock, {"op": "result", "id": message["id"], "partial": total})
-    LOG(
-        who,
-        "multiproc_executor.py:702",
-        "Connection to the head node closed; shutting down the worker.",
-        "ERROR",
-    )
-    die(EXIT_FAILURE)
+    # Real vLLM (fixtures/real-vllm/killed-head): a worker whose head died stays alive and prints nothing.
+    sleep_forever()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1003,6 +1017,7 @@ class Engine:
         self.generation_tokens = 0
         self.steps = 0
         self.running = 0
+        self.finished = 0
         # What /metrics reports as num_requests_running: like vLLM's scheduler stats, set after each completed
         # step (and lowered as requests finish), so a step that hangs leaves it where the last step left it.
         self.running_reported = 0
@@ -1032,7 +1047,10 @@ class Engine:
             for link in self.links:
                 part = link.result(step_id, deadline)
                 if part is None:
-                    self._die(link.node_rank)
+                    if link.closed:
+                        self._peer_closed(link.node_rank)
+                    else:
+                        self._die(link.node_rank)
                     raise EngineDead()
                 total = [a + b for a, b in zip(total, part, strict=True)]
             with self.stats_lock:
@@ -1040,8 +1058,51 @@ class Engine:
                 self.running_reported = self.running
         return total
 
+    def _peer_closed(self, node_rank: int) -> None:
+        """A step over a worker that is gone: the collective fails at once (gloo's "Connection closed by peer"),
+        the engine core dies, and the API server shuts down and exits 0, as real vLLM 0.32 did
+        (tests/support/fixtures/real-vllm/killed-worker). The texts are the recording's."""
+        self.dead = True
+        peer = self.links[[link.node_rank for link in self.links].index(node_rank)].peer
+        gloo = (
+            f"[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+            f"{peer}. This is typically caused by a remote worker crashing. Check the logs of the remote worker "
+            "before reporting an error. GLHF! \U0001f3d6\ufe0f"
+        )
+        LOG(worker_name(self.local_ranks[0]), "multiproc_executor.py:1063", "WorkerProc hit an exception.", "ERROR")
+        LOG.traceback(
+            [
+                '  File "/usr/local/lib/python3.12/dist-packages/torch/distributed/distributed_c10d.py", '
+                "line 3252, in all_reduce",
+                "    work.wait()",
+            ],
+            f"RuntimeError: {gloo}",
+        )
+        LOG("EngineCore", "core.py:1512", "EngineCore encountered a fatal error.", "ERROR")
+        LOG.traceback(
+            [
+                '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/executor/multiproc_executor.py", '
+                "line 444, in get_response",
+                "    raise RuntimeError(",
+            ],
+            f"RuntimeError: Worker failed with error '{gloo}', please check the stack trace above for the root cause",
+        )
+        LOG("APIServer", "async_llm.py:906", "AsyncLLM output_handler failed.", "ERROR")
+        LOG.traceback([], f"vllm.v1.engine.exceptions.EngineDeadError: {ENGINE_DEAD_MESSAGE}")
+
+        def shut_down() -> None:
+            time.sleep(0.2)  # the failing request gets its 500 first
+            pid = os.getpid()
+            for text in ("Shutting down", "Waiting for application shutdown.", "Application shutdown complete.",
+                         f"Finished server process [{pid}]"):
+                LOG.raw(f"INFO:     {text}")
+            die(0)
+
+        threading.Thread(target=shut_down, daemon=True).start()
+
     def _die(self, node_rank: int) -> None:
-        """vLLM's execute_model RPC timeout: the engine core dies and the API server goes with it."""
+        """vLLM's execute_model RPC timeout (a worker alive but not answering): the engine core dies and the
+        API server goes with it."""
         self.dead = True
         who = "EngineCore_DP0"
         LOG(who, "core.py:860", "EngineCore encountered a fatal error.", "ERROR")
@@ -1095,6 +1156,8 @@ class Engine:
                 yield Token(chosen, clamp(logprobs[chosen]), top, finish)
                 generated.append(chosen)
                 if finish:
+                    with self.stats_lock:
+                        self.finished += 1
                     return
         finally:
             with self.stats_lock:
@@ -1130,21 +1193,31 @@ def _message_text(content: Any) -> str:
     )
 
 
+def _validation_error(name: str, value: Any, kind: str, msg: str) -> ApiError:
+    """FastAPI's request validation answer, as real vLLM 0.32 sent it (fixtures/real-vllm/http/error-bad-field)."""
+    detail = {"type": kind, "loc": f"body.{name}", "msg": msg, "input": value}
+    return ApiError(400, f"1 validation error:\n  {detail!r}", "Bad Request", f"body.{name}")
+
+
 def _number(body: Mapping[str, Any], name: str, default: Any, kind: type) -> Any:
+    """A numeric field as pydantic's lax mode reads it: numbers, and strings that parse as one."""
     value = body.get(name)
     if value is None:
         return default
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or (kind is int and not isinstance(value, int))
-    ):
-        raise ApiError(
-            400,
-            f"{name} must be a{'n integer' if kind is int else ' number'}, got {value!r}",
-            "BadRequestError",
-            name,
-        )
+    word = "an integer" if kind is int else "a number"
+    if isinstance(value, str):
+        try:
+            return kind(value.strip())
+        except ValueError:
+            raise _validation_error(name, value, f"{kind.__name__}_parsing",
+                                    f"Input should be a valid {word[3:] if kind is int else word[2:]}, unable to "
+                                    f"parse string as {word}") from None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _validation_error(name, value, f"{kind.__name__}_type", f"Input should be a valid "
+                                f"{'integer' if kind is int else 'number'}")
+    if kind is int and isinstance(value, float) and not value.is_integer():
+        raise _validation_error(name, value, "int_from_float",
+                                "Input should be a valid integer, got a number with a fractional part")
     return kind(value)
 
 
@@ -1161,7 +1234,8 @@ def parse_chat(
         raise ApiError(400, "the request body must be a JSON object", "BadRequestError")
     model = body.get("model") or served[0]
     if model not in served:
-        raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+        raise ApiError(404, f"The model `{model}` does not exist. Valid aliases: {', '.join(served)}.",
+                       "NotFoundError", "model")
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
         raise ApiError(
@@ -1176,6 +1250,14 @@ def parse_chat(
     if max_tokens < 1:
         raise ApiError(
             400, f"max_tokens must be at least 1, got {max_tokens}.", "BadRequestError", "max_tokens"
+        )
+    if max_tokens > max_model_len:  # checked first, as in vLLM 0.32 (fixtures/real-vllm/http)
+        raise ApiError(
+            400,
+            f"max_tokens={max_tokens} cannot be greater than max_model_len={max_model_len}. Please request fewer "
+            f"output tokens. (parameter=max_tokens, value={max_tokens})",
+            "BadRequestError",
+            "max_tokens",
         )
     if prompt_tokens + max_tokens > max_model_len:
         raise ApiError(
@@ -1355,18 +1437,29 @@ class Api:
         return {"object": "list", "data": data}
 
     def metrics(self) -> str:
+        """The series the program reads, with vLLM 0.32's names and types (fixtures/real-vllm/metrics)."""
         e = self.engine
-        name = e.served[0]
+        labels = f'engine="0",model_name="{e.served[0]}"'
         with e.stats_lock:
-            rows = [
-                ("vllm:num_requests_running", "gauge", e.running_reported),
-                ("vllm:prompt_tokens_total", "counter", e.prompt_tokens),
-                ("vllm:generation_tokens_total", "counter", e.generation_tokens),
-                ("vllm:iteration_tokens_total_count", "counter", e.steps),
+            running, steps = e.running_reported, e.steps
+            out = [
+                "# TYPE vllm:num_requests_running gauge", f"vllm:num_requests_running{{{labels}}} {float(running)}",
+                "# TYPE vllm:num_requests_waiting gauge", f"vllm:num_requests_waiting{{{labels}}} 0.0",
+                # a sequence's KV blocks held while it runs: a tiny share of a GB10's cache per request
+                "# TYPE vllm:kv_cache_usage_perc gauge",
+                f"vllm:kv_cache_usage_perc{{{labels}}} {min(running * 0.001, 1.0)}",
+                "# TYPE vllm:prompt_tokens_total counter",
+                f"vllm:prompt_tokens_total{{{labels}}} {float(e.prompt_tokens)}",
+                "# TYPE vllm:generation_tokens_total counter",
+                f"vllm:generation_tokens_total{{{labels}}} {float(e.generation_tokens)}",
+                "# TYPE vllm:request_success_total counter",
+                f'vllm:request_success_total{{{labels},finished_reason="length"}} {float(e.finished)}',
+                # tokens per engine step: its _count counts the steps
+                "# TYPE vllm:iteration_tokens_total histogram",
+                f'vllm:iteration_tokens_total_bucket{{{labels},le="+Inf"}} {float(steps)}',
+                f"vllm:iteration_tokens_total_count{{{labels}}} {float(steps)}",
+                f"vllm:iteration_tokens_total_sum{{{labels}}} {float(e.prompt_tokens + e.generation_tokens)}",
             ]
-        out = []
-        for metric, kind, value in rows:
-            out += [f"# TYPE {metric} {kind}", f'{metric}{{engine="0",model_name="{name}"}} {float(value)}']
         return "\n".join(out) + "\n"
 
 
@@ -1388,7 +1481,7 @@ def make_handler(api: Api) -> type[BaseHTTPRequestHandler]:
             host, port = self.client_address[:2]
             phrase = self.responses.get(status, ("",))[0]
             LOG.raw(
-                f"(APIServer pid={os.getpid()}) INFO:     {host}:{port} - "
+                f"INFO:     {host}:{port} - "
                 f'"{self.command} {self.path} {self.request_version}" {status} {phrase}'
             )
 
@@ -1497,8 +1590,9 @@ def make_handler(api: Api) -> type[BaseHTTPRequestHandler]:
                     "annotations": None,
                     "audio": None,
                     "function_call": None,
-                    "tool_calls": calls,
-                    "reasoning_content": None,
+                    # vLLM 0.32 sends `tool_calls` only when there are some, and the reasoning as `reasoning`
+                    **({"tool_calls": calls} if calls else {}),
+                    "reasoning": None,
                 },
                 "logprobs": {"content": logprobs_content(tokens)} if req.logprobs else None,
                 "finish_reason": "tool_calls" if calls else (tokens[-1].finish_reason if tokens else "length"),
@@ -1543,6 +1637,9 @@ def make_handler(api: Api) -> type[BaseHTTPRequestHandler]:
             )
 
         def _stream(self, req: ChatRequest) -> None:
+            if api.engine.dead:  # an engine already known dead answers a stream as plain JSON (as recorded)
+                self._json(500, ApiError(500, ENGINE_DEAD_MESSAGE, "InternalServerError").body)
+                return
             self.send_response(200)
             self.send_header("content-type", "text/event-stream; charset=utf-8")
             self.send_header("transfer-encoding", "chunked")
@@ -1556,38 +1653,34 @@ def make_handler(api: Api) -> type[BaseHTTPRequestHandler]:
             }
             usage: dict[str, Any] = {"usage": None} if req.include_usage else {}
             completion = 0
+            # The role chunk goes out with the first step's output, as in vLLM: a step that fails first leaves
+            # the error event alone in the stream (fixtures/real-vllm/killed-worker-streamed).
+            pending = [{**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                             "logprobs": None, "finish_reason": None}], **usage}]
+
+            def emit(payload: Any) -> None:
+                while pending:
+                    self._event(pending.pop())
+                self._event(payload)
+
             try:
-                self._event(
-                    {
-                        **head,
-                        "choices": [
-                            {
-                                "index": 0,
-                                "delta": {"role": "assistant", "content": ""},
-                                "logprobs": None,
-                                "finish_reason": None,
-                            }
-                        ],
-                        **usage,
-                    }
-                )
                 try:
                     if req.tool is not None:
                         completion = sum(1 for _ in api.engine.generate(_for_engine(req)))
                         call = tool_call(req.tool, req.prompt)
-                        self._event({**head, "choices": [{
+                        emit({**head, "choices": [{
                             "index": 0,
                             "delta": {"tool_calls": [{"index": 0, **call}]},
                             "logprobs": None,
                             "finish_reason": None,
                         }], **usage})
-                        self._event({**head, "choices": [{
+                        emit({**head, "choices": [{
                             "index": 0, "delta": {}, "logprobs": None, "finish_reason": "tool_calls",
                             "stop_reason": None,
                         }], **usage})
                     for token in [] if req.tool is not None else api.engine.generate(req):
                         completion += 1
-                        self._event(
+                        emit(
                             {
                                 **head,
                                 "choices": [
@@ -1598,14 +1691,16 @@ def make_handler(api: Api) -> type[BaseHTTPRequestHandler]:
                                         if req.logprobs
                                         else None,
                                         "finish_reason": token.finish_reason,
-                                        "stop_reason": None,
+                                        # only on the last chunk, as vLLM 0.32 sends it
+                                        **({"stop_reason": None} if token.finish_reason else {}),
                                     }
                                 ],
                                 **usage,
                             }
                         )
-                except EngineDead:
-                    self._event(ApiError(500, ENGINE_DEAD_MESSAGE, "InternalServerError").body)
+                except EngineDead:  # sent as vLLM does, with json.dumps' default separators
+                    self._chunk(b"data: " + json.dumps(ApiError(500, ENGINE_DEAD_MESSAGE,
+                                                                "InternalServerError").body).encode() + b"\n\n")
                 if req.include_usage:
                     self._event(
                         {
@@ -1652,8 +1747,29 @@ def log_engine_stats(engine: Engine, interval_s: float = 10.0) -> None:
 # The serve command
 
 
+# What SIGTERM does depends on who we are and what we are doing: set by serve().
+_ROLE = {"headless": False, "loading": False}
+
+
 def _on_signal(signum: int, frame: FrameType | None) -> None:
-    die(EXIT_SIGTERM if signum == signal.SIGTERM else 130)
+    if signum != signal.SIGTERM:
+        die(130)
+    if _ROLE["headless"]:
+        if _ROLE["loading"]:
+            return  # busy in the loader: the stop ends in docker's SIGKILL
+        die(EXIT_STOPPED)
+    threading.Thread(target=_head_shutdown, daemon=True).start()  # not in the handler: LOG takes a lock
+
+
+def _head_shutdown() -> None:
+    """The head's SIGTERM, as recorded: uvicorn shuts down, the engine client dies with it, exit 0."""
+    LOG("APIServer", "launcher.py:254", "[shutdown] API server: shutdown triggered")
+    LOG.raw("INFO:     Shutting down")
+    LOG("APIServer", "async_llm.py:906", "AsyncLLM output_handler failed.", "ERROR")
+    LOG.traceback([], f"vllm.v1.engine.exceptions.EngineDeadError: {ENGINE_DEAD_MESSAGE}")
+    LOG.raw("INFO:     Waiting for application shutdown.")
+    LOG.raw("INFO:     Application shutdown complete.")
+    die(EXIT_STOPPED)
 
 
 def _kv_lines(args: ServeArgs, max_model_len: int) -> tuple[str, str]:
@@ -1670,10 +1786,11 @@ def _graph_lines(args: ServeArgs, env: SimEnv, who: str) -> None:
     if args.enforce_eager:
         return
     sizes = len(args.get("--cudagraph-capture-sizes") or range(67))
-    LOG.raw(
-        f"({who} pid={os.getpid()}) Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%|"
-        f"██████████| {sizes}/{sizes} [00:02<00:00,  3.90it/s]"
-    )
+    if args.node_rank == 0:  # the bar is the global first rank's alone (is_global_first_rank)
+        LOG.raw(
+            f"({who} pid={os.getpid()}) Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%|"
+            f"██████████| {sizes}/{sizes} [00:02<00:00,  3.90it/s]"
+        )
     time.sleep(env.graph_seconds)
     LOG(who, "gpu_model_runner.py:3900", f"Graph capturing finished in {env.graph_seconds:g} secs, took 0.12 GiB")
 
@@ -1709,7 +1826,9 @@ def serve(args: ServeArgs, env: SimEnv) -> NoReturn:
     local_ranks = [args.node_rank * local_world + i for i in range(local_world)]
     api_key = env.api_key or args.get("--api-key")
     headless = args.is_worker
-    LOG(None if headless else "APIServer", "utils.py:253", args_line(args))
+    _ROLE["headless"] = headless
+    if not headless:  # the API server's line: a headless worker prints none (fixtures/real-vllm/boot)
+        LOG("APIServer", "api_utils.py:286", args_line(args))
     if headless:
         LOG(
             None,
@@ -1718,7 +1837,8 @@ def serve(args: ServeArgs, env: SimEnv) -> NoReturn:
             f"node address {args.master_addr} for torch.distributed process group.",
         )
     else:
-        LOG("APIServer", "api_server.py:1896", f"vLLM API server version {VLLM_VERSION}")
+        for text in BANNER:  # vLLM 0.32's start banner (api_utils.py), as recorded
+            LOG("APIServer", "api_utils.py:347", text.format(version=VLLM_VERSION, model=args.model))
     httpd: ThreadingHTTPServer | None = None
     if not headless:
         # vLLM binds the API socket before the engine starts and listens only once it is ready:
@@ -1747,6 +1867,14 @@ def serve(args: ServeArgs, env: SimEnv) -> NoReturn:
             f"enforce_eager={args.enforce_eager}, "
             f"enable_prefix_caching={args.switch('enable-prefix-caching')}",
         )
+        if args.nnodes > 1:
+            LOG(
+                "EngineCore",
+                "multiproc_executor.py:153",
+                f"DP group leader: node_rank=0, node_rank_within_dp=0, master_addr={args.master_addr}, "
+                f"mq_connect_ip={args.master_addr} (local), world_size={args.world_size}, "
+                f"local_world_size={local_world}",
+            )
     init = f"tcp://{_tcp_address(args.master_addr, args.master_port)}"
     for rank in local_ranks:
         LOG(
@@ -1764,15 +1892,19 @@ def serve(args: ServeArgs, env: SimEnv) -> NoReturn:
             head_link = join_rendezvous(args, env)
         else:
             links = host_rendezvous(args, env)
+    ep = args.switch("enable-expert-parallel")
     for rank in local_ranks:
+        # Printed once per process after the group formed (vLLM 0.32 wording, fixtures/real-vllm/boot).
         LOG(
-            worker_name(rank),
-            "parallel_state.py:1611",
-            f"rank {rank} in world size {args.world_size} is "
-            f"assigned as DP rank 0, PP rank 0, TP rank {rank}, EP rank {rank}",
+            "Worker",
+            "parallel_state.py:2350",
+            f"rank {rank} in world size {args.world_size} is assigned as DP rank 0, PP rank 0, PCP rank 0, "
+            f"TP rank {rank}, ETP rank {rank}, EP rank {rank if ep else 'N/A'}, EPLB rank N/A",
         )
-        LOG(worker_name(rank), "pynccl.py:103", f"vLLM is using nccl=={NCCL_VERSION}")
+        if rank == 0:  # pynccl's version line: rank 0 only (hardware only: the CPU build has no NCCL)
+            LOG(worker_name(rank), "pynccl.py:103", f"vLLM is using nccl=={NCCL_VERSION}")
     who = worker_name(local_ranks[0])
+    _ROLE["loading"] = True
     try:
         weights = load_checkpoint(args, env, who)
     except (OSError, LoadFailure) as err:
@@ -1798,6 +1930,7 @@ def serve(args: ServeArgs, env: SimEnv) -> NoReturn:
                 "Failed core proc(s): {}",
             )
         die(EXIT_FAILURE)
+    _ROLE["loading"] = False
     if env.fault == "stall-after-load":
         sleep_forever()
     max_model_len = int(args.get("--max-model-len") or _config_max_len(Path(args.model)))
@@ -1825,7 +1958,7 @@ def serve(args: ServeArgs, env: SimEnv) -> NoReturn:
     LOG(
         "EngineCore_DP0",
         "core.py:250",
-        f"init engine (profile, create kv cache, warmup model) took {time.monotonic() - start:.2f} seconds",
+        f"init engine (profile, create kv cache, warmup model) took {time.monotonic() - start:.2f} s",
     )
     assert httpd is not None
     engine = Engine(weights, local_ranks, links, env, args.served_model_names)
@@ -1849,7 +1982,7 @@ def serve(args: ServeArgs, env: SimEnv) -> NoReturn:
         "Waiting for application startup.",
         "Application startup complete.",
     ):
-        LOG.raw(f"(APIServer pid={pid}) INFO:     {text}")
+        LOG.raw(f"INFO:     {text}")  # uvicorn's own lines carry no vLLM prefix
     threading.Thread(target=log_engine_stats, args=(engine,), daemon=True).start()
     httpd.serve_forever(poll_interval=0.2)
     die(0)

@@ -9,6 +9,7 @@ as an operator would: every test leaves it healthy and verified for the next.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import tempfile
 import time
@@ -193,7 +194,10 @@ def test_watchdog_floor_above_memavailable_stops_the_rank_and_records_why(deploy
     deployed.write_config(cfg)
     try:
         message, _ = deployed.up_fails()
-        assert "exit 137" in message or "exit 143" in message, f"the gates must see the stopped rank:\n{message}"
+        # Real vLLM exits 0 on SIGTERM (a loading worker ignores it: 137 after docker's grace); either way the
+        # gates' hint points at the watchdog's log.
+        assert re.search(r"exit(?: code)? (?:0|137)\b", message) and "watchdog" in message, (
+            f"the gates must see the stopped rank and name the watchdog:\n{message}")
         # The sim's nodes share this machine's home directory, where each node's watchdog logs (per stack).
         path = Path.home() / ".local" / "state" / f"dsv41-exl3-{deployed.name}" / "watchdog.log"
 

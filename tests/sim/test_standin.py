@@ -57,7 +57,7 @@ WORKER_IP = "127.0.0.2"  # the worker's "fabric IP": also loopback, so VLLM_HOST
 LOAD_SECONDS = "0.4"
 IMAGE_CHAT_TEMPLATE = "/opt/dsv41/chat_template.jinja"
 VLLM_LINE = re.compile(
-    r"^(?:\((?:APIServer|EngineCore_DP0|Worker_TP\d+) pid=\d+\) )?"
+    r"^(?:\((?:APIServer|EngineCore(?:_DP\d+)?|Worker(?:_TP\d+)?|MainProcess) pid=\d+\) )?"
     r"(?:(?:INFO|WARNING|ERROR) \d\d-\d\d \d\d:\d\d:\d\d \[[\w.]+:\d+\] "
     r"|INFO:     |Loading safetensors|Capturing CUDA)"
 )
@@ -169,6 +169,8 @@ class LocalRanks:
 
     def state(self, rank: int) -> ContainerState:
         code = self.ranks[rank].proc.poll()
+        if code is not None:  # as docker's: an exited container's log is complete
+            self.ranks[rank]._reader.join(timeout=2)
         return ContainerState("running" if code is None else "exited", code, "2026-01-01T00:00:00Z")
 
     def usage(self, rank: int) -> ContainerUsage:
@@ -502,7 +504,7 @@ class TestHealthyCluster:
         assert status == 404
         assert json.loads(body) == {
             "error": {
-                "message": "The model `nope` does not exist.",
+                "message": "The model `nope` does not exist. Valid aliases: DeepSeek-v4.1-Flash-EXL3.",
                 "type": "NotFoundError",
                 "param": "model",
                 "code": 404,
@@ -542,6 +544,9 @@ class TestHealthyCluster:
         status, body = post(c, chat(VERIFY_PROMPT, top_logprobs=2), key=API_KEY)
         assert status == 400 and "`logprobs` must be set to true" in json.loads(body)["error"]["message"]
         status, body = post(c, chat(VERIFY_PROMPT, max_tokens=700000), key=API_KEY)
+        assert status == 400 and "max_tokens=700000 cannot be greater than max_model_len=600000" in json.loads(
+            body)["error"]["message"]
+        status, body = post(c, chat(VERIFY_PROMPT, max_tokens=599999), key=API_KEY)
         assert status == 400 and "maximum context length is 600000" in json.loads(body)["error"]["message"]
 
     def test_decode_rate_matches_the_configured_40_tokens_per_second(self, healthy: Healthy) -> None:
@@ -635,25 +640,70 @@ def test_nan_on_a_worker_alone_poisons_the_heads_answers(checkpoint: Path) -> No
         stop(ranks)
 
 
-def test_worker_exit_leaves_health_200_and_completions_hung(launch: Callable[..., Cluster]) -> None:
-    cluster = launch(
-        cluster_settings(
-            extra_env={"SIM_FAULT": "worker-exit-after-load", "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "4"}
-        )
-    )
+def test_a_dead_worker_leaves_health_200_then_fails_the_next_request_and_the_head_exits_0(
+    launch: Callable[..., Cluster],
+) -> None:
+    # As real vLLM 0.32 did (tests/support/fixtures/real-vllm/killed-worker): the idle head says nothing and
+    # /health stays 200; the next request fails at once with the EngineCore 500; the head then exits 0.
+    cluster = launch(cluster_settings(extra_env={"SIM_FAULT": "worker-exit-after-load"}))
     head, worker = cluster.ranks
     assert worker.wait_exit(15) == 1
-    assert "WorkerProc hit an exception" in worker.text() and "Model loading took" in worker.text()
+    assert "WorkerProc hit an exception" in worker.text() and "Loading weights took" in worker.text()
     head.wait_for_line(r"Application startup complete", 15)
+    time.sleep(0.5)
+    quiet = len(head.lines)
     assert post(cluster, {}, path="/health", method="GET") == (200, b"")
+    assert [ln for ln in head.lines[quiet:] if "GET /health" not in ln] == [], "an idle head notices nothing"
     started = time.monotonic()
-    outcome = verify_endpoint(cluster.endpoint, cluster.model, timeout_s=1.5)
-    assert isinstance(outcome, Failed) and outcome.reason is Reason.HUNG_RANK, outcome
-    assert time.monotonic() - started < 4
-    # vLLM's execute_model RPC timeout: the engine dies and the API server with it
-    assert head.wait_exit(10) == 1
-    assert "TimeoutError: RPC call to sample_tokens timed out." in head.text()
-    assert "EngineDeadError" in head.text()
+    outcome = verify_endpoint(cluster.endpoint, cluster.model, timeout_s=10)
+    assert isinstance(outcome, Failed) and outcome.reason is Reason.DEAD_RANK, outcome
+    assert time.monotonic() - started < 3, "the request fails at once, not at a timeout"
+    assert head.wait_exit(10) == 0
+    assert "WorkerProc hit an exception." in head.text()
+    assert "RuntimeError: Worker failed with error" in head.text() and "Connection closed by peer" in head.text()
+
+
+def test_a_worker_alive_but_not_answering_times_the_step_out(launch: Callable[..., Cluster]) -> None:
+    # A rank that hangs (not dead: its connection stays open) is what VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS is for.
+    cluster = launch(
+        cluster_settings(extra_env={"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "2"})
+    )
+    head, worker = cluster.ranks
+    head.wait_for_line(r"Application startup complete", 15)
+    os.kill(worker.proc.pid, signal.SIGSTOP)
+    try:
+        outcome = verify_endpoint(cluster.endpoint, cluster.model, timeout_s=1.0)
+        assert isinstance(outcome, Failed) and outcome.reason is Reason.HUNG_RANK, outcome
+        assert head.wait_exit(10) == 1
+        assert "TimeoutError: RPC call to sample_tokens timed out." in head.text()
+    finally:
+        os.kill(worker.proc.pid, signal.SIGCONT)
+
+
+def test_a_worker_stopped_by_sigterm_exits_0_and_one_loading_ignores_it(launch: Callable[..., Cluster]) -> None:
+    # Real vLLM 0.32 (fixtures/real-vllm/stopped-worker): a headless worker stopped by SIGTERM exits 0; while
+    # it loads it does not run the handler, so docker's stop ends in SIGKILL (137).
+    cluster = launch(cluster_settings(extra_env={"SIM_LOAD_SECONDS": "3"}))
+    head, worker = cluster.ranks
+    worker.wait_for_line(r"Starting to load model", 10)
+    worker.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    assert worker.proc.poll() is None, "a loading worker does not stop on SIGTERM"
+    head.wait_for_line(r"Application startup complete", 20)
+    worker.proc.send_signal(signal.SIGTERM)
+    assert worker.wait_exit(10) == 0
+
+
+def test_a_worker_whose_head_died_stays_alive_and_silent(launch: Callable[..., Cluster]) -> None:
+    # Real vLLM 0.32 (fixtures/real-vllm/killed-head): the worker neither exits nor prints.
+    cluster = launch(cluster_settings())
+    head, worker = cluster.ranks
+    head.wait_for_line(r"Application startup complete", 15)
+    before = len(worker.lines)
+    head.proc.kill()
+    head.wait_exit(5)
+    time.sleep(2)
+    assert worker.proc.poll() is None and worker.lines[before:] == []
 
 
 def test_rank_that_never_joins_fails_the_rendezvous_with_dist_store_error(
@@ -866,7 +916,7 @@ def test_sigterm_stops_a_serving_head_promptly(launch: Callable[..., Cluster]) -
     cluster.head.wait_for_line(r"Application startup complete", 15)
     started = time.monotonic()
     cluster.head.proc.send_signal(signal.SIGTERM)
-    assert cluster.head.wait_exit(5) == 143
+    assert cluster.head.wait_exit(5) == 0  # real vLLM 0.32's head (fixtures/real-vllm/stopped-head)
     assert time.monotonic() - started < 2
 
 
