@@ -390,7 +390,8 @@ class Bench:
                 time.sleep(0.1)
             time.sleep(kill_after)
             log = self.logs(d, 1)
-            killed["loading"] = "Loading safetensors checkpoint shards" in log and "Loading weights took" not in log
+            # A worker loads in silence (only rank 0 draws the progress bar): between these two lines it loads.
+            killed["loading"] = "Starting to load model" in log and "Loading weights took" not in log
             killed["ready_gate_started"] = events.at("ready", "pre") is not None
             proc = docker_on(int(worker["index"]), "kill", d.container(worker))
             killed["kill"] = proc.stdout.strip() or proc.stderr.strip()
@@ -407,7 +408,7 @@ class Bench:
             raise RuntimeError(f"dead rank: the failure does not name rank 1: {up.error[-800:]}")
         exited = self.state_time(d, 1, "FinishedAt")
         gate_failed = events.at("ready", "failed") or events.at("ready", "error")
-        loading_since = report.first_line_at(self.logs(d, 1), "Loading safetensors checkpoint shards")
+        loading_since = report.first_line_at(self.logs(d, 1), "Starting to load model")
         return {"kill_after_ready_gate_s": kill_after, "worker_exit": report.iso_utc(exited),
                 "killed_s_into_load": exited - loading_since if loading_since else None,
                 "ready_gate_polling_at_kill": killed["ready_gate_started"],
