@@ -48,6 +48,7 @@ env:
 
 lint: venv
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	@scripts=$$(find components -name '*.sh' | sort); echo "shellcheck $$(echo $$scripts | wc -w) node scripts"; \
 	  [ -z "$$scripts" ] || $(VENV)/bin/shellcheck --shell=sh --severity=style $$scripts
 

@@ -39,9 +39,17 @@ def heal_runs(runs: int, server: str) -> list[dict[str, Any]]:
     sim = json.loads((cluster.default_layout().state / "sim.json").read_text())
     work = Path(tempfile.mkdtemp(prefix="dsv41-heal-"))
     weights = Path(tempfile.mkdtemp(prefix="dsv41-heal-weights-", dir="/var/tmp"))
-    d = new_deployment(sim, f"heal-{uuid.uuid4().hex[:6]}", program_env(pulumi_root, work, "bench-only"),
-                       pulumi_root, weights_root=weights, port=18899, master_port=29631, server=server,
-                       supervisor=True)
+    d = new_deployment(
+        sim,
+        f"heal-{uuid.uuid4().hex[:6]}",
+        program_env(pulumi_root, work, "bench-only"),
+        pulumi_root,
+        weights_root=weights,
+        port=18899,
+        master_port=29631,
+        server=server,
+        supervisor=True,
+    )
     out: list[dict[str, Any]] = []
     try:
         d.up()
@@ -58,9 +66,14 @@ def heal_runs(runs: int, server: str) -> list[dict[str, Any]]:
             healed = time.time() - killed
             last = restarts(after)[-1]
             phases = last.get("phases", {})
-            run = {"heal_s": round(healed, 2), "detect_s": round(float(last["at"]) - killed, 2),
-                   "restart_s": last.get("seconds"), "phases": phases, "result": last["result"],
-                   "overhead_s": round(healed - float(phases.get("boot", 0)), 2)}
+            run = {
+                "heal_s": round(healed, 2),
+                "detect_s": round(float(last["at"]) - killed, 2),
+                "restart_s": last.get("seconds"),
+                "phases": phases,
+                "result": last["result"],
+                "overhead_s": round(healed - float(phases.get("boot", 0)), 2),
+            }
             print(f"bench.heal: run {i + 1}/{runs}: {json.dumps(run)}", flush=True)
             out.append(run)
     finally:
@@ -81,13 +94,20 @@ def main(argv: list[str] | None = None) -> int:
     def median(key: str) -> float:
         return round(statistics.median(float(r[key]) for r in runs), 2)
 
-    summary = {"server": args.server, "runs": runs, "heal_s": median("heal_s"), "detect_s": median("detect_s"),
-               "overhead_s": median("overhead_s"),
-               "boot_s": round(statistics.median(float(r["phases"].get("boot", 0)) for r in runs), 2),
-               "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    summary = {
+        "server": args.server,
+        "runs": runs,
+        "heal_s": median("heal_s"),
+        "detect_s": median("detect_s"),
+        "overhead_s": median("overhead_s"),
+        "boot_s": round(statistics.median(float(r["phases"].get("boot", 0)) for r in runs), 2),
+        "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     RESULTS.write_text(json.dumps(summary, indent=1) + "\n")
-    print(f"bench.heal: median heal {summary['heal_s']} s (detect {summary['detect_s']} s, boot "
-          f"{summary['boot_s']} s, overhead {summary['overhead_s']} s) -> {RESULTS.relative_to(REPO)}")
+    print(
+        f"bench.heal: median heal {summary['heal_s']} s (detect {summary['detect_s']} s, boot "
+        f"{summary['boot_s']} s, overhead {summary['overhead_s']} s) -> {RESULTS.relative_to(REPO)}"
+    )
     return 0 if all(r["result"] == "verified" for r in runs) else 1
 
 

@@ -33,7 +33,7 @@ from pulumi import automation as auto
 
 from bench import report
 from bench.report import SPECS
-from components.gates.rank_watch import EXIT_DRAIN_S, NEAR_READY_POLL_S
+from components.gates.decisions import EXIT_DRAIN_S, NEAR_READY_POLL_S
 from components.scripts import sh_command
 from components.weights import manifest as wm
 from sim import checkpoint, cluster
@@ -177,8 +177,9 @@ def ensure_nodes(indices: list[int]) -> None:
         (layout.state / "sim.json").write_text(described)
 
 
-def with_changes(config: dict[str, Any], *, env: dict[str, str] | None = None,
-                 gates: dict[str, Any] | None = None) -> dict[str, Any]:
+def with_changes(
+    config: dict[str, Any], *, env: dict[str, str] | None = None, gates: dict[str, Any] | None = None
+) -> dict[str, Any]:
     cfg: dict[str, Any] = json.loads(json.dumps(config))
     for k, v in (env or {}).items():
         if v:
@@ -225,8 +226,14 @@ class Bench:
     def indices(self, d: Deployment) -> list[int]:
         return [int(n["index"]) for n in d.sim["nodes"]]
 
-    def run_up(self, d: Deployment, config: dict[str, Any] | None = None, *, expect_failure: bool = False,
-               events: Events | None = None) -> Up:
+    def run_up(
+        self,
+        d: Deployment,
+        config: dict[str, Any] | None = None,
+        *,
+        expect_failure: bool = False,
+        events: Events | None = None,
+    ) -> Up:
         if config is not None:
             d.write_config(config)
         events = events or Events()
@@ -246,8 +253,15 @@ class Bench:
             raise RuntimeError(f"up of {d.name} succeeded where its fault must fail it")
         if expect_failure and any(r in error for r in SIM_RACES):
             raise RuntimeError(f"up of {d.name} failed on the sim's shared authorized_keys:\n{error}")
-        return Up(result, events, began, ended, sshd_accepted(self.indices(d)) - before, error,
-                  ssh_clients(self.ssh_log, began, ended))
+        return Up(
+            result,
+            events,
+            began,
+            ended,
+            sshd_accepted(self.indices(d)) - before,
+            error,
+            ssh_clients(self.ssh_log, began, ended),
+        )
 
     def logs(self, d: Deployment, rank: int) -> str:
         node = d.sim["nodes"][rank]
@@ -260,36 +274,59 @@ class Bench:
         return report.parse_rfc3339(out.stdout.strip())
 
     def base(self, load: float, rate: int) -> dict[str, str]:
-        return {"SIM_LOAD_SECONDS": f"{load:.2f}", "SIM_GRAPH_SECONDS": f"{GRAPH_S:g}",
-                "SIM_DECODE_TOKENS_PER_SECOND": str(rate)}
+        return {
+            "SIM_LOAD_SECONDS": f"{load:.2f}",
+            "SIM_GRAPH_SECONDS": f"{GRAPH_S:g}",
+            "SIM_DECODE_TOKENS_PER_SECOND": str(rate),
+        }
 
     def ready_sample(self, d: Deployment, up: Up) -> dict[str, Any]:
         startup = report.first_line_at(self.logs(d, 0), STARTUP_LINE)
-        v_out, r_out, r_pre = up.events.at("verify", "outputs"), up.events.at("ready", "outputs"), \
-            up.events.at("ready", "pre")
+        v_out, r_out, r_pre = (
+            up.events.at("verify", "outputs"),
+            up.events.at("ready", "outputs"),
+            up.events.at("ready", "pre"),
+        )
         if startup is None or v_out is None or r_out is None or r_pre is None:
-            raise RuntimeError(f"{d.name}: missing a timestamp (startup line {startup}, ready gate "
-                               f"{r_pre}/{r_out}, verifier {v_out})")
-        return {"ready_gate_started_before_startup": r_pre < startup, "ready_gate_passed_s": r_out - startup,
-                "watch_fallback": any("polling node" in line for line in d.lines),
-                "verifier_passed_s": v_out - startup, "up_returned_s": up.ended - startup}
+            raise RuntimeError(
+                f"{d.name}: missing a timestamp (startup line {startup}, ready gate {r_pre}/{r_out}, verifier {v_out})"
+            )
+        return {
+            "ready_gate_started_before_startup": r_pre < startup,
+            "ready_gate_passed_s": r_out - startup,
+            "watch_fallback": any("polling node" in line for line in d.lines),
+            "verifier_passed_s": v_out - startup,
+            "up_returned_s": up.ended - startup,
+        }
 
     # --- the 2-node cycle: cold up, no-op up, preview, probe, replace, probe, dead rank, stall --------------
 
     def cycle(self, index: int, shift: float) -> dict[str, Any]:
         load = READY_LOAD_S + shift
         name = f"bench-{self.run_id}-2n-{index}"
-        d = new_deployment(self.sim2, name, self.env, self.pulumi_root, weights_root=self.weights, port=PORT_2,
-                           master_port=MASTER_2, extra_env=self.base(load, DECODE_RATES[0]))
+        d = new_deployment(
+            self.sim2,
+            name,
+            self.env,
+            self.pulumi_root,
+            weights_root=self.weights,
+            port=PORT_2,
+            master_port=MASTER_2,
+            extra_env=self.base(load, DECODE_RATES[0]),
+        )
         out: dict[str, Any] = {"stack": name, "load_s": load, "graph_s": GRAPH_S}
         try:
             cold = self.run_up(d)
             assert cold.result is not None
             assert_verified(d, cold.result.outputs)
-            out["cold"] = {"wall_s": cold.wall, "ssh": cold.ssh, "ssh_clients": cold.clients,
-                           "changes": cold.changes(),
-                           "verify_latency_s": float(cold.result.outputs["verification"].value["latencySeconds"]),
-                           **self.ready_sample(d, cold)}
+            out["cold"] = {
+                "wall_s": cold.wall,
+                "ssh": cold.ssh,
+                "ssh_clients": cold.clients,
+                "changes": cold.changes(),
+                "verify_latency_s": float(cold.result.outputs["verification"].value["latencySeconds"]),
+                **self.ready_sample(d, cold),
+            }
 
             noop = self.run_up(d)
             if set(noop.changes()) != {"same"}:
@@ -299,32 +336,48 @@ class Bench:
             before = sshd_accepted(self.indices(d))
             began = time.monotonic()
             preview = d.preview()
-            out["preview"] = {"wall_s": time.monotonic() - began, "changes": op_counts(preview.change_summary),
-                              "ssh": sshd_accepted(self.indices(d)) - before}
+            out["preview"] = {
+                "wall_s": time.monotonic() - began,
+                "changes": op_counts(preview.change_summary),
+                "ssh": sshd_accepted(self.indices(d)) - before,
+            }
 
             probe_cfg = with_changes(d.config, gates={"minDecodeTokensPerSecond": 1})
             probe = self.run_up(d, probe_cfg)
             assert probe.result is not None
-            out["probe_20"] = {"wall_s": probe.wall, "ssh": probe.ssh, "changes": probe.changes(),
-                               "rate": float(probe.result.outputs["decodeTokensPerSecond"].value)}
+            out["probe_20"] = {
+                "wall_s": probe.wall,
+                "ssh": probe.ssh,
+                "changes": probe.changes(),
+                "rate": float(probe.result.outputs["decodeTokensPerSecond"].value),
+            }
 
-            replace_cfg = with_changes(d.config, env={"SIM_DECODE_TOKENS_PER_SECOND": str(DECODE_RATES[1])},
-                                       gates={"minDecodeTokensPerSecond": None})
+            replace_cfg = with_changes(
+                d.config,
+                env={"SIM_DECODE_TOKENS_PER_SECOND": str(DECODE_RATES[1])},
+                gates={"minDecodeTokensPerSecond": None},
+            )
             replace = self.run_up(d, replace_cfg)
             assert replace.result is not None
             assert_verified(d, replace.result.outputs)
             if not replace.changes().get("replace"):
                 raise RuntimeError(f"{name}: the serve change replaced nothing: {replace.changes()}")
-            out["replace"] = {"wall_s": replace.wall, "ssh": replace.ssh, "ssh_clients": replace.clients,
-                              "changes": replace.changes(),
-                              "verify_latency_s": float(
-                                  replace.result.outputs["verification"].value["latencySeconds"]),
-                              **self.ready_sample(d, replace)}
+            out["replace"] = {
+                "wall_s": replace.wall,
+                "ssh": replace.ssh,
+                "ssh_clients": replace.clients,
+                "changes": replace.changes(),
+                "verify_latency_s": float(replace.result.outputs["verification"].value["latencySeconds"]),
+                **self.ready_sample(d, replace),
+            }
 
             probe = self.run_up(d, with_changes(d.config, gates={"minDecodeTokensPerSecond": 1}))
             assert probe.result is not None
-            out["probe_40"] = {"wall_s": probe.wall, "ssh": probe.ssh,
-                               "rate": float(probe.result.outputs["decodeTokensPerSecond"].value)}
+            out["probe_40"] = {
+                "wall_s": probe.wall,
+                "ssh": probe.ssh,
+                "rate": float(probe.result.outputs["decodeTokensPerSecond"].value),
+            }
 
             out["dead_rank"] = self.dead_rank(d, KILL_AFTER_READY_GATE_S + shift)
             out["stall"] = self.stall(d, STALL_LOAD_S + shift)
@@ -338,16 +391,27 @@ class Bench:
 
     def real_cycle(self, index: int, shift: float) -> dict[str, Any]:
         name = f"bench-{self.run_id}-real-{index}"
-        d = new_deployment(self.sim2, name, self.env, self.pulumi_root, weights_root=self.weights, port=PORT_2,
-                           master_port=MASTER_2, server="real")
+        d = new_deployment(
+            self.sim2,
+            name,
+            self.env,
+            self.pulumi_root,
+            weights_root=self.weights,
+            port=PORT_2,
+            master_port=MASTER_2,
+            server="real",
+        )
         out: dict[str, Any] = {"stack": name}
         try:
             cold = self.run_up(d)
             assert cold.result is not None
             assert_verified(d, cold.result.outputs)
             created = min(self.state_time(d, r, "StartedAt") for r in range(len(d.sim["nodes"])))
-            out["cold"] = {"wall_s": cold.wall, "boot_to_verified_s": (cold.events.at("verify", "outputs") or 0)
-                           - created, **self.ready_sample(d, cold)}
+            out["cold"] = {
+                "wall_s": cold.wall,
+                "boot_to_verified_s": (cold.events.at("verify", "outputs") or 0) - created,
+                **self.ready_sample(d, cold),
+            }
             # A serve change boots both ranks again; the worker is killed once the ready gate watches.
             events = Events()
             worker = d.sim["nodes"][1]
@@ -363,23 +427,27 @@ class Bench:
 
             killer = threading.Thread(target=kill_when_ready_gate_watches, daemon=True)
             killer.start()
-            up = self.run_up(d, with_changes(d.config, gates={"verifyTimeoutSeconds": 121}), expect_failure=True,
-                             events=events)
+            up = self.run_up(
+                d, with_changes(d.config, gates={"verifyTimeoutSeconds": 121}), expect_failure=True, events=events
+            )
             killer.join(timeout=STEP_TIMEOUT)
             if "at" not in killed or "rank 1" not in up.error:
                 raise RuntimeError(f"real dead rank: killed={killed}, failure: {up.error[-800:]}")
             exited = self.state_time(d, 1, "FinishedAt")
             gate_failed = events.at("ready", "failed") or events.at("ready", "error")
-            out["dead_rank"] = {"up_failed_s": up.ended - exited,
-                                "ready_gate_failed_event_s": gate_failed - exited if gate_failed else None}
+            out["dead_rank"] = {
+                "up_failed_s": up.ended - exited,
+                "ready_gate_failed_event_s": gate_failed - exited if gate_failed else None,
+            }
         finally:
             remove_deployment(d)
         return out
 
     def dead_rank(self, d: Deployment, kill_after: float) -> dict[str, Any]:
         """Kill the worker mid-load once the ready gate is polling; time until `up` fails."""
-        cfg = with_changes(d.config, env={"SIM_LOAD_SECONDS": str(DEAD_LOAD_S)},
-                           gates={"minDecodeTokensPerSecond": None})
+        cfg = with_changes(
+            d.config, env={"SIM_LOAD_SECONDS": str(DEAD_LOAD_S)}, gates={"minDecodeTokensPerSecond": None}
+        )
         events = Events()
         killed: dict[str, Any] = {}
         worker = d.sim["nodes"][1]
@@ -409,31 +477,51 @@ class Bench:
         exited = self.state_time(d, 1, "FinishedAt")
         gate_failed = events.at("ready", "failed") or events.at("ready", "error")
         loading_since = report.first_line_at(self.logs(d, 1), "Starting to load model")
-        return {"kill_after_ready_gate_s": kill_after, "worker_exit": report.iso_utc(exited),
-                "killed_s_into_load": exited - loading_since if loading_since else None,
-                "ready_gate_polling_at_kill": killed["ready_gate_started"],
-                "ready_gate_failed_event_s": gate_failed - exited if gate_failed else None,
-                "up_failed_s": up.ended - exited, "wall_s": up.wall, "ssh": up.ssh}
+        return {
+            "kill_after_ready_gate_s": kill_after,
+            "worker_exit": report.iso_utc(exited),
+            "killed_s_into_load": exited - loading_since if loading_since else None,
+            "ready_gate_polling_at_kill": killed["ready_gate_started"],
+            "ready_gate_failed_event_s": gate_failed - exited if gate_failed else None,
+            "up_failed_s": up.ended - exited,
+            "wall_s": up.wall,
+            "ssh": up.ssh,
+        }
 
     def stall(self, d: Deployment, load: float) -> dict[str, Any]:
         """Every rank goes silent after load; the ready gate must call it at stallSeconds."""
-        cfg = with_changes(d.config, env={"SIM_FAULT": "stall-after-load", "SIM_LOAD_SECONDS": f"{load:.2f}"},
-                           gates={"stallSeconds": STALL_S})
+        cfg = with_changes(
+            d.config,
+            env={"SIM_FAULT": "stall-after-load", "SIM_LOAD_SECONDS": f"{load:.2f}"},
+            gates={"stallSeconds": STALL_S},
+        )
         up = self.run_up(d, cfg, expect_failure=True)
         if "no rank logged anything new" not in up.error:
             raise RuntimeError(f"stall: not a stall verdict: {up.error[-800:]}")
         last = max(t for t in (report.last_line_at(self.logs(d, r)) for r in range(len(d.sim["nodes"]))) if t)
         gate_failed = up.events.at("ready", "failed") or up.events.at("ready", "error")
-        return {"load_s": load, "last_log_line": report.iso_utc(last),
-                "ready_gate_failed_event_s": gate_failed - last - STALL_S if gate_failed else None,
-                "overrun_s": up.ended - last - STALL_S, "wall_s": up.wall}
+        return {
+            "load_s": load,
+            "last_log_line": report.iso_utc(last),
+            "ready_gate_failed_event_s": gate_failed - last - STALL_S if gate_failed else None,
+            "overrun_s": up.ended - last - STALL_S,
+            "wall_s": up.wall,
+        }
 
     # --- 8 nodes: one cold up, then previews of the deployed stack --------------------------------------
 
     def eight(self, runs: int) -> dict[str, Any]:
         name = f"bench-{self.run_id}-8n"
-        d = new_deployment(self.sim8, name, self.env, self.pulumi_root, weights_root=self.weights, port=PORT_8,
-                           master_port=MASTER_8, extra_env=self.base(READY_LOAD_S, DECODE_RATES[0]))
+        d = new_deployment(
+            self.sim8,
+            name,
+            self.env,
+            self.pulumi_root,
+            weights_root=self.weights,
+            port=PORT_8,
+            master_port=MASTER_8,
+            extra_env=self.base(READY_LOAD_S, DECODE_RATES[0]),
+        )
         out: dict[str, Any] = {"stack": name, "nodes": len(self.sim8["nodes"])}
         try:
             attempts: list[str] = []
@@ -449,16 +537,26 @@ class Bench:
             out["race_retries"] = attempts
             assert cold.result is not None
             assert_verified(d, cold.result.outputs)
-            out["cold"] = {"wall_s": cold.wall, "ssh": cold.ssh, "ssh_clients": cold.clients,
-                           "changes": cold.changes(), "after_race_retries": len(attempts)}
+            out["cold"] = {
+                "wall_s": cold.wall,
+                "ssh": cold.ssh,
+                "ssh_clients": cold.clients,
+                "changes": cold.changes(),
+                "after_race_retries": len(attempts),
+            }
             print(f"bench: 8-node cold up {cold.wall:.1f} s, {cold.ssh} ssh sessions", flush=True)
             previews = []
             for _ in range(runs):
                 before = sshd_accepted(self.indices(d))
                 began = time.monotonic()
                 p = d.preview()
-                previews.append({"wall_s": time.monotonic() - began, "changes": op_counts(p.change_summary),
-                                 "ssh": sshd_accepted(self.indices(d)) - before})
+                previews.append(
+                    {
+                        "wall_s": time.monotonic() - began,
+                        "changes": op_counts(p.change_summary),
+                        "ssh": sshd_accepted(self.indices(d)) - before,
+                    }
+                )
                 print(f"bench: 8-node preview {previews[-1]}", flush=True)
             out["previews"] = previews
         finally:
@@ -467,7 +565,6 @@ class Bench:
             out["destroy_s"] = time.monotonic() - began
         return out
 
-
     # --- issue 15: `weights.share: copy` (the worker's own copy) ---------------------------------------------
 
     def copy_cycle(self, index: int, shift: float) -> dict[str, Any]:
@@ -475,9 +572,17 @@ class Bench:
         copy step timed from the engine's events, the per-preview check timed on its own."""
         name = f"bench-{self.run_id}-copy-{index}"
         copies = Path(tempfile.mkdtemp(prefix=f"dsv41-bench-copies-{self.run_id}-", dir="/var/tmp"))
-        d = new_deployment(self.sim2, name, self.env, self.pulumi_root, weights_root=self.weights, port=PORT_2,
-                           master_port=MASTER_2, extra_env=self.base(READY_LOAD_S + shift, DECODE_RATES[0]),
-                           copy_root=f"{copies}/{{node}}")
+        d = new_deployment(
+            self.sim2,
+            name,
+            self.env,
+            self.pulumi_root,
+            weights_root=self.weights,
+            port=PORT_2,
+            master_port=MASTER_2,
+            extra_env=self.base(READY_LOAD_S + shift, DECODE_RATES[0]),
+            copy_root=f"{copies}/{{node}}",
+        )
         worker = f"weights-copy-node-{self.sim2['nodes'][1]['index']}"
         out: dict[str, Any] = {"stack": name}
         try:
@@ -488,9 +593,14 @@ class Bench:
             if pre is None or done is None:
                 raise RuntimeError(f"{name}: no engine events for {worker}")
             outs = copy_outputs(d)
-            out["first"] = {"wall_s": first.wall, "step_s": done - pre, "bytes": outs["copied_bytes"],
-                            "files": outs["copied_files"], "copier_s": outs["copy_seconds"],
-                            "provider_s": outs["elapsed_s"]}
+            out["first"] = {
+                "wall_s": first.wall,
+                "step_s": done - pre,
+                "bytes": outs["copied_bytes"],
+                "files": outs["copied_files"],
+                "copier_s": outs["copy_seconds"],
+                "provider_s": outs["elapsed_s"],
+            }
             second = self.run_up(d)
             if set(second.changes()) != {"same"}:
                 raise RuntimeError(f"{name}: the second copy-mode up changed something: {second.changes()}")
@@ -548,23 +658,47 @@ def copy_loopback(runs: int, size_mib: int = 1024, files: int = 8, streams: int 
             digests[rel] = hashlib.sha256(chunk * (size_mib // files)).hexdigest()
         (Path(tmp) / "expected.json").write_text(lc.expected_json(sizes, digests))
         for run in range(runs):
-            source = subprocess.Popen([sys.executable, str(here / "copy_source.py"), "--root", str(head), "--bind",
-                                       "127.0.0.1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            source = subprocess.Popen(
+                [sys.executable, str(here / "copy_source.py"), "--root", str(head), "--bind", "127.0.0.1"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
             assert source.stdin and source.stdout
             # No heartbeats here: the source must not take the bench's silence for a lost session.
-            source.stdin.write(json.dumps({"token": "bench", "allow": ["127.0.0.1"], "dirs": [wm.MODEL_DIR],
-                                           "silence_s": 3600}) + "\n")
+            source.stdin.write(
+                json.dumps({"token": "bench", "allow": ["127.0.0.1"], "dirs": [wm.MODEL_DIR], "silence_s": 3600}) + "\n"
+            )
             source.stdin.flush()
             ready = lc.parse_source_line(source.stdout.readline(), {})
             assert ready is not None
             dest = Path(tmp) / f"dest-{run}"
             dest.mkdir()
             began = time.monotonic()
-            done = subprocess.run([sys.executable, str(here / "copy_weights.py"), "--node", "bench", "--source",
-                                   f"http://127.0.0.1:{ready.port}", "--bind", "127.0.0.1", "--dest", str(dest),
-                                   "--host-dest", str(dest), "--expected", str(Path(tmp) / "expected.json"),
-                                   "--streams", str(streams)], input='{"token": "bench"}\n', capture_output=True,
-                                  text=True, timeout=600)
+            done = subprocess.run(
+                [
+                    sys.executable,
+                    str(here / "copy_weights.py"),
+                    "--node",
+                    "bench",
+                    "--source",
+                    f"http://127.0.0.1:{ready.port}",
+                    "--bind",
+                    "127.0.0.1",
+                    "--dest",
+                    str(dest),
+                    "--host-dest",
+                    str(dest),
+                    "--expected",
+                    str(Path(tmp) / "expected.json"),
+                    "--streams",
+                    str(streams),
+                ],
+                input='{"token": "bench"}\n',
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
             elapsed = time.monotonic() - began
             source.stdin.close()
             source.wait(timeout=30)
@@ -579,16 +713,40 @@ def stage_weights(sim: dict[str, Any], root: Path) -> float:
     """The program's own staging command, run on the head over ssh with the image from the registry, so every
     stack's weights layer finds the checkpoint staged (as on a cluster that has deployed before)."""
     plan = wm.staging_plan(model_repo=checkpoint.MODEL_REPO, engram_repo=checkpoint.BASE_REPO, revision="main")
-    command = wm.render_stage_command(root=str(root), image=sim["image"], plan=plan, hf_endpoint=sim["hub"],
-                                      with_token=False, timeout_s=STEP_TIMEOUT,
-                                      stack_prefix="dsv41-exl3-bench-staging")
+    command = wm.render_stage_command(
+        root=str(root),
+        image=sim["image"],
+        plan=plan,
+        hf_endpoint=sim["hub"],
+        with_token=False,
+        timeout_s=STEP_TIMEOUT,
+        stack_prefix="dsv41-exl3-bench-staging",
+    )
     began = time.monotonic()
-    ssh = ["ssh", "-F", "none", "-p", str(sim["ssh"]["port"]), "-i", sim["ssh"]["key"], "-o", "IdentitiesOnly=yes",
-           "-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={sim['ssh']['known_hosts']}",
-           "-o", "StrictHostKeyChecking=yes"]
-    proc = subprocess.run([*ssh, f"{sim['ssh']['user']}@{sim['nodes'][0]['ip']}", sh_command(command)],
-                          input=wm.stage_stdin(None, wm.stage_script_source()), capture_output=True, text=True,
-                          timeout=STEP_TIMEOUT + 60)
+    ssh = [
+        "ssh",
+        "-F",
+        "none",
+        "-p",
+        str(sim["ssh"]["port"]),
+        "-i",
+        sim["ssh"]["key"],
+        "-o",
+        "IdentitiesOnly=yes",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        f"UserKnownHostsFile={sim['ssh']['known_hosts']}",
+        "-o",
+        "StrictHostKeyChecking=yes",
+    ]
+    proc = subprocess.run(
+        [*ssh, f"{sim['ssh']['user']}@{sim['nodes'][0]['ip']}", sh_command(command)],
+        input=wm.stage_stdin(None, wm.stage_script_source()),
+        capture_output=True,
+        text=True,
+        timeout=STEP_TIMEOUT + 60,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"staging the checkpoint on the head failed: {proc.stderr[-2000:]}")
     return time.monotonic() - began
@@ -607,8 +765,7 @@ def time_toolchain(runs: int) -> list[float]:
     times = []
     for _ in range(runs):
         began = time.monotonic()
-        proc = subprocess.run(["bash", "toolchain/build.sh"], cwd=REPO, capture_output=True, text=True,
-                              timeout=900)
+        proc = subprocess.run(["bash", "toolchain/build.sh"], cwd=REPO, capture_output=True, text=True, timeout=900)
         times.append(time.monotonic() - began)
         if proc.returncode != 0:
             raise RuntimeError(f"bash toolchain/build.sh failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
@@ -620,8 +777,7 @@ def _sh(*argv: str) -> str:
 
 
 def machine() -> dict[str, Any]:
-    return report.machine_info(_sh("nproc"), _sh("free", "-g"), Path("/proc/cpuinfo").read_text(),
-                               _sh("uname", "-sr"))
+    return report.machine_info(_sh("nproc"), _sh("free", "-g"), Path("/proc/cpuinfo").read_text(), _sh("uname", "-sr"))
 
 
 def phase_shift(index: int, runs: int) -> float:
@@ -636,8 +792,15 @@ SIM_RACES = ("authorized_keys.tmp",)
 DISCARDED: list[dict[str, Any]] = []
 
 
-def repeat(what: str, runs: int, scenario: Callable[[int, float], dict[str, Any]], *, first: int = 0,
-           total: int | None = None, retries: int = 2) -> list[dict[str, Any]]:
+def repeat(
+    what: str,
+    runs: int,
+    scenario: Callable[[int, float], dict[str, Any]],
+    *,
+    first: int = 0,
+    total: int | None = None,
+    retries: int = 2,
+) -> list[dict[str, Any]]:
     """Runs `first`..`first + runs - 1` of `total`, each shifted by its phase."""
     samples = []
     attempt = 0
@@ -655,13 +818,17 @@ def repeat(what: str, runs: int, scenario: Callable[[int, float], dict[str, Any]
                     raise
                 retries -= 1
                 DISCARDED.append({"what": what, "run": i, "reason": race, "error": str(err)[-1500:]})
-                print(f"bench: {what} run {i + 1}: discarded ({race}: the sim's shared authorized_keys); "
-                      "running it again", flush=True)
-        print(f"bench: {what} run {i + 1}/{runs} ({time.monotonic() - began:.0f} s): "
-              f"{json.dumps(sample, default=str)}", flush=True)
+                print(
+                    f"bench: {what} run {i + 1}: discarded ({race}: the sim's shared authorized_keys); "
+                    "running it again",
+                    flush=True,
+                )
+        print(
+            f"bench: {what} run {i + 1}/{runs} ({time.monotonic() - began:.0f} s): {json.dumps(sample, default=str)}",
+            flush=True,
+        )
         samples.append(sample)
     return samples
-
 
 
 # --- analysis: each record with its breakdown; a missed target with what dominates it --------------------
@@ -671,8 +838,9 @@ def _fmt_runs(values: list[float]) -> str:
     return ", ".join(f"{v:.2f}" for v in values)
 
 
-def analyse(cycles: list[dict[str, Any]], eight: dict[str, Any] | None, toolchain: list[float],
-            eight_error: str = "") -> dict[str, dict[str, Any]]:
+def analyse(
+    cycles: list[dict[str, Any]], eight: dict[str, Any] | None, toolchain: list[float], eight_error: str = ""
+) -> dict[str, dict[str, Any]]:
     """The measured records, each missed target with its cause and next step from the breakdown measured."""
     med = report.summarize
     out: dict[str, dict[str, Any]] = {}
@@ -688,10 +856,15 @@ def analyse(cycles: list[dict[str, Any]], eight: dict[str, Any] | None, toolchai
     waiting = sum(h["ready_gate_started_before_startup"] for h in ready_samples)
     gate_dominates = gate_part >= verifier_part
     fallbacks = sum(bool(h.get("watch_fallback")) for h in ready_samples)
-    fallback_txt = (f" In {fallbacks} of {len(ready_samples)} runs a node could not stream and was polled (the "
-                    "gates' progress output said so)." if fallbacks else "")
+    fallback_txt = (
+        f" In {fallbacks} of {len(ready_samples)} runs a node could not stream and was polled (the "
+        "gates' progress output said so)."
+        if fallbacks
+        else ""
+    )
     rec = report.measured(
-        SPECS["ready_detect_s"], ready,
+        SPECS["ready_detect_s"],
+        ready,
         f"From the head's `{STARTUP_LINE}` (docker logs --timestamps) to the engine's outputs event for `verify`, "
         "in the cold up and the replacing up of each 2-node cycle (real ups). Breakdown (medians): the ready gate "
         f"passes {gate_part:.2f} s after the line (the line over the head's log stream, then one GET /v1/models), "
@@ -699,81 +872,113 @@ def analyse(cycles: list[dict[str, Any]], eight: dict[str, Any] | None, toolchai
         f"the engine between the two steps); the gate was already watching at the line in {waiting} of "
         f"{len(ready_samples)} runs; `up` returned {med([h['up_returned_s'] for h in ready_samples]).value:.2f} s "
         f"after the line.{fallback_txt}",
-        cause=(f"what dominates: the ready gate ({gate_part:.2f} s from the line to its outputs event: the stream's "
-               "delivery, the /v1/models look and the engine recording the step)" if gate_dominates else
-               f"what dominates: the verifier step ({verifier_part:.2f} s after the gate: the engine starting the "
-               f"step, its request of {med(latency).value:.2f} s to the stand-in, the engine recording it), not "
-               f"the gate ({gate_part:.2f} s)"),
-        next_step=("time the gate's part from its own log (line received, probe answered) against the engine's "
-                   "step events" if gate_dominates else
-                   "time the verifier step's parts (engine step start, request, outputs) and shorten the longest"))
-    rec["note"] += (f" Issue 14's target (<= 0.25 s): {'met' if rec['value'] <= 0.25 else 'missed'}"
-                    + ("." if rec["value"] <= 0.25 else
-                       f"; what dominates: {'the gate' if gate_dominates else 'the verifier step'} "
-                       f"(gate {gate_part:.2f} s, verifier step {verifier_part:.2f} s)."))
+        cause=(
+            f"what dominates: the ready gate ({gate_part:.2f} s from the line to its outputs event: the stream's "
+            "delivery, the /v1/models look and the engine recording the step)"
+            if gate_dominates
+            else f"what dominates: the verifier step ({verifier_part:.2f} s after the gate: the engine starting the "
+            f"step, its request of {med(latency).value:.2f} s to the stand-in, the engine recording it), not "
+            f"the gate ({gate_part:.2f} s)"
+        ),
+        next_step=(
+            "time the gate's part from its own log (line received, probe answered) against the engine's step events"
+            if gate_dominates
+            else "time the verifier step's parts (engine step start, request, outputs) and shorten the longest"
+        ),
+    )
+    rec["note"] += f" Issue 14's target (<= 0.25 s): {'met' if rec['value'] <= 0.25 else 'missed'}" + (
+        "."
+        if rec["value"] <= 0.25
+        else f"; what dominates: {'the gate' if gate_dominates else 'the verifier step'} "
+        f"(gate {gate_part:.2f} s, verifier step {verifier_part:.2f} s)."
+    )
     out["ready_detect_s"] = rec
     out["verify_latency_s"] = report.measured(
-        SPECS["verify_latency_s"], latency,
+        SPECS["verify_latency_s"],
+        latency,
         "The verifier's `verification.latencySeconds` output after the cold and the replacing up of each cycle "
-        "(the recipe's request answered by the stand-in at 20 and 40 tok/s).")
+        "(the recipe's request answered by the stand-in at 20 and 40 tok/s).",
+    )
 
     for rate, key in zip(DECODE_RATES, ("probe_20", "probe_40"), strict=True):
         rates = [c[key]["rate"] for c in cycles]
         errors = [abs(r - rate) / rate * 100 for r in rates]
         out[f"decode_probe_error_pct@{rate}"] = report.measured(
-            SPECS[f"decode_probe_error_pct@{rate}"], errors,
+            SPECS[f"decode_probe_error_pct@{rate}"],
+            errors,
             f"|probe - {rate}| / {rate}: an up setting gates.minDecodeTokensPerSecond=1 on the deployed stack "
             f"(only the verifier re-runs), its `decodeTokensPerSecond` output; measured {_fmt_runs(rates)} tok/s.",
             cause=f"the probe measured {med(rates).value:.2f} tok/s (median) where the stand-in paces {rate}.",
-            next_step="compare the probe's token count and timing with the stand-in's pacing.")
+            next_step="compare the probe's token count and timing with the stand-in's pacing.",
+        )
 
     dead = [c["dead_rank"] for c in cycles]
     gate_dead = [d["ready_gate_failed_event_s"] for d in dead if d["ready_gate_failed_event_s"] is not None]
-    wind_dead = [d["up_failed_s"] - d["ready_gate_failed_event_s"] for d in dead
-                 if d["ready_gate_failed_event_s"] is not None]
-    gate_d, wind_d = (med(gate_dead).value if len(gate_dead) >= 3 else None,
-                      med(wind_dead).value if len(wind_dead) >= 3 else None)
-    dead_dominant = ("the gate (die event over the stream, then the rest of the rank's log, waited for at most "
-                     f"{EXIT_DRAIN_S:g} s)" if gate_d is not None and wind_d is not None and gate_d >= wind_d else
-                     "the engine winding the failed update down after the gate's failure event")
+    wind_dead = [
+        d["up_failed_s"] - d["ready_gate_failed_event_s"] for d in dead if d["ready_gate_failed_event_s"] is not None
+    ]
+    gate_d, wind_d = (
+        med(gate_dead).value if len(gate_dead) >= 3 else None,
+        med(wind_dead).value if len(wind_dead) >= 3 else None,
+    )
+    dead_dominant = (
+        f"the gate (die event over the stream, then the rest of the rank's log, waited for at most {EXIT_DRAIN_S:g} s)"
+        if gate_d is not None and wind_d is not None and gate_d >= wind_d
+        else "the engine winding the failed update down after the gate's failure event"
+    )
     rec = report.measured(
-        SPECS["dead_rank_detect_s"], [d["up_failed_s"] for d in dead],
+        SPECS["dead_rank_detect_s"],
+        [d["up_failed_s"] for d in dead],
         f"A real up with SIM_LOAD_SECONDS={DEAD_LOAD_S} (replaces both ranks); `docker kill` of the worker "
         f"{_fmt_runs([d['kill_after_ready_gate_s'] for d in dead])} s after the ready gate started, mid-load; "
         "from its `.State.FinishedAt` to `stack.up()` raising. Breakdown: the ready gate's failure event came "
         f"{_fmt_runs(gate_dead)} s after the exit (the `die` event through the node's stream, then the log's end), "
         f"and `stack.up()` raised {_fmt_runs(wind_dead)} s after that event.",
         cause=f"what dominates: {dead_dominant}.",
-        next_step=("read the gate's log (die event received, log end received) against the exit time"
-                   if "the gate" in dead_dominant else
-                   "time the engine's cancellation after a failed step (`--logflow -v=9`): plugins killed, the "
-                   "language host's exit, `Update complete`"))
+        next_step=(
+            "read the gate's log (die event received, log end received) against the exit time"
+            if "the gate" in dead_dominant
+            else "time the engine's cancellation after a failed step (`--logflow -v=9`): plugins killed, the "
+            "language host's exit, `Update complete`"
+        ),
+    )
     if rec["value"] > 1.0:
         rec["note"] += f" Issue 14's target (<= 1 s): missed; what dominates: {dead_dominant}."
     out["dead_rank_detect_s"] = rec
 
     stalls = [c["stall"] for c in cycles]
     gate_over = [st["ready_gate_failed_event_s"] for st in stalls if st["ready_gate_failed_event_s"] is not None]
-    wind = [st["overrun_s"] - st["ready_gate_failed_event_s"] for st in stalls
-            if st["ready_gate_failed_event_s"] is not None]
-    gate_s, wind_s = (med(gate_over).value if len(gate_over) >= 3 else None,
-                      med(wind).value if len(wind) >= 3 else None)
-    stall_dominant = ("the gate's lateness (silence is timed from the last line received over the stream, and "
-                      "the gate wakes at that instant + stallSeconds)"
-                      if gate_s is not None and wind_s is not None and gate_s >= wind_s else
-                      "the engine winding the failed update down after the gate's failure event (the stand-in "
-                      "language host ends its program and exits on the engine's SIGINT, toolchain/langhost)")
+    wind = [
+        st["overrun_s"] - st["ready_gate_failed_event_s"]
+        for st in stalls
+        if st["ready_gate_failed_event_s"] is not None
+    ]
+    gate_s, wind_s = (
+        med(gate_over).value if len(gate_over) >= 3 else None,
+        med(wind).value if len(wind) >= 3 else None,
+    )
+    stall_dominant = (
+        "the gate's lateness (silence is timed from the last line received over the stream, and "
+        "the gate wakes at that instant + stallSeconds)"
+        if gate_s is not None and wind_s is not None and gate_s >= wind_s
+        else "the engine winding the failed update down after the gate's failure event (the stand-in "
+        "language host ends its program and exits on the engine's SIGINT, toolchain/langhost)"
+    )
     rec = report.measured(
-        SPECS["stall_detect_overrun_s"], [st["overrun_s"] for st in stalls],
+        SPECS["stall_detect_overrun_s"],
+        [st["overrun_s"] for st in stalls],
         f"A real up with SIM_FAULT=stall-after-load, stallSeconds={STALL_S}: `stack.up()` raising minus (the "
         f"last log line of any rank + {STALL_S} s). The ready gate's failure event came {_fmt_runs(gate_over)} s "
         f"after (last line + {STALL_S} s); from that event to `stack.up()` raising: {_fmt_runs(wind)} s in the "
         f"stall runs, {_fmt_runs(wind_dead)} s in the dead-rank runs.",
         cause=f"what dominates: {stall_dominant}.",
-        next_step=("compare the gate's receipt time of the last line with its docker timestamp (the stream's "
-                   "delay on the node: docker, awk, sshd)" if "lateness" in stall_dominant else
-                   "time the engine's cancellation after a failed step (`--logflow -v=9`) and shorten its longest "
-                   "part"))
+        next_step=(
+            "compare the gate's receipt time of the last line with its docker timestamp (the stream's "
+            "delay on the node: docker, awk, sshd)"
+            if "lateness" in stall_dominant
+            else "time the engine's cancellation after a failed step (`--logflow -v=9`) and shorten its longest part"
+        ),
+    )
     if rec["value"] > 2.0:
         rec["note"] += f" Issue 14's target (<= 2 s): missed; what dominates: {stall_dominant}."
     out["stall_detect_overrun_s"] = rec
@@ -783,52 +988,66 @@ def analyse(cycles: list[dict[str, Any]], eight: dict[str, Any] | None, toolchai
     over = [c["cold"]["wall_s"] - (c["load_s"] + c["graph_s"]) for c in cycles]
     after_line = med([c["cold"]["up_returned_s"] for c in cycles]).value
     out["up_overhead_s@2"] = report.measured(
-        SPECS["up_overhead_s@2"], over,
+        SPECS["up_overhead_s@2"],
+        over,
         f"Cold `pulumi up` of a new 2-node stack (containers created, weights already staged and the image on "
         f"the nodes) wall time {_fmt_runs(cold_wall)} s, minus SIM_LOAD_SECONDS + SIM_GRAPH_SECONDS ({loads} s). "
         f"Of the wall time, {after_line:.2f} s (median) fall after the head's startup line; the rest before the "
         "stand-in's load is the engine, the language host (with its mypy pass), preflight, image check, staging "
         "check, container creates and the rendezvous.",
-        cause=("the steps before the containers start (language host with mypy, preflight over ssh, image "
-               "and weights checks) and the rendezvous run in series."),
-        next_step="time each step from the engine events and shorten the longest.")
+        cause=(
+            "the steps before the containers start (language host with mypy, preflight over ssh, image "
+            "and weights checks) and the rendezvous run in series."
+        ),
+        next_step="time each step from the engine events and shorten the longest.",
+    )
     noop = [c["noop"]["wall_s"] for c in cycles]
     out["noop_up_s"] = report.measured(
-        SPECS["noop_up_s"], noop,
+        SPECS["noop_up_s"],
+        noop,
         "A second `pulumi up` of the deployed 2-node stack with nothing changed (asserted: every resource `same`).",
         cause="the program runs and every provider reads back its resources (over ssh) before the engine diffs.",
-        next_step="time the no-op up's steps and shorten the longest.")
+        next_step="time the no-op up's steps and shorten the longest.",
+    )
     rep = [c["replace"]["wall_s"] - (c["load_s"] + c["graph_s"]) for c in cycles]
     out["replace_cycle_overhead_s"] = report.measured(
-        SPECS["replace_cycle_overhead_s"], rep,
+        SPECS["replace_cycle_overhead_s"],
+        rep,
         f"An up of a serve change (SIM_DECODE_TOKENS_PER_SECOND {DECODE_RATES[0]} -> {DECODE_RATES[1]}: every "
         f"rank replaced, delete before create; gates and verifier re-run) wall time "
         f"{_fmt_runs([c['replace']['wall_s'] for c in cycles])} s minus the stand-in's load ({loads} s).",
         cause="the deletes, creates and gates of the replacement run in series.",
-        next_step="time the replacing up's steps and shorten the longest.")
+        next_step="time the replacing up's steps and shorten the longest.",
+    )
     prev2 = [c["preview"]["wall_s"] for c in cycles]
     out["preview_s@2"] = report.measured(
-        SPECS["preview_s@2"], prev2,
+        SPECS["preview_s@2"],
+        prev2,
         "`pulumi preview --diff` of the deployed 2-node stack, nothing changed "
         f"(change summaries {[c['preview']['changes'] for c in cycles][0]}); ssh sessions "
         f"{[c['preview']['ssh'] for c in cycles]}.",
         cause="the language host (with its mypy pass) and the providers' reads dominate.",
-        next_step="time the preview's phases and shorten the longest.")
+        next_step="time the preview's phases and shorten the longest.",
+    )
     if eight is not None:
         prev8 = [p["wall_s"] for p in eight["previews"]]
         rec = report.measured(
-            SPECS["preview_s@8"], prev8,
+            SPECS["preview_s@8"],
+            prev8,
             f"`pulumi preview --diff` of the deployed 8-node stack (sim nodes {BENCH_NODES[0]}..{BENCH_NODES[-1]}), "
             f"nothing changed; ssh sessions {[p['ssh'] for p in eight['previews']]}; the 2-node median is "
-            f"{med(prev2).value:.2f} s (ratio {med(prev8).value / med(prev2).value:.2f}).")
+            f"{med(prev2).value:.2f} s (ratio {med(prev8).value / med(prev2).value:.2f}).",
+        )
         limit = 2 * med(prev2).value
         rec["limit"] = round(limit, 3)
         if rec["value"] <= limit:
             rec["status"] = report.MET
         else:
             rec["status"] = report.MISSED
-            rec["cause"] = ("per-node work in the preview (each node's access, image, preflight, container and "
-                            "watchdog resources read over ssh) grows with the nodes on 2 cores.")
+            rec["cause"] = (
+                "per-node work in the preview (each node's access, image, preflight, container and "
+                "watchdog resources read over ssh) grows with the nodes on 2 cores."
+            )
             rec["next_step"] = "time the 8-node preview's phases per resource type and shorten the longest."
         out["preview_s@8"] = rec
         cold8 = eight["cold"]
@@ -836,36 +1055,48 @@ def analyse(cycles: list[dict[str, Any]], eight: dict[str, Any] | None, toolchai
             SPECS["up_overhead_s@8"],
             f"one cold 8-node up only (time budget): wall {cold8['wall_s']:.1f} s minus load "
             f"{READY_LOAD_S + GRAPH_S:.1f} s = {cold8['wall_s'] - READY_LOAD_S - GRAPH_S:.1f} s, "
-            f"{cold8['ssh']} ssh sessions; no median of 3.")
+            f"{cold8['ssh']} ssh sessions; no median of 3.",
+        )
     else:
         out["preview_s@8"] = report.not_measured(SPECS["preview_s@8"], f"the 8-node stack failed: {eight_error}")
-        out["up_overhead_s@8"] = report.not_measured(SPECS["up_overhead_s@8"],
-                                                     f"the 8-node stack failed: {eight_error}")
-    for key, phase, what in (("cold", "cold", "a cold up"), ("noop", "noop", "a no-op up"),
-                             ("replace", "replace", "a replacing up (serve change)")):
+        out["up_overhead_s@8"] = report.not_measured(
+            SPECS["up_overhead_s@8"], f"the 8-node stack failed: {eight_error}"
+        )
+    for key, phase, what in (
+        ("cold", "cold", "a cold up"),
+        ("noop", "noop", "a no-op up"),
+        ("replace", "replace", "a replacing up (serve change)"),
+    ):
         counts = [float(c[phase]["ssh"]) for c in cycles]
         out[f"ssh_sessions_per_up@{key}"] = report.measured(
-            SPECS[f"ssh_sessions_per_up@{key}"], counts,
+            SPECS[f"ssh_sessions_per_up@{key}"],
+            counts,
             f"`{ACCEPTED}` lines added to the 2 bench nodes' sshd logs (.state/sim/node-N/sshd.log, nodes used by "
             f"no other stack) during {what}: every ssh connection, whichever client opened it (docker provider "
             "over ssh://, command provider, the gates' ControlMaster, the watchdogs). " + ssh_breakdown(cycles, phase),
-            digits=1)
+            digits=1,
+        )
     out["toolchain_warm_s"] = report.measured(
-        SPECS["toolchain_warm_s"], toolchain,
+        SPECS["toolchain_warm_s"],
+        toolchain,
         "`bash toolchain/build.sh` with everything built; includes its look-ups of the pieces the Go module "
         f"proxy refuses; runs {_fmt_runs(toolchain)} s (a first run well above the others did work the later "
-        "ones found done; not investigated).")
+        "ones found done; not investigated).",
+    )
     out["toolchain_cold_s"] = report.from_record(
-        SPECS["toolchain_cold_s"], TOOLCHAIN_COLD_S,
+        SPECS["toolchain_cold_s"],
+        TOOLCHAIN_COLD_S,
         "Not re-measured in a routine run (a cold build wipes Go's caches and takes ~5 min): the last measured "
-        "value from README.md, 'CLI, everything cold' (4 min 52 s, empty module and build caches).")
+        "value from README.md, 'CLI, everything cold' (4 min 52 s, empty module and build caches).",
+    )
     out["preview_s@4"] = report.not_measured(SPECS["preview_s@4"], "not run (time budget): 2 and 8 nodes only.")
     out["up_overhead_s@4"] = report.not_measured(SPECS["up_overhead_s@4"], "not run (time budget): 2 nodes only.")
     return out
 
 
-def analyse_copy(copies: list[dict[str, Any]], loopback: list[float],
-                 cycles: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def analyse_copy(
+    copies: list[dict[str, Any]], loopback: list[float], cycles: list[dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
     """Issue 15's figures: bytes copied, loopback throughput, what the copy adds to a first and a second up."""
     med = report.summarize
     first = [c["first"] for c in copies]
@@ -874,39 +1105,51 @@ def analyse_copy(copies: list[dict[str, Any]], loopback: list[float],
     bind_noop = med([c["noop"]["wall_s"] for c in cycles]).value
     return {
         "copy_bytes@first": report.measured(
-            SPECS["copy_bytes@first"], [float(f["bytes"]) for f in first],
+            SPECS["copy_bytes@first"],
+            [float(f["bytes"]) for f in first],
             f"Bytes the worker's copier received in the first up of a new copy-mode 2-node stack (the sim's "
-            f"checkpoint: {first[0]['files']} files, KiB each; the real one is ~387 GiB).", digits=0),
+            f"checkpoint: {first[0]['files']} files, KiB each; the real one is ~387 GiB).",
+            digits=0,
+        ),
         "copy_loopback_mib_s": report.measured(
-            SPECS["copy_loopback_mib_s"], loopback,
+            SPECS["copy_loopback_mib_s"],
+            loopback,
             "copy_source.py and copy_weights.py as processes on 127.0.0.1 (the scripts the throwaway containers "
             "run, with this machine's python), 8 files of 128 MiB, 4 streams, a fresh destination each run: "
             "hashing (sha256) and fsync included. Bounded here by 2 cores hashing and the disk; on a Spark the "
-            "fabric and the worker's NVMe set it."),
+            "fabric and the worker's NVMe set it.",
+        ),
         "copy_added_s@first": report.measured(
-            SPECS["copy_added_s@first"], [f["step_s"] for f in first],
+            SPECS["copy_added_s@first"],
+            [f["step_s"] for f in first],
             "The WorkerCopy step of the first up (engine events: pre to outputs), which sits between staging and "
             f"the worker's container: the head's source container started, the copier run, the source stopped "
             f"(copier alone {_fmt_runs([f['copier_s'] for f in first])} s, provider "
             f"{_fmt_runs([f['provider_s'] for f in first])} s). "
             f"First copy-mode up wall {_fmt_runs([f['wall_s'] for f in first])} s against a cold bind-mode up "
-            f"{bind_cold:.2f} s (median; other runs, other load)."),
+            f"{bind_cold:.2f} s (median; other runs, other load).",
+        ),
         "copy_added_s@second": report.measured(
-            SPECS["copy_added_s@second"], [s["check_s"] for s in second],
+            SPECS["copy_added_s@second"],
+            [s["check_s"] for s in second],
             "A second up of the copy-mode stack changes nothing (asserted, and the copy did not run again); what "
             "it adds for the copy is the WorkerCopy diff's check on the worker (one ssh session from a cold "
             "master, record and stat, no weights read), timed on its own. The no-op up's wall "
             f"{_fmt_runs([s['wall_s'] for s in second])} s against the bind-mode no-op up {bind_noop:.2f} s "
             "(median; other runs).",
             cause="the check's ssh session and its stat of every file.",
-            next_step="share the ssh master with the other providers' reads."),
+            next_step="share the ssh master with the other providers' reads.",
+        ),
     }
 
 
 # /proc/<parent>/comm (15 characters) of the ssh clients' parents. The command provider's Go ssh starts no
 # ssh process, so `pulumi-resource` is the docker provider; the gates and the verifier run in Python.
-CLIENT_NAMES = {"pulumi-resource": "docker provider", "python": "gates/verifier (python)",
-                "python3": "gates/verifier (python)"}
+CLIENT_NAMES = {
+    "pulumi-resource": "docker provider",
+    "python": "gates/verifier (python)",
+    "python3": "gates/verifier (python)",
+}
 
 
 def ssh_breakdown(cycles: list[dict[str, Any]], phase: str) -> str:
@@ -920,11 +1163,13 @@ def ssh_breakdown(cycles: list[dict[str, Any]], phase: str) -> str:
     accepted = report.summarize([float(c[phase]["ssh"]) for c in cycles]).value
     processes = sum(per.values())
     listing = ", ".join(f"{CLIENT_NAMES.get(p, p)} {v:g}" for p, v in sorted(per.items(), key=lambda kv: -kv[1]))
-    return (f"ssh client processes started, by parent (medians): {listing or 'none'}; {processes:g} in all "
-            f"against {accepted:g} sessions accepted. The docker provider's clients (`docker system dial-stdio`) "
-            "and the gates' share the program's one ControlMaster per node (components/ssh.py), so only a "
-            "master's first client connects; the other sessions accepted are the command provider's (preflight, "
-            "weights, watchdog commands: its in-process Go ssh, one connection per command, starts no process).")
+    return (
+        f"ssh client processes started, by parent (medians): {listing or 'none'}; {processes:g} in all "
+        f"against {accepted:g} sessions accepted. The docker provider's clients (`docker system dial-stdio`) "
+        "and the gates' share the program's one ControlMaster per node (components/ssh.py), so only a "
+        "master's first client connects; the other sessions accepted are the command provider's (preflight, "
+        "weights, watchdog commands: its in-process Go ssh, one connection per command, starts no process)."
+    )
 
 
 def conditions(sim: dict[str, Any], staging_s: float, load: str) -> list[str]:
@@ -967,16 +1212,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=5, help="runs per figure (at least 3; issue 14 asks for 5)")
     parser.add_argument("--skip-8", action="store_true", help="leave out the 8-node stack")
     parser.add_argument("--from-raw", type=Path, help="re-analyse a run's bench/tmp/raw-*.json")
-    parser.add_argument("--real-only", action="store_true",
-                        help="measure only the real-vLLM figures and merge them into bench/results.json")
+    parser.add_argument(
+        "--real-only",
+        action="store_true",
+        help="measure only the real-vLLM figures and merge them into bench/results.json",
+    )
     args = parser.parse_args(argv)
     if args.render:
         render()
         return 0
     if args.from_raw:
         raw = json.loads(args.from_raw.read_text())
-        return write_results(raw, json.loads((cluster.default_layout().state / "sim.json").read_text()),
-                             time.monotonic() - float(raw.get("bench_seconds", 0)))
+        return write_results(
+            raw,
+            json.loads((cluster.default_layout().state / "sim.json").read_text()),
+            time.monotonic() - float(raw.get("bench_seconds", 0)),
+        )
     if args.runs < report.MIN_RUNS:
         parser.error(f"--runs {args.runs}: each figure is the median of at least {report.MIN_RUNS} runs")
 
@@ -984,8 +1235,11 @@ def main(argv: list[str] | None = None) -> int:
     load_start = loadavg()
     pulumi_root = Path(os.environ.get("DSV41_TOOLCHAIN_DIR") or "")
     if not os.access(pulumi_root / "bin" / "pulumi", os.X_OK):
-        print("bench: DSV41_TOOLCHAIN_DIR/bin/pulumi is missing; run through `make bench` (it builds the "
-              "toolchain and sources toolchain/env.sh)", file=sys.stderr)
+        print(
+            "bench: DSV41_TOOLCHAIN_DIR/bin/pulumi is missing; run through `make bench` (it builds the "
+            "toolchain and sources toolchain/env.sh)",
+            file=sys.stderr,
+        )
         return 2
     ensure_nodes(list(BENCH_NODES))
     commit = _sh("git", "-C", str(REPO), "rev-parse", "--short", "HEAD").strip()
@@ -1005,8 +1259,9 @@ def main(argv: list[str] | None = None) -> int:
         pull_images(sim8)
         staging_s = stage_weights(sim2, weights)
         print(f"bench: staged the checkpoint in {staging_s:.1f} s", flush=True)
-        b = Bench(sim2=sim2, sim8=sim8, weights=weights, env=env, pulumi_root=pulumi_root, run_id=run_id,
-                  ssh_log=ssh_log)
+        b = Bench(
+            sim2=sim2, sim8=sim8, weights=weights, env=env, pulumi_root=pulumi_root, run_id=run_id, ssh_log=ssh_log
+        )
         reals = repeat("real-vLLM cycle", args.runs, b.real_cycle)
         if args.real_only:
             return merge_real(reals, commit, f"{measured_from} .. {utc_now()}")
@@ -1028,11 +1283,21 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(weights, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
 
-    raw = {"cycles": cycles, "reals": reals, "eight": eight, "eight_error": eight_error, "toolchain_warm_s": toolchain,
-           "copies": copies, "copy_loopback_mib_s": loopback,
-           "discarded": DISCARDED, "commit": commit, "measured": f"{measured_from} .. {utc_now()}",
-           "staging_s": staging_s, "bench_seconds": round(time.monotonic() - bench_began, 1),
-           "load": f"{load_start} / {loadavg()}"}
+    raw = {
+        "cycles": cycles,
+        "reals": reals,
+        "eight": eight,
+        "eight_error": eight_error,
+        "toolchain_warm_s": toolchain,
+        "copies": copies,
+        "copy_loopback_mib_s": loopback,
+        "discarded": DISCARDED,
+        "commit": commit,
+        "measured": f"{measured_from} .. {utc_now()}",
+        "staging_s": staging_s,
+        "bench_seconds": round(time.monotonic() - bench_began, 1),
+        "load": f"{load_start} / {loadavg()}",
+    }
     (WORK / f"raw-{run_id}.json").write_text(json.dumps(raw, indent=2, default=str) + "\n")
     return write_results(raw, sim, bench_began)
 
@@ -1044,18 +1309,24 @@ def analyse_real(reals: list[dict[str, Any]]) -> dict[str, Any]:
     note = "real vLLM 0.32.0 (CPU), TP=2 on two sim nodes, the hub's tiny Llama"
     return {
         "boot_to_verified_s@real": report.measured(
-            SPECS["boot_to_verified_s@real"], boots, f"{note}: first container start to the verifier's outputs"),
+            SPECS["boot_to_verified_s@real"], boots, f"{note}: first container start to the verifier's outputs"
+        ),
         "ready_detect_s@real": report.measured(
-            SPECS["ready_detect_s@real"], ready, f"{note}: the head's '{STARTUP_LINE}' to the ready gate's outputs",
+            SPECS["ready_detect_s@real"],
+            ready,
+            f"{note}: the head's '{STARTUP_LINE}' to the ready gate's outputs",
             cause="two real ranks and the API server keep both cores busy while the gate's stream is read",
-            next_step="compare with the stand-in's figure measured in the same run"),
+            next_step="compare with the stand-in's figure measured in the same run",
+        ),
         "dead_rank_detect_s@real": report.measured(
-            SPECS["dead_rank_detect_s@real"], dead,
+            SPECS["dead_rank_detect_s@real"],
+            dead,
             f"{note}: the worker killed {KILL_AFTER_READY_GATE_S:g} s after the ready gate started, its exit to "
             "`up` failing (up_failed_s; the gate's own failure event: "
             f"{[r['dead_rank']['ready_gate_failed_event_s'] for r in reals]})",
             cause="up_failed_s includes the engine recording the failure and ending the update",
-            next_step="read ready_gate_failed_event_s in the note: the gate's own decision"),
+            next_step="read ready_gate_failed_event_s in the note: the gate's own decision",
+        ),
     }
 
 
@@ -1066,7 +1337,8 @@ def merge_real(reals: list[dict[str, Any]], commit: str, measured: str) -> int:
     results["raw"]["reals"] = reals
     results["conditions"] = [c for c in results["conditions"] if not c.startswith("Real vLLM figures")] + [
         f"Real vLLM figures (`--real-only`, {len(reals)} runs) measured {measured} at {commit}; the others as "
-        "measured in the run named above."]
+        "measured in the run named above."
+    ]
     RESULTS.write_text(json.dumps(results, indent=2, default=str) + "\n")
     render()
     for key in ("boot_to_verified_s@real", "ready_detect_s@real", "dead_rank_detect_s@real"):

@@ -50,10 +50,12 @@ def test_docker_timestamps_keep_sub_second_precision() -> None:
 
 
 def test_first_and_last_log_lines() -> None:
-    log = ("2026-01-02T03:04:05.100000000Z INFO loading\n"
-           "2026-01-02T03:04:06.250000000Z (APIServer pid=1) INFO:     Application startup complete.\n"
-           "2026-01-02T03:04:07.000000000Z tail\n"
-           "2026-01-02T03:04:08.000000000Z \n")
+    log = (
+        "2026-01-02T03:04:05.100000000Z INFO loading\n"
+        "2026-01-02T03:04:06.250000000Z (APIServer pid=1) INFO:     Application startup complete.\n"
+        "2026-01-02T03:04:07.000000000Z tail\n"
+        "2026-01-02T03:04:08.000000000Z \n"
+    )
     assert report.first_line_at(log, "Application startup complete.") == pytest.approx(1767323046.25)
     assert report.first_line_at(log, "absent") is None
     assert report.last_line_at(log) == pytest.approx(1767323047.0)  # the empty line does not count
@@ -67,20 +69,32 @@ def test_machine_info_from_nproc_free_and_cpuinfo() -> None:
 
 
 def _results(metrics: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    return {"generated_at": "2026-01-02T03:04:05Z", "commit": "abc1234", "bench_seconds": 600.0,
-            "machine": {"cpus": 2, "memory_gib": 23, "cpu_model": "AMD EPYC", "kernel": "Linux 6.1"},
-            "conditions": ["two loopback nodes"], "metrics": metrics}
+    return {
+        "generated_at": "2026-01-02T03:04:05Z",
+        "commit": "abc1234",
+        "bench_seconds": 600.0,
+        "machine": {"cpus": 2, "memory_gib": 23, "cpu_model": "AMD EPYC", "kernel": "Linux 6.1"},
+        "conditions": ["two loopback nodes"],
+        "metrics": metrics,
+    }
 
 
 def test_markdown_has_the_table_the_machine_and_every_miss_explained() -> None:
-    md = report.render_markdown(_results({
-        "ready_detect_s": report.measured(SPECS["ready_detect_s"], [5.0, 6.0, 7.0], "n", cause="polls every 5 s",
-                                          next_step="follow the log"),
-        "noop_up_s": report.not_measured(SPECS["noop_up_s"], "no docker provider"),
-        "decode_probe_error_pct@20": report.measured(SPECS["decode_probe_error_pct@20"], [1.0, 2.0, 3.0], "n"),
-    }))
-    assert ("| `ready_detect_s` | 6.00 s | 5.00 s .. 7.00 s | 3 | <= 0.25 s (issue 14; was <= 2 s) | up to 10 s | "
-            "**missed** |") in md
+    md = report.render_markdown(
+        _results(
+            {
+                "ready_detect_s": report.measured(
+                    SPECS["ready_detect_s"], [5.0, 6.0, 7.0], "n", cause="polls every 5 s", next_step="follow the log"
+                ),
+                "noop_up_s": report.not_measured(SPECS["noop_up_s"], "no docker provider"),
+                "decode_probe_error_pct@20": report.measured(SPECS["decode_probe_error_pct@20"], [1.0, 2.0, 3.0], "n"),
+            }
+        )
+    )
+    assert (
+        "| `ready_detect_s` | 6.00 s | 5.00 s .. 7.00 s | 3 | <= 0.25 s (issue 14; was <= 2 s) | up to 10 s | "
+        "**missed** |"
+    ) in md
     assert "| `noop_up_s` | - | - | - | <= 15 s, zero changes | - | not measured |" in md
     assert "| `decode_probe_error_pct` (20 tok/s) | 2.0 % |" in md
     assert "2 CPUs (AMD EPYC), 23 GiB RAM" in md and "- two loopback nodes" in md
@@ -115,15 +129,25 @@ def test_events_keep_the_first_arrival_per_resource_and_kind() -> None:
 
 
 def _cycle(ready: float, load: float = 8.0) -> dict[str, Any]:
-    sample = {"ready_gate_started_before_startup": True, "ready_gate_passed_s": ready - 0.2,
-              "verifier_passed_s": ready, "up_returned_s": ready + 0.5, "verify_latency_s": 0.1}
-    return {"load_s": load, "graph_s": 2.0,
-            "cold": {"wall_s": 40.0, "ssh": 30, **sample}, "noop": {"wall_s": 9.0, "ssh": 6},
-            "preview": {"wall_s": 7.0, "changes": {"same": 20}, "ssh": 4},
-            "probe_20": {"rate": 20.3}, "probe_40": {"rate": 40.6},
-            "replace": {"wall_s": 35.0, "ssh": 20, **sample},
-            "dead_rank": {"up_failed_s": 7.0, "ready_gate_failed_event_s": 5.0, "kill_after_ready_gate_s": 3.0},
-            "stall": {"overrun_s": 4.0, "ready_gate_failed_event_s": 1.5}}
+    sample = {
+        "ready_gate_started_before_startup": True,
+        "ready_gate_passed_s": ready - 0.2,
+        "verifier_passed_s": ready,
+        "up_returned_s": ready + 0.5,
+        "verify_latency_s": 0.1,
+    }
+    return {
+        "load_s": load,
+        "graph_s": 2.0,
+        "cold": {"wall_s": 40.0, "ssh": 30, **sample},
+        "noop": {"wall_s": 9.0, "ssh": 6},
+        "preview": {"wall_s": 7.0, "changes": {"same": 20}, "ssh": 4},
+        "probe_20": {"rate": 20.3},
+        "probe_40": {"rate": 40.6},
+        "replace": {"wall_s": 35.0, "ssh": 20, **sample},
+        "dead_rank": {"up_failed_s": 7.0, "ready_gate_failed_event_s": 5.0, "kill_after_ready_gate_s": 3.0},
+        "stall": {"overrun_s": 4.0, "ready_gate_failed_event_s": 1.5},
+    }
 
 
 def test_analysis_turns_samples_into_records_and_explains_what_is_missed() -> None:
@@ -157,8 +181,7 @@ def test_analysis_meets_the_issue_14_targets_and_notes_a_polled_node() -> None:
         c["stall"] = {"overrun_s": 0.3, "ready_gate_failed_event_s": 0.1}
     cycles[0]["cold"]["watch_fallback"] = True
     out = run.analyse(cycles, None, [1.0, 1.1, 1.2], "not run")
-    assert [out[k]["status"] for k in ("ready_detect_s", "dead_rank_detect_s", "stall_detect_overrun_s")] == \
-        ["met"] * 3
+    assert [out[k]["status"] for k in ("ready_detect_s", "dead_rank_detect_s", "stall_detect_overrun_s")] == ["met"] * 3
     assert "In 1 of 6 runs a node could not stream and was polled" in out["ready_detect_s"]["note"]
 
 

@@ -26,8 +26,9 @@ MOVED = {
 
 
 class _OldPaths(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def find_spec(self, fullname: str, path: object = None,
-                  target: object = None) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(
+        self, fullname: str, path: object = None, target: object = None
+    ) -> importlib.machinery.ModuleSpec | None:
         return importlib.util.spec_from_loader(fullname, self) if fullname in MOVED else None
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> None:

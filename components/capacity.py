@@ -9,16 +9,16 @@ from __future__ import annotations
 
 GIB = 1024**3
 
-TOTAL_WEIGHTS_GIB = 199.0          # EXL3 2.9bpw: ~99.5 GiB per rank at TP=2
-NODE_USABLE_GIB = 119.0            # 128 GB unified memory less the OS, as MemTotal reports it
-LOAD_MARGIN_GIB = 12.0             # the launcher's preflight: weights + 12 GiB <= MemAvailable
-KV_GIB_PER_500K_TOKENS = 1.9       # one 500K-token request's KV (MLA latents are not split by TP)
-RECIPE_POOL_GIB = 2.5              # kvCacheMemoryBytes default, 2684354560
-HEAD_MARGIN_AT_RECIPE_GIB = 2.1    # head's free margin at a 601K prefill with the recipe's pool
-MARGIN_COST_PER_POOL_GIB = 2.0     # every extra 0.5 GiB of pool costs ~1 GiB of head margin
-MIN_HEAD_MARGIN_GIB = 2.0          # 2.1 GiB served 562,940 tokens; 1.1 GiB (a 3 GiB pool) died at ~470K
+TOTAL_WEIGHTS_GIB = 199.0  # EXL3 2.9bpw: ~99.5 GiB per rank at TP=2
+NODE_USABLE_GIB = 119.0  # 128 GB unified memory less the OS, as MemTotal reports it
+LOAD_MARGIN_GIB = 12.0  # the launcher's preflight: weights + 12 GiB <= MemAvailable
+KV_GIB_PER_500K_TOKENS = 1.9  # one 500K-token request's KV (MLA latents are not split by TP)
+RECIPE_POOL_GIB = 2.5  # kvCacheMemoryBytes default, 2684354560
+HEAD_MARGIN_AT_RECIPE_GIB = 2.1  # head's free margin at a 601K prefill with the recipe's pool
+MARGIN_COST_PER_POOL_GIB = 2.0  # every extra 0.5 GiB of pool costs ~1 GiB of head margin
+MIN_HEAD_MARGIN_GIB = 2.0  # 2.1 GiB served 562,940 tokens; 1.1 GiB (a 3 GiB pool) died at ~470K
 RECIPE_MAX_LEN_TWO_NODES = 600_000  # the recipe's ceiling on two nodes
-MODEL_MAX_LEN = 1_048_576           # 1M via YaRN
+MODEL_MAX_LEN = 1_048_576  # 1M via YaRN
 
 
 def weights_per_rank_gib(tensor_parallel_size: int) -> float:

@@ -99,8 +99,9 @@ NEGATABLE_FLAGS = {"--enforce-eager", "--enable-auto-tool-choice"}
 
 # Environment names that hold credentials: `serve.extraEnv` is plain text in the stack file and in
 # `docker inspect`, so a credential there is refused (the program passes hfToken and apiKey itself).
-_CREDENTIAL_ENV = re.compile(r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|PRIVATE_?KEY|CREDENTIALS?)(_|$)",
-                             re.IGNORECASE)
+_CREDENTIAL_ENV = re.compile(
+    r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|PRIVATE_?KEY|CREDENTIALS?)(_|$)", re.IGNORECASE
+)
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 # Environment variables the program renders from structured keys (or derives); `serve.extraEnv`
@@ -143,8 +144,29 @@ _IMAGE = re.compile(
     r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?"
 )
 # Roots that are not a dedicated directory: exporting one would share a whole home or filesystem.
-_SYSTEM_DIRS = {"/", "/home", "/root", "/etc", "/usr", "/var", "/tmp", "/var/tmp", "/opt", "/srv", "/mnt",
-                "/media", "/data", "/boot", "/dev", "/proc", "/sys", "/run", "/bin", "/sbin", "/lib"}
+_SYSTEM_DIRS = {
+    "/",
+    "/home",
+    "/root",
+    "/etc",
+    "/usr",
+    "/var",
+    "/tmp",
+    "/var/tmp",
+    "/opt",
+    "/srv",
+    "/mnt",
+    "/media",
+    "/data",
+    "/boot",
+    "/dev",
+    "/proc",
+    "/sys",
+    "/run",
+    "/bin",
+    "/sbin",
+    "/lib",
+}
 
 
 class ConfigError(ValueError):
@@ -160,9 +182,7 @@ class ConfigError(ValueError):
 
 class _Model(BaseModel):
     # to_camel turns `_gib` into `Gib`: a key spelled `GiB` carries an explicit alias instead.
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
-    )
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
 
 
 def _not_placeholder(value: str) -> str:
@@ -232,8 +252,10 @@ class Node(_Model):
         # The preflight writes the names into a shell script and a sysfs path.
         bad = [h for h in v if not _HCA_NAME.fullmatch(h)]
         if bad:
-            raise ValueError(f"{json.dumps(bad)} is not an RDMA device name: use names as "
-                             "`ls /sys/class/infiniband` lists them, e.g. [\"rocep1s0f1\"]")
+            raise ValueError(
+                f"{json.dumps(bad)} is not an RDMA device name: use names as "
+                '`ls /sys/class/infiniband` lists them, e.g. ["rocep1s0f1"]'
+            )
         return v
 
     @field_validator("gid_index")
@@ -268,7 +290,7 @@ class Ssh(_Model):
         if "$" in v:
             raise ValueError(
                 "holds an unexpanded variable: Pulumi stores the text as given; set the value a shell "
-                "expanded, e.g. `pulumi config set --path ssh.agentSocket \"$SSH_AUTH_SOCK\"`"
+                'expanded, e.g. `pulumi config set --path ssh.agentSocket "$SSH_AUTH_SOCK"`'
             )
         if not (v.startswith("/") or v.startswith("~/")):
             raise ValueError("must be an absolute path on this machine (or start with ~/)")
@@ -300,16 +322,22 @@ class Weights(_Model):
         if path.startswith("~") and not (path == "~" or path.startswith("~/")):
             raise ValueError("must be an absolute path or start with `~/` (`~user` is not expanded)")
         if not (path.startswith("/") or path.startswith("~")):
-            raise ValueError("must be an absolute path or start with `~/`; a relative path depends on the "
-                             "login directory, e.g. use `~/dsv41-exl3`")
+            raise ValueError(
+                "must be an absolute path or start with `~/`; a relative path depends on the "
+                "login directory, e.g. use `~/dsv41-exl3`"
+            )
         parts = path.split("/")
         if path == "~" or path in _SYSTEM_DIRS or (len(parts) == 3 and parts[1] == "home"):
-            raise ValueError("must be a directory of its own, e.g. `~/dsv41-exl3`: it is exported to the "
-                             "workers, so a home directory or a system directory would share all of it")
+            raise ValueError(
+                "must be a directory of its own, e.g. `~/dsv41-exl3`: it is exported to the "
+                "workers, so a home directory or a system directory would share all of it"
+            )
         if ":" in path or "," in path:
-            raise ValueError("must not contain `:` or `,`: the root is bind-mounted into the staging, source and copy "
-                             "containers (`docker run -v <root>:/weights`), and docker's volume syntax splits at "
-                             "them; use a path without them, e.g. `~/dsv41-exl3`")
+            raise ValueError(
+                "must not contain `:` or `,`: the root is bind-mounted into the staging, source and copy "
+                "containers (`docker run -v <root>:/weights`), and docker's volume syntax splits at "
+                "them; use a path without them, e.g. `~/dsv41-exl3`"
+            )
         if any(p in {"", ".", ".."} for p in parts[1:]) or any(c.isspace() or c in "'\"\\$`" for c in path):
             raise ValueError("must be a plain path: no `.`/`..`/empty components, spaces, quotes or `$`")
         return v
@@ -319,8 +347,10 @@ class Weights(_Model):
     def _one_line_token(cls, v: SecretStr | None) -> SecretStr | None:
         # The staging command reads the token as the first line of its stdin.
         if v is not None and any(c in v.get_secret_value() for c in "\r\n"):
-            raise ValueError("contains a line break: set the token alone, e.g. "
-                             "`pulumi config set --secret --path weights.hfToken hf_...` (not `< file` with a newline)")
+            raise ValueError(
+                "contains a line break: set the token alone, e.g. "
+                "`pulumi config set --secret --path weights.hfToken hf_...` (not `< file` with a newline)"
+            )
         return v
 
     @field_validator("hf_endpoint")
@@ -335,8 +365,9 @@ class Weights(_Model):
     def _repo_id(cls, v: str) -> str:
         if not _REPO.fullmatch(v):
             hint = " (not a URL)" if "://" in v or v.startswith("huggingface.co") else ""
-            raise ValueError(f"must be a Hub repo id `owner/name`{hint}, "
-                             "e.g. `Mia-AiLab/DeepSeek-V4.1-Flash-EXL3-2.9bpw`")
+            raise ValueError(
+                f"must be a Hub repo id `owner/name`{hint}, e.g. `Mia-AiLab/DeepSeek-V4.1-Flash-EXL3-2.9bpw`"
+            )
         return v
 
     @field_validator("revision")
@@ -392,8 +423,10 @@ class Serve(_Model):
     def _env_values_as_text(cls, v: Any) -> Any:
         # YAML reads `X: 1` as a number; an environment variable is text either way.
         if isinstance(v, Mapping):
-            return {k: json.dumps(x) if isinstance(x, bool | int | float) and not isinstance(x, str) else x
-                    for k, x in v.items()}
+            return {
+                k: json.dumps(x) if isinstance(x, bool | int | float) and not isinstance(x, str) else x
+                for k, x in v.items()
+            }
         return v
 
 
@@ -434,7 +467,7 @@ class Gates(_Model):
     ready_timeout_seconds: int = Field(default=2700, ge=1)
     # The recipe's launcher calls a hang after 420 s of log silence; weight streaming over NFS is quieter (a real
     # headless worker prints nothing while it loads), so the ready gate counts its containers' memory and block I/O
-    # growth as progress too (components/gates/rank_watch.py, the stall rule).
+    # growth as progress too (components/gates/decisions.py, the stall rule).
     stall_seconds: int = Field(default=600, ge=1)
     verify_timeout_seconds: int = Field(default=300, ge=1)
     min_decode_tokens_per_second: float | None = Field(default=None, gt=0)
@@ -446,8 +479,10 @@ class Gates(_Model):
     @classmethod
     def _one_line_answer(cls, v: str) -> str:
         if v != v.strip() or any(c in v for c in "\r\n\0"):
-            raise ValueError("must be one word or phrase on one line, without surrounding spaces "
-                             "(the recipe's is `Paris`; empty to judge the logprobs alone)")
+            raise ValueError(
+                "must be one word or phrase on one line, without surrounding spaces "
+                "(the recipe's is `Paris`; empty to judge the logprobs alone)"
+            )
         return v
 
 
@@ -471,8 +506,10 @@ class Supervisor(_Model):
     @classmethod
     def _one_line(cls, v: str) -> str:
         if any(c in v for c in "\r\n\0"):
-            raise ValueError("must be one shell command line (it is run as `sh -c`), e.g. "
-                             "`curl -fsS -d @- https://ntfy.example/spark`")
+            raise ValueError(
+                "must be one shell command line (it is run as `sh -c`), e.g. "
+                "`curl -fsS -d @- https://ntfy.example/spark`"
+            )
         try:
             shlex.split(v)
         except ValueError as error:
@@ -500,8 +537,10 @@ class Settings(_Model):
         if v != v.strip():
             raise ValueError("has leading or trailing whitespace: docker would look for another image")
         if not _IMAGE.fullmatch(v):
-            raise ValueError("must be a docker image reference, e.g. `registry:5000/name:tag` (lowercase "
-                             f"name), like the recipe's `{RECIPE_IMAGE}`")
+            raise ValueError(
+                "must be a docker image reference, e.g. `registry:5000/name:tag` (lowercase "
+                f"name), like the recipe's `{RECIPE_IMAGE}`"
+            )
         return v
 
     def copy_root_of(self, node: Node) -> str:
@@ -686,10 +725,12 @@ def _rules(s: Settings) -> tuple[list[str], list[str]]:
                 f"({roots}): when workers share a filesystem, put `{{node}}` in it, e.g. `/var/lib/dsv41-exl3/{{node}}`"
             )
         if not s.workers:
-            warnings.append("`weights.share` = \"copy\" with one node: there is no worker to copy to")
+            warnings.append('`weights.share` = "copy" with one node: there is no worker to copy to')
     elif s.weights.copy_root is not None:
-        warnings.append(f"`weights.copyRoot` is set but `weights.share` = {json.dumps(s.weights.share)}: it is "
-                        "used only with `share: copy`")
+        warnings.append(
+            f"`weights.copyRoot` is set but `weights.share` = {json.dumps(s.weights.share)}: it is "
+            "used only with `share: copy`"
+        )
 
     for i, n in enumerate(s.nodes):
         if n.ib_hcas and not n.rdma_devices:
@@ -715,9 +756,11 @@ def _rules(s: Settings) -> tuple[list[str], list[str]]:
     mnbt = s.serve.max_num_batched_tokens
     threshold = s.serve.long_prefill_token_threshold
     if threshold is not None and mnbt - threshold < LONG_PREFILL_HEADROOM_TOKENS:
-        fix = (f"set it to at most {mnbt - LONG_PREFILL_HEADROOM_TOKENS}, or remove it to derive it"
-               if mnbt > LONG_PREFILL_HEADROOM_TOKENS
-               else f"raise `serve.maxNumBatchedTokens` above {LONG_PREFILL_HEADROOM_TOKENS} first")
+        fix = (
+            f"set it to at most {mnbt - LONG_PREFILL_HEADROOM_TOKENS}, or remove it to derive it"
+            if mnbt > LONG_PREFILL_HEADROOM_TOKENS
+            else f"raise `serve.maxNumBatchedTokens` above {LONG_PREFILL_HEADROOM_TOKENS} first"
+        )
         problems.append(
             f"`serve.longPrefillTokenThreshold` = {threshold} with `serve.maxNumBatchedTokens` = {mnbt}: the "
             f"launcher's rule is maxNumBatchedTokens - threshold >= {LONG_PREFILL_HEADROOM_TOKENS}, so a short "
@@ -737,16 +780,20 @@ def _rules(s: Settings) -> tuple[list[str], list[str]]:
         )
     if s.serve.enable_auto_tool_choice and not s.serve.tool_call_parser:
         problems.append(
-            "`serve.enableAutoToolChoice` = true with `serve.toolCallParser` = \"\": vLLM refuses to start "
+            '`serve.enableAutoToolChoice` = true with `serve.toolCallParser` = "": vLLM refuses to start '
             "auto tool choice without a parser; set one (the recipe's is deepseek_v41) or "
             "`serve.enableAutoToolChoice: false`"
         )
-    for key, value in (("quantization", s.serve.quantization), ("tokenizerMode", s.serve.tokenizer_mode),
-                       ("toolCallParser", s.serve.tool_call_parser),
-                       ("reasoningParser", s.serve.reasoning_parser)):
+    for key, value in (
+        ("quantization", s.serve.quantization),
+        ("tokenizerMode", s.serve.tokenizer_mode),
+        ("toolCallParser", s.serve.tool_call_parser),
+        ("reasoningParser", s.serve.reasoning_parser),
+    ):
         if value != value.strip() or any(c.isspace() for c in value):
-            problems.append(f"`serve.{key}` = {json.dumps(value)}: must be one name without spaces, or empty "
-                            "to leave the flag out")
+            problems.append(
+                f"`serve.{key}` = {json.dumps(value)}: must be one name without spaces, or empty to leave the flag out"
+            )
     if not s.serve.pytorch_cuda_alloc_conf.strip():
         problems.append(
             "`serve.pytorchCudaAllocConf` is empty: use the launcher's expandable_segments:True (without it "
@@ -807,8 +854,9 @@ def _rules(s: Settings) -> tuple[list[str], list[str]]:
     return problems, warnings
 
 
-def parse(raw: Mapping[str, Any], *, plaintext_keys: frozenset[str] = frozenset(),
-          secret_keys: frozenset[str] = frozenset()) -> Loaded:
+def parse(
+    raw: Mapping[str, Any], *, plaintext_keys: frozenset[str] = frozenset(), secret_keys: frozenset[str] = frozenset()
+) -> Loaded:
     """Validate raw stack config (the namespace's keys, already JSON-decoded).
 
     `plaintext_keys` lists top-level keys stored unencrypted; a credential under one is refused.
@@ -860,7 +908,7 @@ def read_raw(config: Mapping[str, Any]) -> dict[str, Any]:
     for full_key, text in config.items():
         if not full_key.startswith(prefix):
             continue
-        key = full_key[len(prefix):]
+        key = full_key[len(prefix) :]
         try:
             raw[key] = json.loads(text) if isinstance(text, str) else text
         except json.JSONDecodeError:

@@ -77,11 +77,13 @@ def under(root: pulumi.Resource, opts: pulumi.ResourceOptions | None = None) -> 
     """A layer under the root Deployment. Stacks deployed before it existed hung every layer off the stack:
     the alias keeps those resources (and, inherited, all their children) instead of replacing them."""
     return pulumi.ResourceOptions.merge(
-        pulumi.ResourceOptions(parent=root, aliases=[pulumi.Alias(parent=pulumi.ROOT_STACK_RESOURCE)]), opts)
+        pulumi.ResourceOptions(parent=root, aliases=[pulumi.Alias(parent=pulumi.ROOT_STACK_RESOURCE)]), opts
+    )
 
 
-def _wire(loaded: Loaded, stack: str, *, pins: Mapping[str, host_keys.Pin], keys_dir: str,
-          root: pulumi.Resource) -> dict[str, Any]:
+def _wire(
+    loaded: Loaded, stack: str, *, pins: Mapping[str, host_keys.Pin], keys_dir: str, root: pulumi.Resource
+) -> dict[str, Any]:
     """Build every layer under `root`; return the stack outputs."""
     s = loaded.settings
     for warning in loaded.warnings:
@@ -89,128 +91,199 @@ def _wire(loaded: Loaded, stack: str, *, pins: Mapping[str, host_keys.Pin], keys
     if s.supervisor.enabled:
         token = supervisor_token(s, stack, keys_dir)
         # The supervisor (once it exists) leaves every rank to this update until the program ends.
-        UpdateLock(leader_url(s), token, holder_name(stack, pulumi.runtime.is_dry_run()),
-                   log=pulumi.log.warn).start(report=pulumi.log.info)
+        UpdateLock(leader_url(s), token, holder_name(stack, pulumi.runtime.is_dry_run()), log=pulumi.log.warn).start(
+            report=pulumi.log.info
+        )
     # Everything this stack names on a node (export file, staging/check containers, watchdog files) carries
     # it, so two stacks on one head never collide. The rank containers keep their names (renaming would
     # replace running ranks): they were already per stack.
     prefix = labels.stack_prefix(pulumi.get_project(), stack)
     generation = serve_spec.cluster_generation(s)
     stack_keys = StackKeys("stack-keys", StackKeysArgs(directory=str(keys_dir)), opts=under(root))
-    access = {n.name: NodeAccess(f"access-{n.name}", NodeAccessArgs(
-        node=n, ssh=s.ssh, host_key=pins[n.name].key.line(), stack_dir=str(keys_dir), stack_keys=stack_keys),
-        opts=under(root))
-        for n in s.nodes}
+    access = {
+        n.name: NodeAccess(
+            f"access-{n.name}",
+            NodeAccessArgs(
+                node=n, ssh=s.ssh, host_key=pins[n.name].key.line(), stack_dir=str(keys_dir), stack_keys=stack_keys
+            ),
+            opts=under(root),
+        )
+        for n in s.nodes
+    }
     images = {
-        n.name: NodeImage(f"image-{n.name}", NodeImageArgs(
-            image=s.image, provider=access[n.name].docker_provider,
-            pull_timeout_minutes=s.image_pull_timeout_minutes), opts=under(root))
+        n.name: NodeImage(
+            f"image-{n.name}",
+            NodeImageArgs(
+                image=s.image,
+                provider=access[n.name].docker_provider,
+                pull_timeout_minutes=s.image_pull_timeout_minutes,
+            ),
+            opts=under(root),
+        )
         for n in s.nodes
     }
     copy_mode = s.weights.share == "copy"
     preflights = {
-        n.name: Preflight(f"preflight-{n.name}", PreflightArgs(
-            spec=PreflightSpec(
-                node_name=n.name,
-                fabric_ip=n.fabric_ip,
-                ib_hcas=tuple(n.ib_hcas),
-                gid_index=n.gid_index,
-                check_rdma=bool(n.rdma_devices and n.ib_hcas),
-                min_mem_available_gib=s.preflight.min_mem_available_gib,
-                # The head stages the weights; in copy mode each worker keeps its own copy: its disk is checked too.
-                weights_root=s.weights.root if n is s.head else (s.copy_root_of(n) if copy_mode else None),
-                min_free_disk_gib=s.preflight.min_free_disk_gib if n is s.head or copy_mode else None,
-                # The workers' root-squashed NFS mount must traverse every directory down to the export.
-                check_export_path=n is s.head and s.weights.share == "nfs",
-                stack_label=stack,
-                generation=generation,
-                container_shape=container_shape(s.container.ipc_mode, s.container.memlock_bytes),
+        n.name: Preflight(
+            f"preflight-{n.name}",
+            PreflightArgs(
+                spec=PreflightSpec(
+                    node_name=n.name,
+                    fabric_ip=n.fabric_ip,
+                    ib_hcas=tuple(n.ib_hcas),
+                    gid_index=n.gid_index,
+                    check_rdma=bool(n.rdma_devices and n.ib_hcas),
+                    min_mem_available_gib=s.preflight.min_mem_available_gib,
+                    # The head stages the weights; in copy mode each worker keeps its own copy: its disk is checked too.
+                    weights_root=s.weights.root if n is s.head else (s.copy_root_of(n) if copy_mode else None),
+                    min_free_disk_gib=s.preflight.min_free_disk_gib if n is s.head or copy_mode else None,
+                    # The workers' root-squashed NFS mount must traverse every directory down to the export.
+                    check_export_path=n is s.head and s.weights.share == "nfs",
+                    stack_label=stack,
+                    generation=generation,
+                    container_shape=container_shape(s.container.ipc_mode, s.container.memlock_bytes),
+                ),
+                connection=access[n.name].connection,
+                # Re-run exactly when this node's container will be created or replaced.
+                rerun_on=[generation, _node_spec_hash(loaded, generation, n.name)],
             ),
-            connection=access[n.name].connection,
-            # Re-run exactly when this node's container will be created or replaced.
-            rerun_on=[generation, _node_spec_hash(loaded, generation, n.name)],
-        ), opts=under(root))
+            opts=under(root),
+        )
         for n in s.nodes
     }
 
     def weight_node(name: str) -> WeightNode:
         node = next(n for n in s.nodes if n.name == name)
-        return WeightNode(name=name, connection=access[name].connection, fabric_ip=node.fabric_ip,
-                          host=node.host, port=node.port, user=node.user,
-                          copy_root=s.copy_root_of(node) if copy_mode and node is not s.head else None,
-                          ready=[preflights[name]],
-                          docker_provider=access[name].docker_provider, image=images[name].image_id)
+        return WeightNode(
+            name=name,
+            connection=access[name].connection,
+            fabric_ip=node.fabric_ip,
+            host=node.host,
+            port=node.port,
+            user=node.user,
+            copy_root=s.copy_root_of(node) if copy_mode and node is not s.head else None,
+            ready=[preflights[name]],
+            docker_provider=access[name].docker_provider,
+            image=images[name].image_id,
+        )
 
-    weights = WeightStore("weights", WeightStoreArgs(
-        head=weight_node(s.head.name),
-        workers=[weight_node(w.name) for w in s.workers],
-        root=s.weights.root,
-        share=s.weights.share,
-        staging_image=images[s.head.name].image_id,
-        model_repo=s.weights.model_repo,
-        engram_repo=s.weights.engram_repo,
-        revision=s.weights.revision,
-        hf_token=pulumi.Output.secret(s.weights.hf_token.get_secret_value()) if s.weights.hf_token else None,
-        hf_endpoint=s.weights.hf_endpoint,
-        stage_timeout_s=s.weights.stage_timeout_minutes * 60,
-        stack_prefix=prefix,
-        copy=CopySettings(ssh_private_key=_private_key(s), ssh_agent_socket=s.ssh.agent_socket,
-                          ssh_known_hosts_file=s.ssh.known_hosts_file, streams=s.weights.copy_streams,
-                          timeout_s=s.weights.stage_timeout_minutes * 60) if copy_mode else None,
-    ), opts=under(root, pulumi.ResourceOptions(depends_on=[preflights[s.head.name]])))
+    weights = WeightStore(
+        "weights",
+        WeightStoreArgs(
+            head=weight_node(s.head.name),
+            workers=[weight_node(w.name) for w in s.workers],
+            root=s.weights.root,
+            share=s.weights.share,
+            staging_image=images[s.head.name].image_id,
+            model_repo=s.weights.model_repo,
+            engram_repo=s.weights.engram_repo,
+            revision=s.weights.revision,
+            hf_token=pulumi.Output.secret(s.weights.hf_token.get_secret_value()) if s.weights.hf_token else None,
+            hf_endpoint=s.weights.hf_endpoint,
+            stage_timeout_s=s.weights.stage_timeout_minutes * 60,
+            stack_prefix=prefix,
+            copy=CopySettings(
+                ssh_private_key=_private_key(s),
+                ssh_agent_socket=s.ssh.agent_socket,
+                ssh_known_hosts_file=s.ssh.known_hosts_file,
+                streams=s.weights.copy_streams,
+                timeout_s=s.weights.stage_timeout_minutes * 60,
+            )
+            if copy_mode
+            else None,
+        ),
+        opts=under(root, pulumi.ResourceOptions(depends_on=[preflights[s.head.name]])),
+    )
 
     # Every rank must run the same build of the mutable tag: compared after the pulls, before any container.
-    image_ids = checked_image_ids(s.image, {n.name: images[n.name].image_id for n in s.nodes},
-                                  {n.name: images[n.name].repo_digest for n in s.nodes})
+    image_ids = checked_image_ids(
+        s.image,
+        {n.name: images[n.name].image_id for n in s.nodes},
+        {n.name: images[n.name].repo_digest for n in s.nodes},
+    )
     # What runs now: a rank found not running, or an endpoint without real logprobs, on a later preview or up
     # replaces every rank (issue: drift).
-    live = LiveRanks("live-ranks", LiveRanksArgs(
-        ranks=gate_ranks(s, {n.name: labels.container_name(stack, n.name) for n in s.nodes}),
-        ssh_private_key=_private_key(s), ssh_agent_socket=s.ssh.agent_socket,
-        ssh_known_hosts_file=s.ssh.known_hosts_file,
-        endpoint=endpoint_of(s), model=s.serve.served_model_name, api_key=_api_key(s)), opts=under(root))
-    serving = ServingCluster("serving", ServingClusterArgs(
-        settings=s,
-        stack=stack,
-        replace_when=live.id,
-        generation=generation,
-        ranks=[
-            RankInputs(
-                node=n,
-                provider=access[n.name].docker_provider,
-                image_id=image_ids[n.name],
-                gid_index=preflights[n.name].gid_index,
-                model_source=weights.model_source[n.name],
-                engram_source=weights.engram_source[n.name],
-                mount_type="bind" if weights.mount_type[n.name] == "bind" else "volume",
-                depends_on=[preflights[n.name], weights.visible[n.name], images[n.name]],
-            )
-            for n in s.nodes
-        ],
-    ), opts=under(root))
+    live = LiveRanks(
+        "live-ranks",
+        LiveRanksArgs(
+            ranks=gate_ranks(s, {n.name: labels.container_name(stack, n.name) for n in s.nodes}),
+            ssh_private_key=_private_key(s),
+            ssh_agent_socket=s.ssh.agent_socket,
+            ssh_known_hosts_file=s.ssh.known_hosts_file,
+            endpoint=endpoint_of(s),
+            model=s.serve.served_model_name,
+            api_key=_api_key(s),
+        ),
+        opts=under(root),
+    )
+    serving = ServingCluster(
+        "serving",
+        ServingClusterArgs(
+            settings=s,
+            stack=stack,
+            replace_when=live.id,
+            generation=generation,
+            ranks=[
+                RankInputs(
+                    node=n,
+                    provider=access[n.name].docker_provider,
+                    image_id=image_ids[n.name],
+                    gid_index=preflights[n.name].gid_index,
+                    model_source=weights.model_source[n.name],
+                    engram_source=weights.engram_source[n.name],
+                    mount_type="bind" if weights.mount_type[n.name] == "bind" else "volume",
+                    depends_on=[preflights[n.name], weights.visible[n.name], images[n.name]],
+                )
+                for n in s.nodes
+            ],
+        ),
+        opts=under(root),
+    )
 
     if s.watchdog.enabled:
         # A trip on one node stops every rank: each node's key may stop the others' containers, nothing else.
-        keys = {n.name: WatchdogKey(f"watchdog-key-{n.name}", WatchdogKeyArgs(
-            node_name=n.name, connection=access[n.name].connection, container_name=serving.container_names[n.name],
-            stack_prefix=prefix), opts=under(root))
-            for n in s.nodes}
+        keys = {
+            n.name: WatchdogKey(
+                f"watchdog-key-{n.name}",
+                WatchdogKeyArgs(
+                    node_name=n.name,
+                    connection=access[n.name].connection,
+                    container_name=serving.container_names[n.name],
+                    stack_prefix=prefix,
+                ),
+                opts=under(root),
+            )
+            for n in s.nodes
+        }
         for n in s.nodes:
             peers = [m for m in s.nodes if m is not n]
-            MemoryWatchdog(f"watchdog-{n.name}", MemoryWatchdogArgs(
-                node_name=n.name,
-                connection=access[n.name].connection,
-                container_name=serving.container_names[n.name],
-                stack_prefix=prefix,
-                watchdog=s.watchdog,
-                rerun_on=[serving.containers[n.name].id],
-                peers=[WatchdogPeer(node_name=m.name, host=m.host, port=m.port, user=m.user,
-                                    host_key=pins[m.name].key.line()) for m in peers],
-                peer_public_keys={m.name: keys[m.name].public_key for m in peers},
-            ), opts=under(root, pulumi.ResourceOptions(depends_on=[serving.containers[n.name]])))
+            MemoryWatchdog(
+                f"watchdog-{n.name}",
+                MemoryWatchdogArgs(
+                    node_name=n.name,
+                    connection=access[n.name].connection,
+                    container_name=serving.container_names[n.name],
+                    stack_prefix=prefix,
+                    watchdog=s.watchdog,
+                    rerun_on=[serving.containers[n.name].id],
+                    peers=[
+                        WatchdogPeer(
+                            node_name=m.name, host=m.host, port=m.port, user=m.user, host_key=pins[m.name].key.line()
+                        )
+                        for m in peers
+                    ],
+                    peer_public_keys={m.name: keys[m.name].public_key for m in peers},
+                ),
+                opts=under(root, pulumi.ResourceOptions(depends_on=[serving.containers[n.name]])),
+            )
 
-    verifier = verify_after(s, container_names=serving.container_names, container_ids=serving.container_ids,
-                            after=list(serving.containers.values()), root=root)
+    verifier = verify_after(
+        s,
+        container_names=serving.container_names,
+        container_ids=serving.container_ids,
+        after=list(serving.containers.values()),
+        root=root,
+    )
     outputs: dict[str, Any] = {
         "endpoint": endpoint_of(s),
         "model": s.serve.served_model_name,
@@ -226,13 +299,28 @@ def _wire(loaded: Loaded, stack: str, *, pins: Mapping[str, host_keys.Pin], keys
     if s.gates.min_decode_tokens_per_second is not None:
         outputs["decodeTokensPerSecond"] = verifier.decode_tokens_per_second
     if s.supervisor.enabled:
-        supervisor = Supervisor("supervisor", SupervisorArgs(
-            settings=s, stack=stack, stack_prefix=prefix, token=token, endpoint=endpoint_of(s),
-            nodes=[SupervisorNode(name=n.name, index=i, connection=access[n.name].connection,
-                                  docker_provider=access[n.name].docker_provider, image_id=image_ids[n.name])
-                   for i, n in enumerate(s.nodes)],
-            after=[verifier],
-        ), opts=under(root))
+        supervisor = Supervisor(
+            "supervisor",
+            SupervisorArgs(
+                settings=s,
+                stack=stack,
+                stack_prefix=prefix,
+                token=token,
+                endpoint=endpoint_of(s),
+                nodes=[
+                    SupervisorNode(
+                        name=n.name,
+                        index=i,
+                        connection=access[n.name].connection,
+                        docker_provider=access[n.name].docker_provider,
+                        image_id=image_ids[n.name],
+                    )
+                    for i, n in enumerate(s.nodes)
+                ],
+                after=[verifier],
+            ),
+            opts=under(root),
+        )
         outputs["supervisor"] = {"url": supervisor.url, "token": pulumi.Output.secret(token)}
     return outputs
 
@@ -245,8 +333,9 @@ def pin_nodes(s: Settings, stack: str) -> tuple[dict[str, host_keys.Pin], str]:
     """
     try:
         keys_dir = stack_dir(pulumi.get_project(), stack)
-        pins = host_keys.pin_all([host_keys.NodeAddress(node=n.name, host=n.host, port=n.port) for n in s.nodes],
-                                 s.ssh.known_hosts_file)
+        pins = host_keys.pin_all(
+            [host_keys.NodeAddress(node=n.name, host=n.host, port=n.port) for n in s.nodes], s.ssh.known_hosts_file
+        )
     except (host_keys.HostKeyError, KeyDirError) as err:
         raise pulumi.RunError(str(err)) from None
     for pin in pins.values():
@@ -257,8 +346,10 @@ def pin_nodes(s: Settings, stack: str) -> tuple[dict[str, host_keys.Pin], str]:
 
 def gate_ranks(s: Settings, container_names: Mapping[str, str]) -> list[GateRank]:
     """Every rank as the gates and LiveRanks read it: the head first."""
-    return [GateRank(rank=i, node=n.name, host=n.host, port=n.port, user=n.user, container=container_names[n.name])
-            for i, n in enumerate(s.nodes)]
+    return [
+        GateRank(rank=i, node=n.name, host=n.host, port=n.port, user=n.user, container=container_names[n.name])
+        for i, n in enumerate(s.nodes)
+    ]
 
 
 def _private_key(s: Settings) -> pulumi.Output[str] | None:
@@ -291,41 +382,53 @@ def verify_after(
     api_base = endpoint.removesuffix("/v1")
     ranks = gate_ranks(s, container_names)
     private_key = _private_key(s)
-    rendezvous = RendezvousGate("rendezvous", RendezvousGateArgs(
-        ranks=ranks,
-        ssh_private_key=private_key,
-        ssh_agent_socket=s.ssh.agent_socket,
-        ssh_known_hosts_file=s.ssh.known_hosts_file,
-        rendezvous_timeout_s=s.gates.rendezvous_timeout_seconds,
-        poll_interval_s=POLL_INTERVAL_S,
-        progress_interval_s=PROGRESS_INTERVAL_S,
-        rerun_on=container_ids,
-    ), opts=under(root, pulumi.ResourceOptions(depends_on=list(after))))
-    ready = ReadyGate("ready", ReadyGateArgs(
-        ranks=ranks,
-        ssh_private_key=private_key,
-        ssh_agent_socket=s.ssh.agent_socket,
-        ssh_known_hosts_file=s.ssh.known_hosts_file,
-        api_base=api_base,
-        model_name=s.serve.served_model_name,
-        api_key=api_key,
-        ready_timeout_s=s.gates.ready_timeout_seconds,
-        stall_s=s.gates.stall_seconds,
-        poll_interval_s=POLL_INTERVAL_S,
-        progress_interval_s=PROGRESS_INTERVAL_S,
-        models_timeout_s=MODELS_TIMEOUT_S,
-        rerun_on=container_ids,
-    ), opts=under(root, pulumi.ResourceOptions(depends_on=[rendezvous])))
-    verifier = Verifier("verify", VerifierArgs(
-        endpoint=endpoint,
-        model=s.serve.served_model_name,
-        rerun_on=container_ids,
-        api_key=api_key,
-        timeout_s=min(120.0, float(s.gates.verify_timeout_seconds)),
-        retry_window_s=float(s.gates.verify_timeout_seconds),
-        # The first request after a boot can spend minutes in JIT: warm up within the window, then judge.
-        warmup_timeout_s=float(s.gates.verify_timeout_seconds),
-        min_decode_tokens_per_second=s.gates.min_decode_tokens_per_second,
-        expected_answer=s.gates.expected_answer,
-    ), opts=under(root, pulumi.ResourceOptions(depends_on=[ready])))
+    rendezvous = RendezvousGate(
+        "rendezvous",
+        RendezvousGateArgs(
+            ranks=ranks,
+            ssh_private_key=private_key,
+            ssh_agent_socket=s.ssh.agent_socket,
+            ssh_known_hosts_file=s.ssh.known_hosts_file,
+            rendezvous_timeout_s=s.gates.rendezvous_timeout_seconds,
+            poll_interval_s=POLL_INTERVAL_S,
+            progress_interval_s=PROGRESS_INTERVAL_S,
+            rerun_on=container_ids,
+        ),
+        opts=under(root, pulumi.ResourceOptions(depends_on=list(after))),
+    )
+    ready = ReadyGate(
+        "ready",
+        ReadyGateArgs(
+            ranks=ranks,
+            ssh_private_key=private_key,
+            ssh_agent_socket=s.ssh.agent_socket,
+            ssh_known_hosts_file=s.ssh.known_hosts_file,
+            api_base=api_base,
+            model_name=s.serve.served_model_name,
+            api_key=api_key,
+            ready_timeout_s=s.gates.ready_timeout_seconds,
+            stall_s=s.gates.stall_seconds,
+            poll_interval_s=POLL_INTERVAL_S,
+            progress_interval_s=PROGRESS_INTERVAL_S,
+            models_timeout_s=MODELS_TIMEOUT_S,
+            rerun_on=container_ids,
+        ),
+        opts=under(root, pulumi.ResourceOptions(depends_on=[rendezvous])),
+    )
+    verifier = Verifier(
+        "verify",
+        VerifierArgs(
+            endpoint=endpoint,
+            model=s.serve.served_model_name,
+            rerun_on=container_ids,
+            api_key=api_key,
+            timeout_s=min(120.0, float(s.gates.verify_timeout_seconds)),
+            retry_window_s=float(s.gates.verify_timeout_seconds),
+            # The first request after a boot can spend minutes in JIT: warm up within the window, then judge.
+            warmup_timeout_s=float(s.gates.verify_timeout_seconds),
+            min_decode_tokens_per_second=s.gates.min_decode_tokens_per_second,
+            expected_answer=s.gates.expected_answer,
+        ),
+        opts=under(root, pulumi.ResourceOptions(depends_on=[ready])),
+    )
     return verifier

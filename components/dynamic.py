@@ -70,8 +70,12 @@ def comparable(value: Any, normalize: Normalize | None = None) -> Any:
     return value
 
 
-def changed_inputs(keys: Sequence[str], olds: Mapping[str, Any], news: Mapping[str, Any],
-                   normalize: Mapping[str, Normalize] | None = None) -> list[str]:
+def changed_inputs(
+    keys: Sequence[str],
+    olds: Mapping[str, Any],
+    news: Mapping[str, Any],
+    normalize: Mapping[str, Normalize] | None = None,
+) -> list[str]:
     """Input keys whose values differ; `__provider` (the pickled code) is deliberately not one.
     `normalize`: per key, what makes two values the same (see `as_set`, `as_rows`)."""
     how = normalize or {}

@@ -161,47 +161,63 @@ def removal_command(host: str, port: int, known_hosts_file: str) -> str:
     return f"ssh-keygen -R '{host_name(host, port)}' -f {known_hosts_file}"
 
 
-def changed_message(node: NodeAddress, known_hosts_file: str, pinned: Sequence[HostKey],
-                    offered: Sequence[HostKey]) -> str:
+def changed_message(
+    node: NodeAddress, known_hosts_file: str, pinned: Sequence[HostKey], offered: Sequence[HostKey]
+) -> str:
     was = ", ".join(f"{k.kind} {k.fingerprint()}" for k in pinned)
     now = ", ".join(f"{k.kind} {k.fingerprint()}" for k in offered)
-    return (f"host key of node {node.node} ({node.host}:{node.port}) changed from {was} to {now} "
-            f"(recorded in {known_hosts_file}); no connection was opened. If the node was reinstalled, "
-            f"remove the old key with `{removal_command(node.host, node.port, known_hosts_file)}` and run again; "
-            "otherwise something else answers at that address")
+    return (
+        f"host key of node {node.node} ({node.host}:{node.port}) changed from {was} to {now} "
+        f"(recorded in {known_hosts_file}); no connection was opened. If the node was reinstalled, "
+        f"remove the old key with `{removal_command(node.host, node.port, known_hosts_file)}` and run again; "
+        "otherwise something else answers at that address"
+    )
 
 
-def decide(node: NodeAddress, known_hosts_file: str, known: Sequence[HostKey], revoked: Sequence[HostKey],
-           scanned: Sequence[HostKey] | None, scan_error: str | None = None) -> Pin:
+def decide(
+    node: NodeAddress,
+    known_hosts_file: str,
+    known: Sequence[HostKey],
+    revoked: Sequence[HostKey],
+    scanned: Sequence[HostKey] | None,
+    scan_error: str | None = None,
+) -> Pin:
     """Which key to pin, or why not. `scanned` None: the node could not be scanned (`scan_error` says why)."""
     where = f"node {node.node} ({node.host}:{node.port})"
     scanned = preferred_first(scanned) if scanned is not None else None
     bad = [k for k in (scanned or []) if k in revoked]
     if bad:
-        raise HostKeyError(f"{where} offers the host key {bad[0].kind} {bad[0].fingerprint()}, which "
-                           f"{known_hosts_file} marks @revoked; no connection was opened")
+        raise HostKeyError(
+            f"{where} offers the host key {bad[0].kind} {bad[0].fingerprint()}, which "
+            f"{known_hosts_file} marks @revoked; no connection was opened"
+        )
     if known:
         if scanned is None:
             # Unreachable now: keep the recorded key; the connections themselves will fail or verify it.
-            return Pin(key=preferred_first(known)[0],
-                       note=f"{where}: could not read its host key now ({scan_error}); using the recorded one")
+            return Pin(
+                key=preferred_first(known)[0],
+                note=f"{where}: could not read its host key now ({scan_error}); using the recorded one",
+            )
         common = [k for k in scanned if k.kind in {p.kind for p in known}]
         if not common:
             raise HostKeyError(changed_message(node, known_hosts_file, known, scanned))
         for k in common:
             if k not in known:
-                raise HostKeyError(changed_message(node, known_hosts_file,
-                                                   [p for p in known if p.kind == k.kind], [k]))
+                raise HostKeyError(changed_message(node, known_hosts_file, [p for p in known if p.kind == k.kind], [k]))
         return Pin(key=common[0])
     if not scanned:
         raise HostKeyError(
             f"{where}: no host key for {host_name(node.host, node.port)} in {known_hosts_file}, and none could be "
             f"read from the node ({scan_error or 'ssh-keyscan printed no key'}). Check that the node is up and "
             f"that host and port are right; or record its key yourself: "
-            f"ssh-keyscan -p {node.port} {node.host} >> {known_hosts_file}")
-    return Pin(key=scanned[0], recorded=True,
-               note=f"{where}: first connection, recorded host key {scanned[0].kind} {scanned[0].fingerprint()} "
-                    f"in {known_hosts_file}")
+            f"ssh-keyscan -p {node.port} {node.host} >> {known_hosts_file}"
+        )
+    return Pin(
+        key=scanned[0],
+        recorded=True,
+        note=f"{where}: first connection, recorded host key {scanned[0].kind} {scanned[0].fingerprint()} "
+        f"in {known_hosts_file}",
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -220,8 +236,9 @@ def keyscan(host: str, port: int, timeout_s: int = KEYSCAN_TIMEOUT_S) -> list[Ho
     """The node's host keys as ssh-keyscan reads them; raises HostKeyError when it gets none."""
     argv = ["ssh-keyscan", "-T", str(timeout_s), "-p", str(port), host]
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s + 5,
-                              stdin=subprocess.DEVNULL, check=False)
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout_s + 5, stdin=subprocess.DEVNULL, check=False
+        )
     except subprocess.TimeoutExpired:
         raise HostKeyError(f"ssh-keyscan {host}:{port} did not finish within {timeout_s + 5} s") from None
     except OSError as err:
@@ -229,8 +246,10 @@ def keyscan(host: str, port: int, timeout_s: int = KEYSCAN_TIMEOUT_S) -> list[Ho
     keys = parse_keyscan(done.stdout)
     if not keys:
         why = " ".join(ln for ln in done.stderr.splitlines() if not ln.startswith("#"))[:300]
-        raise HostKeyError(f"ssh-keyscan got no key from {host}:{port} within {timeout_s} s "
-                           f"({why or 'connection refused or nothing answered'})")
+        raise HostKeyError(
+            f"ssh-keyscan got no key from {host}:{port} within {timeout_s} s "
+            f"({why or 'connection refused or nothing answered'})"
+        )
     return keys
 
 

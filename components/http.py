@@ -86,8 +86,15 @@ def exchange(
     with requests.Session() as session:
         session.trust_env = False  # no HTTP(S)_PROXY, no .netrc: the endpoints are the nodes' own ports
         try:
-            response = session.request(method, url, data=body, headers=dict(headers or {}), stream=True,
-                                       timeout=(remaining, remaining), allow_redirects=False)
+            response = session.request(
+                method,
+                url,
+                data=body,
+                headers=dict(headers or {}),
+                stream=True,
+                timeout=(remaining, remaining),
+                allow_redirects=False,
+            )
         except requests.RequestException as error:
             raise _translate(error) from error
         with response:

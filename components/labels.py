@@ -37,7 +37,7 @@ def stack_prefix(project: str, stack: str) -> str:
         return raw
     safe = re.sub(r"[^a-z0-9_.-]+", "-", raw.lower()).strip("-._") or "stack"
     digest = hashlib.sha256(raw.encode()).hexdigest()[:8]
-    return f"{safe[:MAX_PREFIX - 9].rstrip('-._')}-{digest}"
+    return f"{safe[: MAX_PREFIX - 9].rstrip('-._')}-{digest}"
 
 
 def container_name(stack: str, node_name: str) -> str:

@@ -23,10 +23,11 @@ _NAME = re.compile(r"[A-Z][A-Z0-9_]*")
 # `fail "${LINENO:-}" WHY [EXIT]`: LINENO counts the header line, the file's own numbering does not. bash sets
 # LINENO for `sh -c` (where sh is bash); dash (Debian's and Ubuntu's sh) sets it only for script files, and then
 # the message names the file alone.
-_FAIL = ('fail() { if [ -n "$1" ]; then echo "$DSV41_SCRIPT:$(($1 - 1)): $2" >&2; '
-         'else echo "$DSV41_SCRIPT: $2" >&2; fi; DSV41_FAILED=1; exit "${3:-1}"; }')
-_EXIT = ("trap 'rc=$?; [ \"$rc\" -eq 0 ] || [ -n \"${DSV41_FAILED:-}\" ] || "
-         "echo \"$DSV41_SCRIPT: exited $rc\" >&2' EXIT")
+_FAIL = (
+    'fail() { if [ -n "$1" ]; then echo "$DSV41_SCRIPT:$(($1 - 1)): $2" >&2; '
+    'else echo "$DSV41_SCRIPT: $2" >&2; fi; DSV41_FAILED=1; exit "${3:-1}"; }'
+)
+_EXIT = 'trap \'rc=$?; [ "$rc" -eq 0 ] || [ -n "${DSV41_FAILED:-}" ] || echo "$DSV41_SCRIPT: exited $rc" >&2\' EXIT'
 
 
 def script_path(layer_file: str) -> Path:
@@ -78,8 +79,9 @@ def quote(word: str) -> str:
     return "'" + re.sub(r"\\+", lambda m: "'\"" + m.group(0) * 2 + "\"'", quoted) + "'"
 
 
-def sh_command(script: str, *args: str, timeout_s: int | None = None, kill_after_s: int | None = None,
-               name: str = "sh") -> str:
+def sh_command(
+    script: str, *args: str, timeout_s: int | None = None, kill_after_s: int | None = None, name: str = "sh"
+) -> str:
     """The command line that runs `script` under `sh` on a node, whatever the SSH user's login shell.
 
     Every command sent to a node goes through here (components/ssh.py's `ssh_argv` and each remote.Command):

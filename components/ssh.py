@@ -78,7 +78,8 @@ def check_private_dir(path: Path) -> None:
     raise KeyDirError(
         f"key directory {path} {problem} (found: owner uid {st.st_uid}, mode {mode:04o}); SSH keys are written only "
         f"into a directory owned by you with mode 0700. Fix: remove it (`rm -rf {path}`) and run again, or point "
-        "XDG_RUNTIME_DIR / XDG_STATE_HOME at a private directory")
+        "XDG_RUNTIME_DIR / XDG_STATE_HOME at a private directory"
+    )
 
 
 def private_dir(path: Path) -> Path:
@@ -202,8 +203,10 @@ def control_path(target: SshTarget) -> str:
     directory = Path(target.stack_dir) if target.stack_dir is not None else run_dir()
     path = f"{directory}/cm-{_digest(f'{target.user}@{target.host}:{target.port}')[:12]}"
     if len(path) > _MAX_CONTROL_PATH:
-        raise KeyDirError(f"ssh control socket path {path} is {len(path)} characters; ssh allows {_MAX_CONTROL_PATH} "
-                          "here. Fix: set XDG_STATE_HOME / XDG_RUNTIME_DIR to a shorter private directory")
+        raise KeyDirError(
+            f"ssh control socket path {path} is {len(path)} characters; ssh allows {_MAX_CONTROL_PATH} "
+            "here. Fix: set XDG_STATE_HOME / XDG_RUNTIME_DIR to a shorter private directory"
+        )
     return path
 
 
@@ -216,15 +219,24 @@ def ssh_options(target: SshTarget, *, connect_timeout_s: int = 10) -> list[str]:
     accept-new only ever accepts a key there when destroy or refresh meet a node the file lacks.
     """
     opts = [
-        "-o", "BatchMode=yes",
-        "-o", "StrictHostKeyChecking=accept-new",
-        "-o", f"ConnectTimeout={connect_timeout_s}",
-        "-o", "ServerAliveInterval=15",
-        "-o", "ServerAliveCountMax=4",
-        "-o", "ControlMaster=auto",
-        "-o", f"ControlPath={control_path(target)}",
-        "-o", "ControlPersist=120",
-        "-p", str(target.port),
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "StrictHostKeyChecking=accept-new",
+        "-o",
+        f"ConnectTimeout={connect_timeout_s}",
+        "-o",
+        "ServerAliveInterval=15",
+        "-o",
+        "ServerAliveCountMax=4",
+        "-o",
+        "ControlMaster=auto",
+        "-o",
+        f"ControlPath={control_path(target)}",
+        "-o",
+        "ControlPersist=120",
+        "-p",
+        str(target.port),
     ]
     if target.private_key:
         opts += ["-o", "IdentitiesOnly=yes", "-i", str(materialize_key(target.private_key, target.stack_dir))]
@@ -238,8 +250,13 @@ def ssh_options(target: SshTarget, *, connect_timeout_s: int = 10) -> list[str]:
 def ssh_argv(target: SshTarget, script: str, *, connect_timeout_s: int = 10) -> list[str]:
     """Full argv for running `script` on the node, under `sh` whatever the user's login shell (sh_command)."""
     # `--` ends the options: a destination starting with '-' is never read as one (config refuses it too).
-    return ["ssh", *ssh_options(target, connect_timeout_s=connect_timeout_s), "--",
-            f"{target.user}@{target.host}", sh_command(script)]
+    return [
+        "ssh",
+        *ssh_options(target, connect_timeout_s=connect_timeout_s),
+        "--",
+        f"{target.user}@{target.host}",
+        sh_command(script),
+    ]
 
 
 _STACK_FILE = re.compile(r"^(key-[0-9a-f]{16}|cm-[0-9a-f]{12}(\.[A-Za-z0-9]+)?|\.key-[0-9a-f]{16}\.[0-9a-f]{16})$")

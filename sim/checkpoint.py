@@ -45,9 +45,10 @@ def _payload(seed: str, size: int) -> bytes:
 
 def safetensors_file(tensor: str, data: bytes, metadata: dict[str, str]) -> bytes:
     """One U8 tensor in the safetensors layout: u64 header length, JSON header (space-padded to 8), data."""
-    header = json.dumps({"__metadata__": metadata,
-                         tensor: {"dtype": "U8", "shape": [len(data)], "data_offsets": [0, len(data)]}},
-                        separators=(",", ":")).encode()
+    header = json.dumps(
+        {"__metadata__": metadata, tensor: {"dtype": "U8", "shape": [len(data)], "data_offsets": [0, len(data)]}},
+        separators=(",", ":"),
+    ).encode()
     header += b" " * (-len(header) % 8)
     return struct.pack("<Q", len(header)) + header + data
 
@@ -68,8 +69,14 @@ def _shards(repo: str, total: int, base_size: int, step: int, fmt: str) -> tuple
 
 
 # The tiny Llama's shape. vLLM's CPU attention needs a head size of at least 32; 2 KV heads split over TP=2.
-TINY = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 32}
+TINY = {
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+}
 SPECIAL_TOKENS = ("<s>", "</s>", "<｜User｜>", "<｜Assistant｜>", "<｜end▁of▁sentence｜>")
 VOCAB_SIZE = 256 + len(SPECIAL_TOKENS)
 BOS_ID, EOS_ID = 256, 257
@@ -91,11 +98,17 @@ def tiny_tensors() -> list[tuple[str, list[int]]]:
     out: list[tuple[str, list[int]]] = [("model.embed_tokens.weight", [v, h])]
     for layer in range(TINY["num_hidden_layers"]):
         p = f"model.layers.{layer}"
-        out += [(f"{p}.input_layernorm.weight", [h]), (f"{p}.self_attn.q_proj.weight", [q, h]),
-                (f"{p}.self_attn.k_proj.weight", [kv, h]), (f"{p}.self_attn.v_proj.weight", [kv, h]),
-                (f"{p}.self_attn.o_proj.weight", [h, q]), (f"{p}.post_attention_layernorm.weight", [h]),
-                (f"{p}.mlp.gate_proj.weight", [i, h]), (f"{p}.mlp.up_proj.weight", [i, h]),
-                (f"{p}.mlp.down_proj.weight", [h, i])]
+        out += [
+            (f"{p}.input_layernorm.weight", [h]),
+            (f"{p}.self_attn.q_proj.weight", [q, h]),
+            (f"{p}.self_attn.k_proj.weight", [kv, h]),
+            (f"{p}.self_attn.v_proj.weight", [kv, h]),
+            (f"{p}.self_attn.o_proj.weight", [h, q]),
+            (f"{p}.post_attention_layernorm.weight", [h]),
+            (f"{p}.mlp.gate_proj.weight", [i, h]),
+            (f"{p}.mlp.up_proj.weight", [i, h]),
+            (f"{p}.mlp.down_proj.weight", [h, i]),
+        ]
     return out + [("model.norm.weight", [h]), ("lm_head.weight", [v, h])]
 
 
@@ -110,9 +123,10 @@ def float_tensor_file(tensor: str, shape: list[int], seed: str, metadata: dict[s
         rng = random.Random(seed)
         values = [rng.gauss(0.0, 0.05) for _ in range(count)]
     data = struct.pack(f"<{count}f", *values)
-    header = json.dumps({"__metadata__": metadata,
-                         tensor: {"dtype": "F32", "shape": shape, "data_offsets": [0, len(data)]}},
-                        separators=(",", ":")).encode()
+    header = json.dumps(
+        {"__metadata__": metadata, tensor: {"dtype": "F32", "shape": shape, "data_offsets": [0, len(data)]}},
+        separators=(",", ":"),
+    ).encode()
     header += b" " * (-len(header) % 8)
     return struct.pack("<Q", len(header)) + header + data
 
@@ -133,14 +147,41 @@ def _byte_chars() -> list[str]:
 def tokenizer_json() -> dict[str, object]:
     """A byte-level BPE tokenizer with no merges: every byte is a token, the specials follow."""
     vocab = {c: b for b, c in enumerate(_byte_chars())}
-    added = [{"id": 256 + n, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
-              "normalized": False, "special": True} for n, t in enumerate(SPECIAL_TOKENS)]
+    added = [
+        {
+            "id": 256 + n,
+            "content": t,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
+        for n, t in enumerate(SPECIAL_TOKENS)
+    ]
     byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
-    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": None,
-            "pre_tokenizer": byte_level, "post_processor": byte_level, "decoder": byte_level,
-            "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-                      "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
-                      "ignore_merges": False, "vocab": vocab, "merges": []}}
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": None,
+        "pre_tokenizer": byte_level,
+        "post_processor": byte_level,
+        "decoder": byte_level,
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": False,
+            "vocab": vocab,
+            "merges": [],
+        },
+    }
 
 
 def model_repo() -> Repo:
@@ -154,17 +195,33 @@ def model_repo() -> Repo:
         weight_map[tensor] = name
     total = sum(len(d) for d in files.values())
     files[INDEX] = _json({"metadata": {"total_size": total}, "weight_map": weight_map})
-    files["config.json"] = _json({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", **TINY, "vocab_size": VOCAB_SIZE,
-        "hidden_act": "silu", "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
-        "max_position_embeddings": 1048576, "torch_dtype": "float32", "bos_token_id": BOS_ID,
-        "eos_token_id": EOS_ID,
-    })
+    files["config.json"] = _json(
+        {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            **TINY,
+            "vocab_size": VOCAB_SIZE,
+            "hidden_act": "silu",
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 10000.0,
+            "tie_word_embeddings": False,
+            "max_position_embeddings": 1048576,
+            "torch_dtype": "float32",
+            "bos_token_id": BOS_ID,
+            "eos_token_id": EOS_ID,
+        }
+    )
     files["generation_config.json"] = _json({"bos_token_id": BOS_ID, "eos_token_id": EOS_ID})
-    files["tokenizer_config.json"] = _json({
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
-        "model_max_length": 1048576, "chat_template": CHAT_TEMPLATE, "add_bos_token": False,
-    })
+    files["tokenizer_config.json"] = _json(
+        {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": "<s>",
+            "eos_token": "</s>",
+            "model_max_length": 1048576,
+            "chat_template": CHAT_TEMPLATE,
+            "add_bos_token": False,
+        }
+    )
     files["tokenizer.json"] = _json(tokenizer_json())
     return files
 
@@ -173,8 +230,14 @@ def base_repo() -> Repo:
     files, weight_map = _shards(BASE_REPO, BASE_SHARDS, 1024, 31, "pt")
     total = sum(len(d) for d in files.values())
     files[INDEX] = _json({"metadata": {"total_size": total}, "weight_map": weight_map})
-    files["config.json"] = _json({"architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4",
-                                  "num_hidden_layers": BASE_SHARDS, "torch_dtype": "bfloat16"})
+    files["config.json"] = _json(
+        {
+            "architectures": ["DeepseekV4ForCausalLM"],
+            "model_type": "deepseek_v4",
+            "num_hidden_layers": BASE_SHARDS,
+            "torch_dtype": "bfloat16",
+        }
+    )
     files["README.md"] = b"# DeepSeek-V4.1-Flash (simulated)\n"
     return files
 
@@ -196,8 +259,9 @@ def is_lfs(path: str) -> bool:
 
 def lfs_pointer(data: bytes) -> bytes:
     """The git LFS pointer file git stores for `data`; its blob id is what the hub lists as an LFS file's oid."""
-    return (f"version https://git-lfs.github.com/spec/v1\noid sha256:{hashlib.sha256(data).hexdigest()}\n"
-            f"size {len(data)}\n").encode()
+    return (
+        f"version https://git-lfs.github.com/spec/v1\noid sha256:{hashlib.sha256(data).hexdigest()}\nsize {len(data)}\n"
+    ).encode()
 
 
 def repo_commit(files: Repo) -> str:

@@ -47,8 +47,15 @@ IMAGES = {"standin": IMAGE_NAME, "real": REAL_IMAGE_NAME}
 DEFAULT_NODES = 2
 MAX_NODES = 200  # 127.0.0.2 .. 127.0.0.201
 # command -> Debian package that provides it
-PACKAGES = {"dockerd": "docker.io", "docker": "docker.io", "sshd": "openssh-server", "ssh": "openssh-client",
-            "ssh-keygen": "openssh-client", "docker-registry": "docker-registry", "debootstrap": "debootstrap"}
+PACKAGES = {
+    "dockerd": "docker.io",
+    "docker": "docker.io",
+    "sshd": "openssh-server",
+    "ssh": "openssh-client",
+    "ssh-keygen": "openssh-client",
+    "docker-registry": "docker-registry",
+    "debootstrap": "debootstrap",
+}
 SBIN_PATH = "/usr/local/sbin:/usr/sbin:/sbin"
 # Set by each node's sshd in its sessions' environment (SetEnv): a fallback to find what they started.
 NODE_TAG = "DSV41_SIM_NODE"
@@ -244,6 +251,7 @@ def join_cgroup(cgroup: Path | None) -> Callable[[], None] | None:
             os.write(fd, b"0")
         finally:
             os.close(fd)
+
     return join
 
 
@@ -288,11 +296,16 @@ def proc_table() -> dict[int, Proc]:
             cmdline = (d / "cmdline").read_bytes()
         except OSError:
             continue
-        comm = stat[stat.index("(") + 1:stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2:].split()
-        table[int(d.name)] = Proc(int(d.name), int(fields[1]), int(fields[19]), comm,
-                                  tuple(a.decode(errors="replace") for a in cmdline.split(b"\0") if a),
-                                  fields[0] == "Z")
+        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        table[int(d.name)] = Proc(
+            int(d.name),
+            int(fields[1]),
+            int(fields[19]),
+            comm,
+            tuple(a.decode(errors="replace") for a in cmdline.split(b"\0") if a),
+            fields[0] == "Z",
+        )
     return table
 
 
@@ -369,7 +382,7 @@ def alive(proc: Proc) -> bool:
         stat = Path(f"/proc/{proc.pid}/stat").read_text()
     except OSError:
         return False
-    fields = stat[stat.rindex(")") + 2:].split()
+    fields = stat[stat.rindex(")") + 2 :].split()
     return fields[0] != "Z" and int(fields[19]) == proc.start
 
 
@@ -428,8 +441,9 @@ def power_cut(layout: Layout, i: int) -> dict[str, int]:
         (d / name).unlink(missing_ok=True)
     counts = classify(procs)
     counts["processes"] = len(procs)
-    counts["containers"] = containers if containers is not None else sum(
-        1 for proc in procs.values() if proc.comm.startswith(SHIM_PREFIX))
+    counts["containers"] = (
+        containers if containers is not None else sum(1 for proc in procs.values() if proc.comm.startswith(SHIM_PREFIX))
+    )
     return counts
 
 
@@ -459,13 +473,20 @@ def reboot(layout: Layout, i: int) -> dict[str, float]:
     docker_at = time.monotonic()
     wait_until(f"node {i} sshd", lambda: ssh_banner(ip, SSH_PORT), 30, d / "sshd.log")
     done = time.monotonic()
-    print(f"node {i} rebooted in {done - started:.1f}s: ended {ended['processes']} process(es) "
-          f"[{ended['containers']} running container(s) with {ended['container processes']} process(es), "
-          f"{ended['sshd']} sshd, {ended['session processes']} started by sessions, "
-          f"{ended['docker daemons']} dockerd/containerd/shim]; power cut {cut - started:.1f}s, "
-          f"docker answered {docker_at - cut:.1f}s later, sshd {done - docker_at:.1f}s after that", flush=True)
-    return {**{k: float(v) for k, v in ended.items()}, "cut_s": cut - started, "docker_s": docker_at - cut,
-            "total_s": done - started}
+    print(
+        f"node {i} rebooted in {done - started:.1f}s: ended {ended['processes']} process(es) "
+        f"[{ended['containers']} running container(s) with {ended['container processes']} process(es), "
+        f"{ended['sshd']} sshd, {ended['session processes']} started by sessions, "
+        f"{ended['docker daemons']} dockerd/containerd/shim]; power cut {cut - started:.1f}s, "
+        f"docker answered {docker_at - cut:.1f}s later, sshd {done - docker_at:.1f}s after that",
+        flush=True,
+    )
+    return {
+        **{k: float(v) for k, v in ended.items()},
+        "cut_s": cut - started,
+        "docker_s": docker_at - cut,
+        "total_s": done - started,
+    }
 
 
 def stop_pid(pidfile: Path, name: str, timeout_s: float = 30.0, *, with_sessions: bool = False) -> bool:
@@ -497,17 +518,27 @@ def daemon_env() -> dict[str, str]:
     """This environment minus proxy settings (the sim's daemons only ever talk to loopback addresses) and minus
     XDG_* directories: a daemon outlives its caller, and a caller's runtime directory (a login session's, a test
     session's) goes away with it; runc keeps its exec files there, and every later `docker exec` fails."""
-    return {k: v for k, v in os.environ.items()
-            if "proxy" not in k.lower() and k != "PYTHONPATH" and not k.startswith("XDG_")}
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if "proxy" not in k.lower() and k != "PYTHONPATH" and not k.startswith("XDG_")
+    }
 
 
 def spawn(argv: Sequence[str], logfile: Path, cgroup: Path | None = None) -> subprocess.Popen[bytes]:
     """A daemon detached from this process (own session), so it outlives `make`; in `cgroup` from its first
     instruction on (so everything it ever forks is there too) when one is given."""
     with logfile.open("ab") as out:
-        return subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, cwd=REPO, env=daemon_env(),
-                                preexec_fn=join_cgroup(cgroup))
+        return subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=REPO,
+            env=daemon_env(),
+            preexec_fn=join_cgroup(cgroup),
+        )
 
 
 def tcp_open(host: str, port: int) -> bool:
@@ -583,8 +614,9 @@ def ensure_packages() -> None:
 
 def ssh_keygen(key: Path, comment: str) -> None:
     if not key.exists():
-        subprocess.run([tool("ssh-keygen"), "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(key)],
-                       check=True, timeout=30)
+        subprocess.run(
+            [tool("ssh-keygen"), "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(key)], check=True, timeout=30
+        )
 
 
 def write_if_changed(path: Path, text: str, mode: int | None = None) -> None:
@@ -614,16 +646,21 @@ def ensure_keys(layout: Layout, nodes: Sequence[int]) -> None:
         kind, blob = host_key.with_suffix(".pub").read_text().split()[:2]
         ip = layout.node_ip(i)
         known.append(f"[{ip}]:{SSH_PORT} {kind} {blob}\n")
-        config.append(f"Host sim-node-{i} {ip}\n  HostName {ip}\n  Port {SSH_PORT}\n  User root\n"
-                      f"  IdentityFile {layout.client_key}\n  IdentitiesOnly yes\n"
-                      f"  UserKnownHostsFile {layout.known_hosts}\n  StrictHostKeyChecking yes\n"
-                      f"  BatchMode yes\n  ConnectTimeout 10\n\n")
+        config.append(
+            f"Host sim-node-{i} {ip}\n  HostName {ip}\n  Port {SSH_PORT}\n  User root\n"
+            f"  IdentityFile {layout.client_key}\n  IdentitiesOnly yes\n"
+            f"  UserKnownHostsFile {layout.known_hosts}\n  StrictHostKeyChecking yes\n"
+            f"  BatchMode yes\n  ConnectTimeout 10\n\n"
+        )
     write_if_changed(layout.known_hosts, "".join(known))
     write_if_changed(layout.ssh_config, "# generated by sim/cluster.py: the sim's nodes\n" + "".join(config))
     layout.bin_dir.mkdir(parents=True, exist_ok=True)
-    write_if_changed(layout.bin_dir / "ssh",
-                     f'#!/bin/sh\n# ssh with the sim\'s config (for `docker -H ssh://root@127.0.0.x:{SSH_PORT}`)\n'
-                     f'exec {tool("ssh")} -F "{layout.ssh_config}" "$@"\n', 0o755)
+    write_if_changed(
+        layout.bin_dir / "ssh",
+        f"#!/bin/sh\n# ssh with the sim's config (for `docker -H ssh://root@127.0.0.x:{SSH_PORT}`)\n"
+        f'exec {tool("ssh")} -F "{layout.ssh_config}" "$@"\n',
+        0o755,
+    )
 
 
 # --- daemons ---------------------------------------------------------------------------------------
@@ -638,27 +675,51 @@ def start_dockerd(layout: Layout, i: int) -> None:
         return
     exec_root = d / "exec"
     if len(str(exec_root / "containerd" / "containerd-debug.sock")) > 100:
-        raise SimError(f"state dir {layout.state} is too deep for dockerd's unix sockets (max ~100 chars); "
-                       "set SIM_STATE_DIR to a shorter path")
+        raise SimError(
+            f"state dir {layout.state} is too deep for dockerd's unix sockets (max ~100 chars); "
+            "set SIM_STATE_DIR to a shorter path"
+        )
     for sub in ("root", "exec"):
         (d / sub).mkdir(parents=True, exist_ok=True)
     config = d / "daemon.json"
     config.write_text("{}\n")  # so the host's /etc/docker/daemon.json is never read
     log(f"node {i}: starting dockerd on {sock}")
-    spawn([tool("dockerd"), "--config-file", str(config), "--data-root", str(d / "root"),
-           "--exec-root", str(exec_root), "--pidfile", str(pidfile), "--host", layout.docker_host(i),
-           "--bridge=none", "--iptables=false", "--ip-forward=false", "--ip-masq=false", "--userland-proxy=false",
-           "--containerd-namespace", f"dsv41-sim-node-{i}",
-           "--containerd-plugins-namespace", f"dsv41-sim-node-{i}-plugins",
-           "--label", f"dsv41.sim.node=node-{i}"], d / "dockerd.log", node_cgroup(layout, i))
+    spawn(
+        [
+            tool("dockerd"),
+            "--config-file",
+            str(config),
+            "--data-root",
+            str(d / "root"),
+            "--exec-root",
+            str(exec_root),
+            "--pidfile",
+            str(pidfile),
+            "--host",
+            layout.docker_host(i),
+            "--bridge=none",
+            "--iptables=false",
+            "--ip-forward=false",
+            "--ip-masq=false",
+            "--userland-proxy=false",
+            "--containerd-namespace",
+            f"dsv41-sim-node-{i}",
+            "--containerd-plugins-namespace",
+            f"dsv41-sim-node-{i}-plugins",
+            "--label",
+            f"dsv41.sim.node=node-{i}",
+        ],
+        d / "dockerd.log",
+        node_cgroup(layout, i),
+    )
 
 
 def sshd_config(layout: Layout, i: int) -> str:
     d = layout.node_dir(i)
     return f"""# generated by sim/cluster.py: node {i}'s sshd
 ListenAddress {layout.node_ip(i)}:{SSH_PORT}
-HostKey {d / 'ssh_host_ed25519_key'}
-PidFile {d / 'sshd.pid'}
+HostKey {d / "ssh_host_ed25519_key"}
+PidFile {d / "sshd.pid"}
 # The sim's client key, and the user's own file as on any node (the watchdogs authorize their peers there).
 AuthorizedKeysFile {layout.authorized_keys} .ssh/authorized_keys
 # The key lives in the work tree, whose parent directories' modes are not ours to vouch for.
@@ -703,8 +764,12 @@ def start_sshd(layout: Layout, i: int) -> None:
     log(f"node {i}: starting sshd on {ip}:{SSH_PORT}")
     # sshd daemonizes itself and writes PidFile; in the node's cgroup, every session and whatever a session
     # starts (nohup'd, setsid'd, re-parented to init) stays there.
-    subprocess.run([sshd, "-f", str(config), "-E", str(d / "sshd.log")], check=True, timeout=30,
-                   preexec_fn=join_cgroup(node_cgroup(layout, i)))
+    subprocess.run(
+        [sshd, "-f", str(config), "-E", str(d / "sshd.log")],
+        check=True,
+        timeout=30,
+        preexec_fn=join_cgroup(node_cgroup(layout, i)),
+    )
 
 
 def registry_config(layout: Layout) -> str:
@@ -752,24 +817,47 @@ def start_hub(layout: Layout) -> None:
         raise SimError(f"{host}:{port} is taken by a process the sim did not start (no live {pidfile}); stop it")
     d.mkdir(parents=True, exist_ok=True)
     log(f"starting hub stand-in on {host}:{port}")
-    spawn([sys.executable, "-m", "sim.hub", "--host", host, "--port", str(port), "--faults", str(layout.hub_faults),
-           "--pidfile", str(pidfile)], d / "hub.log")
+    spawn(
+        [
+            sys.executable,
+            "-m",
+            "sim.hub",
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--faults",
+            str(layout.hub_faults),
+            "--pidfile",
+            str(pidfile),
+        ],
+        d / "hub.log",
+    )
 
 
 def wait_ready(layout: Layout, nodes: Sequence[int], with_hub: bool = True, with_registry: bool = True) -> None:
     for i in nodes:
-        wait_until(f"node {i} dockerd", lambda i=i: docker_ping(layout.socket(i)), 90,  # type: ignore[misc]
-                   layout.node_dir(i) / "dockerd.log")
-        wait_until(f"node {i} sshd", lambda i=i: tcp_open(layout.node_ip(i), SSH_PORT), 30,  # type: ignore[misc]
-                   layout.node_dir(i) / "sshd.log")
+        wait_until(
+            f"node {i} dockerd",
+            lambda i=i: docker_ping(layout.socket(i)),  # type: ignore[misc]
+            90,
+            layout.node_dir(i) / "dockerd.log",
+        )
+        wait_until(
+            f"node {i} sshd",
+            lambda i=i: tcp_open(layout.node_ip(i), SSH_PORT),  # type: ignore[misc]
+            30,
+            layout.node_dir(i) / "sshd.log",
+        )
     if not with_registry:
         return
     host, port = REGISTRY_ADDR
     wait_until("registry", lambda: http_ok(f"http://{host}:{port}/v2/"), 30, layout.registry_dir / "registry.log")
     if with_hub:
         host, port = HUB_ADDR
-        wait_until("hub stand-in", lambda: http_ok(f"http://{host}:{port}/api/sim/health"), 30,
-                   layout.hub_dir / "hub.log")
+        wait_until(
+            "hub stand-in", lambda: http_ok(f"http://{host}:{port}/api/sim/health"), 30, layout.hub_dir / "hub.log"
+        )
 
 
 def registry_storage() -> Path:
@@ -785,9 +873,14 @@ def image_ref(flavor: str = "standin") -> str:
 
 def build_image(layout: Layout, flavors: Sequence[str] = ("standin", "real")) -> None:
     for flavor in flavors:
-        env = {**daemon_env(), "SIM_DOCKER_HOST": layout.docker_host(1), "SIM_FLAVOR": flavor,
-               "SIM_STAMP_DIR": str(registry_storage() / "stamps"),
-               "SIM_REGISTRY": f"{REGISTRY_ADDR[0]}:{REGISTRY_ADDR[1]}", "SIM_IMAGE": image_ref(flavor)}
+        env = {
+            **daemon_env(),
+            "SIM_DOCKER_HOST": layout.docker_host(1),
+            "SIM_FLAVOR": flavor,
+            "SIM_STAMP_DIR": str(registry_storage() / "stamps"),
+            "SIM_REGISTRY": f"{REGISTRY_ADDR[0]}:{REGISTRY_ADDR[1]}",
+            "SIM_IMAGE": image_ref(flavor),
+        }
         before = registry_digest(flavor)
         subprocess.run(["bash", str(REPO / "sim" / "image" / "build.sh")], env=env, check=True, timeout=3600)
         if before is not None and registry_digest(flavor) != before:
@@ -795,16 +888,22 @@ def build_image(layout: Layout, flavors: Sequence[str] = ("standin", "real")) ->
             # (containers keep the image they run). Nodes left on the old build would run two builds at once.
             for i in layout.existing_nodes():
                 if docker_ping(layout.socket(i)):
-                    subprocess.run(["docker", "-H", layout.docker_host(i), "image", "rm", "--force",
-                                    image_ref(flavor)], capture_output=True, timeout=60)
+                    subprocess.run(
+                        ["docker", "-H", layout.docker_host(i), "image", "rm", "--force", image_ref(flavor)],
+                        capture_output=True,
+                        timeout=60,
+                    )
 
 
 def registry_digest(flavor: str = "standin") -> str | None:
     """The digest the registry serves for a flavour's tag, or None when it has none yet."""
     host, port = REGISTRY_ADDR
     name, tag = IMAGES[flavor].rsplit(":", 1)
-    request = urllib.request.Request(f"http://{host}:{port}/v2/{name}/manifests/{tag}", method="HEAD", headers={
-        "Accept": "application/vnd.docker.distribution.manifest.v2+json"})
+    request = urllib.request.Request(
+        f"http://{host}:{port}/v2/{name}/manifests/{tag}",
+        method="HEAD",
+        headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"},
+    )
     try:
         with urllib.request.urlopen(request, timeout=10) as resp:
             digest: str | None = resp.headers.get("Docker-Content-Digest")
@@ -816,10 +915,23 @@ def registry_digest(flavor: str = "standin") -> str | None:
 def describe(layout: Layout, nodes: Sequence[int]) -> dict[str, object]:
     return {
         "state": str(layout.state),
-        "ssh": {"key": str(layout.client_key), "config": str(layout.ssh_config), "port": SSH_PORT, "user": "root",
-                "known_hosts": str(layout.known_hosts), "bin": str(layout.bin_dir)},
-        "nodes": [{"index": i, "ip": layout.node_ip(i), "docker_host": layout.docker_host(i),
-                   "ssh_docker_host": f"ssh://root@{layout.node_ip(i)}:{SSH_PORT}"} for i in nodes],
+        "ssh": {
+            "key": str(layout.client_key),
+            "config": str(layout.ssh_config),
+            "port": SSH_PORT,
+            "user": "root",
+            "known_hosts": str(layout.known_hosts),
+            "bin": str(layout.bin_dir),
+        },
+        "nodes": [
+            {
+                "index": i,
+                "ip": layout.node_ip(i),
+                "docker_host": layout.docker_host(i),
+                "ssh_docker_host": f"ssh://root@{layout.node_ip(i)}:{SSH_PORT}",
+            }
+            for i in nodes
+        ],
         "registry": f"{REGISTRY_ADDR[0]}:{REGISTRY_ADDR[1]}",
         "image": image_ref("standin"),
         "images": {flavor: image_ref(flavor) for flavor in IMAGES},
@@ -887,8 +999,9 @@ def remove_containers(layout: Layout, i: int) -> None:
     ids = subprocess.run([docker, "--host", host, "ps", "-aq"], capture_output=True, text=True, timeout=60)
     if ids.returncode == 0 and ids.stdout.split():
         log(f"node {i}: removing {len(ids.stdout.split())} container(s)")
-        subprocess.run([docker, "--host", host, "rm", "-f", *ids.stdout.split()], stdout=subprocess.DEVNULL,
-                       timeout=120)
+        subprocess.run(
+            [docker, "--host", host, "rm", "-f", *ids.stdout.split()], stdout=subprocess.DEVNULL, timeout=120
+        )
 
 
 def mounts_under(path: Path) -> list[str]:
@@ -946,13 +1059,15 @@ def status(layout: Layout) -> dict[str, bool]:
 def env_text(layout: Layout) -> str:
     nodes = layout.existing_nodes() or [1]
     ip1 = layout.node_ip(nodes[0])
-    return (f"# the sim's nodes: {', '.join(layout.node_ip(i) for i in nodes)} (port {SSH_PORT}, user root)\n"
-            f"export SIM_SSH_KEY={layout.client_key}\n"
-            f"export SIM_SSH_CONFIG={layout.ssh_config}\n"
-            f"export HF_ENDPOINT=http://{HUB_ADDR[0]}:{HUB_ADDR[1]}\n"
-            f"# ssh -i {layout.client_key} -p {SSH_PORT} -o UserKnownHostsFile={layout.known_hosts} root@{ip1}\n"
-            f"# ssh -F {layout.ssh_config} root@{ip1} docker info\n"
-            f"# PATH={layout.bin_dir}:$PATH docker -H ssh://root@{ip1}:{SSH_PORT} ps\n")
+    return (
+        f"# the sim's nodes: {', '.join(layout.node_ip(i) for i in nodes)} (port {SSH_PORT}, user root)\n"
+        f"export SIM_SSH_KEY={layout.client_key}\n"
+        f"export SIM_SSH_CONFIG={layout.ssh_config}\n"
+        f"export HF_ENDPOINT=http://{HUB_ADDR[0]}:{HUB_ADDR[1]}\n"
+        f"# ssh -i {layout.client_key} -p {SSH_PORT} -o UserKnownHostsFile={layout.known_hosts} root@{ip1}\n"
+        f"# ssh -F {layout.ssh_config} root@{ip1} docker info\n"
+        f"# PATH={layout.bin_dir}:$PATH docker -H ssh://root@{ip1}:{SSH_PORT} ps\n"
+    )
 
 
 def clean(layout: Layout) -> None:
@@ -976,8 +1091,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=["up", "image", "down", "reboot", "status", "env", "clean"])
     parser.add_argument("target", nargs="?", type=node_index, help="reboot: the node (N or node-N)")
     parser.add_argument("--nodes", type=int, default=int(os.environ.get("SIM_NODES") or DEFAULT_NODES))
-    parser.add_argument("--node", type=node_index, action="append", default=[], dest="only",
-                        help="up/down: only this node (repeatable); registry, hub, image and sim.json stay as they are")
+    parser.add_argument(
+        "--node",
+        type=node_index,
+        action="append",
+        default=[],
+        dest="only",
+        help="up/down: only this node (repeatable); registry, hub, image and sim.json stay as they are",
+    )
     parser.add_argument("--no-image", action="store_true", help="up: do not build/push the stand-in image")
     ns = parser.parse_args(argv)
     if (ns.command == "reboot") != (ns.target is not None):

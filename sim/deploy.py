@@ -38,9 +38,23 @@ def install_plugins(pulumi_root: Path, env: dict[str, str], versions: dict[str, 
     """The project's providers into this PULUMI_HOME at the exact versions the SDKs request."""
     for name, key in (("docker", "DOCKER_PROVIDER_VERSION"), ("command", "COMMAND_PROVIDER_VERSION")):
         binary = pulumi_root / "bin" / f"pulumi-resource-{name}"
-        proc = subprocess.run([str(pulumi_root / "bin" / "pulumi"), "plugin", "install", "resource", name,
-                               versions[key], "--file", str(binary), "--exact"], env=env, capture_output=True,
-                              text=True, timeout=STEP_TIMEOUT)
+        proc = subprocess.run(
+            [
+                str(pulumi_root / "bin" / "pulumi"),
+                "plugin",
+                "install",
+                "resource",
+                name,
+                versions[key],
+                "--file",
+                str(binary),
+                "--exact",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=STEP_TIMEOUT,
+        )
         if proc.returncode != 0:
             raise AssertionError(f"plugin install {name}: {proc.stdout}{proc.stderr}")
 
@@ -57,8 +71,9 @@ def program_env(pulumi_root: Path, base: Path, passphrase: str) -> dict[str, str
         "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": "true",
         "PULUMI_SKIP_UPDATE_CHECK": "true",
         "PULUMI_IGNORE_AMBIENT_PLUGINS": "true",
-        "PATH": os.pathsep.join([str(pulumi_root / "bin"), str(Path(sys.executable).parent),
-                                 os.environ.get("PATH", "")]),
+        "PATH": os.pathsep.join(
+            [str(pulumi_root / "bin"), str(Path(sys.executable).parent), os.environ.get("PATH", "")]
+        ),
     }
     install_plugins(pulumi_root, env, read_versions())
     return env
@@ -66,8 +81,12 @@ def program_env(pulumi_root: Path, base: Path, passphrase: str) -> dict[str, str
 
 def docker_on(index: int, *args: str) -> subprocess.CompletedProcess[str]:
     """The docker CLI against sim node `index`'s own daemon (the tests' view, not the program's)."""
-    return subprocess.run(["docker", "-H", cluster.default_layout().docker_host(index), *args],
-                          capture_output=True, text=True, timeout=STEP_TIMEOUT)
+    return subprocess.run(
+        ["docker", "-H", cluster.default_layout().docker_host(index), *args],
+        capture_output=True,
+        text=True,
+        timeout=STEP_TIMEOUT,
+    )
 
 
 @dataclass
@@ -124,8 +143,11 @@ class Deployment:
         pre = getattr(event, "resource_pre_event", None)
         # The dynamic providers' default provider is re-registered whenever a dynamic resource changes; it
         # holds nothing on any node.
-        if (pre is not None and pre.metadata.op not in ("same", "read")
-                and "::pulumi:providers:pulumi-python::" not in pre.metadata.urn):
+        if (
+            pre is not None
+            and pre.metadata.op not in ("same", "read")
+            and "::pulumi:providers:pulumi-python::" not in pre.metadata.urn
+        ):
             self.ops.setdefault(pre.metadata.urn.split("::")[-1], set()).add(str(pre.metadata.op.value))
 
     def preview(self) -> auto.PreviewResult:
@@ -134,9 +156,14 @@ class Deployment:
 
     def cli(self, *args: str, check: bool = True, timeout: int = 600) -> subprocess.CompletedProcess[str]:
         """The project's pulumi CLI on this stack, as an operator runs it."""
-        proc = subprocess.run([str(self.pulumi_root / "bin" / "pulumi"), *args, "--stack", self.name,
-                               "--non-interactive"], cwd=REPO, env={**os.environ, **self.env},
-                              capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(
+            [str(self.pulumi_root / "bin" / "pulumi"), *args, "--stack", self.name, "--non-interactive"],
+            cwd=REPO,
+            env={**os.environ, **self.env},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         if check and proc.returncode != 0:
             raise AssertionError(f"pulumi {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
         return proc
@@ -156,8 +183,16 @@ def assert_verified(d: Deployment, outputs: Mapping[str, Any]) -> None:
         raise AssertionError(f"endpoint {outputs['endpoint'].value!r}, expected {endpoint!r}")
 
 
-def new_deployment(sim: dict[str, Any], name: str, env: dict[str, str], pulumi_root: Path, *, weights_root: Path,
-                   configure: Callable[[dict[str, Any]], None] | None = None, **config_kw: Any) -> Deployment:
+def new_deployment(
+    sim: dict[str, Any],
+    name: str,
+    env: dict[str, str],
+    pulumi_root: Path,
+    *,
+    weights_root: Path,
+    configure: Callable[[dict[str, Any]], None] | None = None,
+    **config_kw: Any,
+) -> Deployment:
     config = sim_stack.sim_config(sim, weights_root=str(weights_root), **config_kw)
     if configure:
         configure(config)

@@ -57,7 +57,7 @@ class Faults:
             if not entry or entry.startswith("#"):
                 continue
             if entry.startswith("listed:"):
-                unresolvable.add(entry[len("listed:"):].strip().strip("/"))
+                unresolvable.add(entry[len("listed:") :].strip().strip("/"))
             else:
                 hidden.add(entry.strip("/"))
         return Faults(frozenset(hidden), frozenset(unresolvable))
@@ -100,8 +100,13 @@ def tree_entry(path: str, data: bytes) -> dict[str, Any]:
     if not checkpoint.is_lfs(path):
         return {"type": "file", "path": path, "size": len(data), "oid": checkpoint.blob_oid(data)}
     pointer = checkpoint.lfs_pointer(data)
-    return {"type": "file", "path": path, "size": len(data), "oid": checkpoint.blob_oid(pointer),
-            "lfs": {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": len(pointer)}}
+    return {
+        "type": "file",
+        "path": path,
+        "size": len(data),
+        "oid": checkpoint.blob_oid(pointer),
+        "lfs": {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": len(pointer)},
+    }
 
 
 def sibling(path: str, data: bytes, blobs: bool) -> dict[str, Any]:
@@ -124,7 +129,7 @@ def _parse_range(header: str | None, size: int) -> tuple[int, int] | None:
     """(start, end inclusive) of a single `bytes=a-b` / `bytes=a-` / `bytes=-n` range, or None for the whole file."""
     if not header or not header.startswith("bytes=") or "," in header:
         return None
-    first, _, last = header[len("bytes="):].strip().partition("-")
+    first, _, last = header[len("bytes=") :].strip().partition("-")
     try:
         if first == "":
             n = int(last)
@@ -156,8 +161,11 @@ def make_handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
             print(f"{self.command} {self.path} {code}", file=sys.stderr, flush=True)
 
         def _error(self, code: int, error_code: str, message: str) -> None:
-            self._send(code, _json_bytes({"error": message}),
-                       {"X-Error-Code": error_code, "X-Error-Message": message, "Content-Type": "application/json"})
+            self._send(
+                code,
+                _json_bytes({"error": message}),
+                {"X-Error-Code": error_code, "X-Error-Message": message, "Content-Type": "application/json"},
+            )
 
         def _repo(self, org: str, name: str, rev: str | None) -> str | None:
             repo = f"{org}/{name}"
@@ -176,8 +184,7 @@ def make_handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
             prefix = f"{sub.strip('/')}/" if sub.strip("/") else ""
             files = {p: d for p, d in hub.visible(repo).items() if p.startswith(prefix)}
             dirs = sorted({p[:i] for p in files for i in range(len(p)) if p[i] == "/" and i > len(prefix)})
-            entries: list[dict[str, Any]] = [{"type": "directory", "path": d, "oid": "0" * 40, "size": 0}
-                                             for d in dirs]
+            entries: list[dict[str, Any]] = [{"type": "directory", "path": d, "oid": "0" * 40, "size": 0} for d in dirs]
             entries += [tree_entry(p, d) for p, d in sorted(files.items())]
             self._send(200, _json_bytes(entries), {"Content-Type": "application/json"})
 
@@ -187,9 +194,22 @@ def make_handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
                 return
             blobs = parse_qs(urlsplit(self.path).query).get("blobs", ["false"])[-1].lower() == "true"
             siblings = [sibling(p, d, blobs) for p, d in sorted(hub.visible(repo).items())]
-            self._send(200, _json_bytes({"id": repo, "modelId": repo, "sha": hub.commits[repo], "private": False,
-                                         "gated": False, "disabled": False, "tags": [], "siblings": siblings}),
-                       {"Content-Type": "application/json"})
+            self._send(
+                200,
+                _json_bytes(
+                    {
+                        "id": repo,
+                        "modelId": repo,
+                        "sha": hub.commits[repo],
+                        "private": False,
+                        "gated": False,
+                        "disabled": False,
+                        "tags": [],
+                        "siblings": siblings,
+                    }
+                ),
+                {"Content-Type": "application/json"},
+            )
 
         def _resolve(self, org: str, name: str, rev: str, path: str) -> None:
             repo = self._repo(org, name, rev)
@@ -200,8 +220,12 @@ def make_handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
                 self._error(404, "EntryNotFound", f"{path} does not exist on {rev} of {repo}")
                 return
             etag = hashlib.sha256(data).hexdigest() if checkpoint.is_lfs(path) else checkpoint.blob_oid(data)
-            headers = {"X-Repo-Commit": hub.commits[repo], "ETag": f'"{etag}"',
-                       "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}
+            headers = {
+                "X-Repo-Commit": hub.commits[repo],
+                "ETag": f'"{etag}"',
+                "Accept-Ranges": "bytes",
+                "Content-Type": "application/octet-stream",
+            }
             span = _parse_range(self.headers.get("Range"), len(data))
             if span is None:
                 self._send(200, data, headers)
@@ -211,7 +235,7 @@ def make_handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
                 self._send(416, b"", {"Content-Range": f"bytes */{len(data)}"})
                 return
             headers["Content-Range"] = f"bytes {start}-{end}/{len(data)}"
-            self._send(206, data[start:end + 1], headers)
+            self._send(206, data[start : end + 1], headers)
 
         def _route(self) -> None:
             raw = [unquote(p) for p in urlsplit(self.path).path.strip("/").split("/")]

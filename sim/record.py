@@ -55,7 +55,7 @@ def merged_log(d: Deployment, node: dict[str, Any], since: str | None = None) ->
         m = _STAMP.match(line)
         if m:
             stamp = datetime.fromisoformat(m.group(1)[:26].rstrip("Z") + "+00:00").timestamp()
-            out.append((stamp, line[m.end():]))
+            out.append((stamp, line[m.end() :]))
     return sorted(out, key=lambda p: p[0])
 
 
@@ -73,8 +73,13 @@ def inspect(d: Deployment, node: dict[str, Any]) -> dict[str, Any]:
 
 def state(d: Deployment, node: dict[str, Any]) -> dict[str, Any]:
     s = inspect(d, node)["State"]
-    return {"running": s["Running"], "exitCode": s["ExitCode"], "oomKilled": s["OOMKilled"],
-            "startedAt": s["StartedAt"], "finishedAt": s["FinishedAt"]}
+    return {
+        "running": s["Running"],
+        "exitCode": s["ExitCode"],
+        "oomKilled": s["OOMKilled"],
+        "startedAt": s["StartedAt"],
+        "finishedAt": s["FinishedAt"],
+    }
 
 
 def write_json(path: Path, value: Any) -> None:
@@ -87,8 +92,12 @@ def answer(resp: requests.Response, elapsed: float) -> dict[str, Any]:
         body: Any = resp.json()
     except ValueError:
         body = resp.text
-    return {"status": resp.status_code, "contentType": resp.headers.get("content-type", ""),
-            "seconds": round(elapsed, 3), "body": body}
+    return {
+        "status": resp.status_code,
+        "contentType": resp.headers.get("content-type", ""),
+        "seconds": round(elapsed, 3),
+        "body": body,
+    }
 
 
 def call(method: str, url: str, **kw: Any) -> dict[str, Any]:
@@ -106,15 +115,26 @@ def stream(url: str, body: dict[str, Any]) -> dict[str, Any]:
     try:
         with requests.post(url, json={**body, "stream": True}, stream=True, timeout=60) as resp:
             events = [line.decode() for line in resp.iter_lines() if line]
-            return {"status": resp.status_code, "contentType": resp.headers.get("content-type", ""),
-                    "seconds": round(time.monotonic() - start, 3), "events": events}
+            return {
+                "status": resp.status_code,
+                "contentType": resp.headers.get("content-type", ""),
+                "seconds": round(time.monotonic() - start, 3),
+                "events": events,
+            }
     except requests.RequestException as err:
         return {"error": type(err).__name__, "seconds": round(time.monotonic() - start, 3)}
 
 
 def chat(model: str, **extra: Any) -> dict[str, Any]:
-    return {"model": model, "messages": [{"role": "user", "content": "What is the capital of France?"}],
-            "max_tokens": 8, "temperature": 0, "logprobs": True, "top_logprobs": 2, **extra}
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "max_tokens": 8,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 2,
+        **extra,
+    }
 
 
 def wait_exit(d: Deployment, node: dict[str, Any], seconds: float) -> dict[str, Any]:
@@ -131,11 +151,18 @@ def record_boot(d: Deployment, out: Path) -> float:
     head, worker = d.sim["nodes"][0], d.sim["nodes"][1]
     for role, node in (("head", head), ("worker", worker)):
         info = inspect(d, node)
-        write_json(out / "boot" / f"{role}.argv.json", {
-            "entrypoint": info["Config"]["Entrypoint"], "cmd": info["Config"]["Cmd"],
-            "envNames": sorted(e.partition("=")[0] for e in info["Config"]["Env"])})
-    started = min(datetime.fromisoformat(inspect(d, n)["State"]["StartedAt"][:26].rstrip("Z") + "+00:00")
-                  .timestamp() for n in (head, worker))
+        write_json(
+            out / "boot" / f"{role}.argv.json",
+            {
+                "entrypoint": info["Config"]["Entrypoint"],
+                "cmd": info["Config"]["Cmd"],
+                "envNames": sorted(e.partition("=")[0] for e in info["Config"]["Env"]),
+            },
+        )
+    started = min(
+        datetime.fromisoformat(inspect(d, n)["State"]["StartedAt"][:26].rstrip("Z") + "+00:00").timestamp()
+        for n in (head, worker)
+    )
     for role, node in (("head", head), ("worker", worker)):
         write_log(out / "boot" / f"{role}.log.jsonl", merged_log(d, node), started)
     return started
@@ -153,8 +180,17 @@ def record_http(d: Deployment, url: str, model: str, out: Path) -> None:
         "unknown-model": ("POST", "/chat/completions", chat("no-such-model")),
         "bad-field": ("POST", "/chat/completions", chat(model, temperature="hot")),
         "too-many-tokens": ("POST", "/chat/completions", chat(model, max_tokens=10**7)),
-        "tools-without-parser-choice": ("POST", "/chat/completions", chat(model, tool_choice="required", tools=[
-            {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}])),
+        "tools-without-parser-choice": (
+            "POST",
+            "/chat/completions",
+            chat(
+                model,
+                tool_choice="required",
+                tools=[
+                    {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+                ],
+            ),
+        ),
         "unknown-path": ("GET", "/v1/no-such-path", None),
     }
     for name, (method, path, body) in errors.items():
@@ -177,6 +213,7 @@ def record_killed_worker(d: Deployment, url: str, model: str, out: Path, signal:
     time.sleep(5)  # what an idle head does with a dead worker: nothing, as recorded
     steps["headAfter5s"] = state(d, head)
     steps["healthAfter5s"] = call("GET", f"{base}/health", timeout=10)
+
     # The first request after the kill meets the failure; the second an engine already known dead.
     def plain() -> dict[str, Any]:
         return call("POST", f"{url}/chat/completions", json=chat(model), timeout=60)
@@ -184,8 +221,11 @@ def record_killed_worker(d: Deployment, url: str, model: str, out: Path, signal:
     def streamed() -> dict[str, Any]:
         return stream(f"{url}/chat/completions", chat(model))
 
-    order = (("streamed", streamed), ("request", plain)) if first == "stream" else (("request", plain),
-                                                                                    ("streamed", streamed))
+    order = (
+        (("streamed", streamed), ("request", plain))
+        if first == "stream"
+        else (("request", plain), ("streamed", streamed))
+    )
     for key, ask in order:
         steps[key] = ask()
     steps["head"] = wait_exit(d, head, 120)
@@ -223,20 +263,37 @@ def main(argv: list[str] | None = None) -> int:
     sim = json.loads((cluster.default_layout().state / "sim.json").read_text())
     work = Path(tempfile.mkdtemp(prefix="dsv41-record-"))
     weights = Path(tempfile.mkdtemp(prefix="dsv41-record-weights-", dir="/var/tmp"))
-    d = new_deployment(sim, f"record-{uuid.uuid4().hex[:6]}", program_env(pulumi_root, work, "record-only"),
-                       pulumi_root, weights_root=weights, port=PORT, master_port=MASTER_PORT, server="real")
+    d = new_deployment(
+        sim,
+        f"record-{uuid.uuid4().hex[:6]}",
+        program_env(pulumi_root, work, "record-only"),
+        pulumi_root,
+        weights_root=weights,
+        port=PORT,
+        master_port=MASTER_PORT,
+        server="real",
+    )
     tmp = Path(tempfile.mkdtemp(prefix="dsv41-record-out-"))
     try:
         print(f"sim.record: deploying {d.name} (real vLLM, 2 ranks)", flush=True)
         up = d.up()
         url = up.outputs["endpoint"].value
         model = call("GET", f"{url}/models")["body"]["data"][0]["id"]
-        version = docker_on(sim["nodes"][0]["index"], "exec", d.container(sim["nodes"][0]), "python3", "-c",
-                            "import importlib.metadata as m; print(m.version('vllm'))").stdout.strip()
+        version = docker_on(
+            sim["nodes"][0]["index"],
+            "exec",
+            d.container(sim["nodes"][0]),
+            "python3",
+            "-c",
+            "import importlib.metadata as m; print(m.version('vllm'))",
+        ).stdout.strip()
         record_boot(d, tmp)
         record_http(d, url, model, tmp)
-        for name, signal, first in (("killed-worker", "KILL", "plain"), ("killed-worker-streamed", "KILL", "stream"),
-                                    ("stopped-worker", "TERM", "plain")):
+        for name, signal, first in (
+            ("killed-worker", "KILL", "plain"),
+            ("killed-worker-streamed", "KILL", "stream"),
+            ("stopped-worker", "TERM", "plain"),
+        ):
             print(f"sim.record: {name}", flush=True)
             record_killed_worker(d, url, model, tmp / name, signal, first)
             d.up()
@@ -245,10 +302,22 @@ def main(argv: list[str] | None = None) -> int:
         d.up()
         print("sim.record: killed-head", flush=True)
         record_head_ended(d, tmp / "killed-head", "KILL")
-        write_json(tmp / "manifest.json", {
-            "vllm": version, "image": d.config["image"], "model": model, "recordedAt": time.strftime("%Y-%m-%d"),
-            "tensorParallelSize": 2, "nnodes": 2, "serve": {k: d.config["serve"][k] for k in sorted(d.config[
-                "serve"]) if k in ("extraArgs", "extraEnv", "maxModelLen", "enforceEager", "toolCallParser")}})
+        write_json(
+            tmp / "manifest.json",
+            {
+                "vllm": version,
+                "image": d.config["image"],
+                "model": model,
+                "recordedAt": time.strftime("%Y-%m-%d"),
+                "tensorParallelSize": 2,
+                "nnodes": 2,
+                "serve": {
+                    k: d.config["serve"][k]
+                    for k in sorted(d.config["serve"])
+                    if k in ("extraArgs", "extraEnv", "maxModelLen", "enforceEager", "toolCallParser")
+                },
+            },
+        )
         if args.out.exists():
             shutil.rmtree(args.out)
         shutil.copytree(tmp, args.out)

@@ -55,17 +55,30 @@ def real_vllm_settings(head_ip: str) -> dict[str, Any]:
     about a minute, two of them sharing two cores)."""
     return {
         "serve": {
-            "quantization": "", "tokenizerMode": "", "reasoningParser": "", "toolCallParser": "hermes",
-            "enforceEager": True, "numSpeculativeTokens": 0, "maxModelLen": 4096,
+            "quantization": "",
+            "tokenizerMode": "",
+            "reasoningParser": "",
+            "toolCallParser": "hermes",
+            "enforceEager": True,
+            "numSpeculativeTokens": 0,
+            "maxModelLen": 4096,
             "extraArgs": ["--host", head_ip, "--dtype", "float32"],
             # Two ranks and the API server share two cores: no pinning; a 1 GiB CPU KV cache per rank. With TP > 1
             # the vocab-parallel embedding is a torch.compile'd function even in eager mode; inductor then wants a
             # compiler toolchain and `openssl` in the image: on a CPU that saves nothing, so dynamo runs it eagerly.
-            "extraEnv": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-                         "TORCHDYNAMO_DISABLE": "1"},
+            "extraEnv": {
+                "VLLM_CPU_KVCACHE_SPACE": "1",
+                "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+                "TORCHDYNAMO_DISABLE": "1",
+            },
         },
-        "gates": {"rendezvousTimeoutSeconds": 240, "readyTimeoutSeconds": 600, "stallSeconds": 180,
-                  "verifyTimeoutSeconds": 120, "expectedAnswer": ""},
+        "gates": {
+            "rendezvousTimeoutSeconds": 240,
+            "readyTimeoutSeconds": 600,
+            "stallSeconds": 180,
+            "verifyTimeoutSeconds": 120,
+            "expectedAnswer": "",
+        },
         # The sim's nodes share one kernel: with the host's IPC namespace vLLM sees both ranks' /dev/shm as one
         # node's and waits on zmq ipc:// sockets in a /tmp the other container does not have. Two machines share
         # neither, so a private namespace per rank is the faithful one.
@@ -73,9 +86,18 @@ def real_vllm_settings(head_ip: str) -> dict[str, Any]:
     }
 
 
-def sim_config(sim: dict[str, Any], *, weights_root: str, nodes: int | None = None, port: int = 8888,
-               master_port: int = 29521, extra_env: dict[str, str] | None = None,
-               copy_root: str | None = None, server: str = "standin", supervisor: bool = False) -> dict[str, Any]:
+def sim_config(
+    sim: dict[str, Any],
+    *,
+    weights_root: str,
+    nodes: int | None = None,
+    port: int = 8888,
+    master_port: int = 29521,
+    extra_env: dict[str, str] | None = None,
+    copy_root: str | None = None,
+    server: str = "standin",
+    supervisor: bool = False,
+) -> dict[str, Any]:
     """The namespace's keys (plain JSON values) for a stack on the running sim; ssh.privateKey is separate.
 
     `server`: `standin` (the tests' default: fast, with faults by `extra_env`) or `real` (real vLLM).
@@ -84,8 +106,15 @@ def sim_config(sim: dict[str, Any], *, weights_root: str, nodes: int | None = No
     if server not in SERVERS:
         raise ValueError(f"server={server!r}: use one of {', '.join(SERVERS)}")
     chosen = sim["nodes"][:nodes] if nodes else sim["nodes"]
-    config = _standin_config(sim, chosen, weights_root=weights_root, port=port, master_port=master_port,
-                             extra_env=extra_env, copy_root=copy_root)
+    config = _standin_config(
+        sim,
+        chosen,
+        weights_root=weights_root,
+        port=port,
+        master_port=master_port,
+        extra_env=extra_env,
+        copy_root=copy_root,
+    )
     if server == "real":
         if "real" not in sim.get("images", {}):
             raise SystemExit("the running sim has no real-vLLM image: run `make sim-up` again to build it")
@@ -99,18 +128,38 @@ def sim_config(sim: dict[str, Any], *, weights_root: str, nodes: int | None = No
     return config
 
 
-def _standin_config(sim: dict[str, Any], chosen: list[dict[str, Any]], *, weights_root: str, port: int,
-                    master_port: int, extra_env: dict[str, str] | None, copy_root: str | None) -> dict[str, Any]:
+def _standin_config(
+    sim: dict[str, Any],
+    chosen: list[dict[str, Any]],
+    *,
+    weights_root: str,
+    port: int,
+    master_port: int,
+    extra_env: dict[str, str] | None,
+    copy_root: str | None,
+) -> dict[str, Any]:
     return {
         "nodes": [
-            {"name": f"node-{n['index']}", "host": n["ip"], "port": sim["ssh"]["port"], "user": sim["ssh"]["user"],
-             "fabricIp": n["ip"], "fabricInterface": "lo", "ibHcas": [], "gpus": "", "rdmaDevices": []}
+            {
+                "name": f"node-{n['index']}",
+                "host": n["ip"],
+                "port": sim["ssh"]["port"],
+                "user": sim["ssh"]["user"],
+                "fabricIp": n["ip"],
+                "fabricInterface": "lo",
+                "ibHcas": [],
+                "gpus": "",
+                "rdmaDevices": [],
+            }
             for n in chosen
         ],
         "ssh": {"knownHostsFile": sim["ssh"]["known_hosts"]},
         # copy_root: each worker keeps its own copy there (`{node}`: the sim's nodes share one filesystem).
-        "weights": {"root": weights_root, "hfEndpoint": sim["hub"],
-                    **({"share": "copy", "copyRoot": copy_root} if copy_root else {"share": "bind"})},
+        "weights": {
+            "root": weights_root,
+            "hfEndpoint": sim["hub"],
+            **({"share": "copy", "copyRoot": copy_root} if copy_root else {"share": "bind"}),
+        },
         "image": sim["image"],
         "imagePullTimeoutMinutes": 5,
         "serve": {
@@ -123,8 +172,12 @@ def _standin_config(sim: dict[str, Any], chosen: list[dict[str, Any]], *, weight
         "container": {"memlockBytes": host_memlock_bytes()},
         "preflight": {"minMemAvailableGiB": 1, "minFreeDiskGiB": 1},
         "watchdog": {"enabled": True, "memAvailableFloorGiB": 0.5},
-        "gates": {"rendezvousTimeoutSeconds": 60, "readyTimeoutSeconds": 300, "stallSeconds": 30,
-                  "verifyTimeoutSeconds": 60},
+        "gates": {
+            "rendezvousTimeoutSeconds": 60,
+            "readyTimeoutSeconds": 300,
+            "stallSeconds": 30,
+            "verifyTimeoutSeconds": 60,
+        },
     }
 
 
@@ -154,8 +207,14 @@ def config_values(config: dict[str, Any], private_key: str) -> dict[str, Any]:
     return values
 
 
-def init_stack(name: str, config: dict[str, Any], private_key: str, *, env: dict[str, str] | None = None,
-               pulumi_root: Path | None = None) -> Any:
+def init_stack(
+    name: str,
+    config: dict[str, Any],
+    private_key: str,
+    *,
+    env: dict[str, str] | None = None,
+    pulumi_root: Path | None = None,
+) -> Any:
     """Create or select stack `name` of this project and replace its config with `config`.
 
     `pulumi_root` holds bin/pulumi (default: the toolchain of `toolchain/env.sh`, DSV41_TOOLCHAIN_DIR)."""
@@ -183,15 +242,21 @@ def main(argv: list[str] | None = None) -> int:
     init = sub.add_parser("init", help="create or select a stack of this project and write its sim config")
     init.add_argument("--stack", default="sim")
     init.add_argument("--weights-root", default=DEMO_WEIGHTS_ROOT)
-    init.add_argument("--server", choices=SERVERS, default="real",
-                      help="real: real vLLM for CPUs (default); standin: the fault stand-in")
+    init.add_argument(
+        "--server",
+        choices=SERVERS,
+        default="real",
+        help="real: real vLLM for CPUs (default); standin: the fault stand-in",
+    )
     args = parser.parse_args(argv)
     sim = read_sim()
     key = Path(sim["ssh"]["key"]).read_text()
-    init_stack(args.stack, sim_config(sim, weights_root=args.weights_root, server=args.server, supervisor=True),
-               key)
-    print(f"stack {args.stack}: config written for the simulated cluster ({len(sim['nodes'])} nodes, "
-          f"{args.server} server)", file=sys.stderr)
+    init_stack(args.stack, sim_config(sim, weights_root=args.weights_root, server=args.server, supervisor=True), key)
+    print(
+        f"stack {args.stack}: config written for the simulated cluster ({len(sim['nodes'])} nodes, "
+        f"{args.server} server)",
+        file=sys.stderr,
+    )
     return 0
 
 

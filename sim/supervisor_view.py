@@ -37,8 +37,10 @@ def wait_for(d: Deployment, what: str, done: Callable[[dict[str, Any]], bool], t
         if done(last):
             return last
         time.sleep(1)
-    raise AssertionError(f"supervisor: {what} not within {timeout_s:g} s; last status:\n{json.dumps(last, indent=1)}"
-                         f"\n{supervisor_logs(d)}")
+    raise AssertionError(
+        f"supervisor: {what} not within {timeout_s:g} s; last status:\n{json.dumps(last, indent=1)}"
+        f"\n{supervisor_logs(d)}"
+    )
 
 
 def supervisor_logs(d: Deployment) -> str:
@@ -62,5 +64,4 @@ def restarts(s: dict[str, Any]) -> list[dict[str, Any]]:
 
 def restarted(before: dict[str, Any]) -> Callable[[dict[str, Any]], bool]:
     """A status with one more restart than `before`, finished (verified or not)."""
-    return lambda s: (len(restarts(s)) > len(restarts(before))
-                      and restarts(s)[-1].get("result") not in (None, "running"))
+    return lambda s: len(restarts(s)) > len(restarts(before)) and restarts(s)[-1].get("result") not in (None, "running")

@@ -184,8 +184,10 @@ def test_secret_values_never_appear_in_validation_errors() -> None:
     assert "12345" not in text and "kp-first" not in text and "kp-second" not in text
 
 
-KEY_TEXT = ("-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQ\n"
-            "QyNTUxOQAAACDk9v2secretline\n-----END OPENSSH PRIVATE KEY-----\n")
+KEY_TEXT = (
+    "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQ\n"
+    "QyNTUxOQAAACDk9v2secretline\n-----END OPENSSH PRIVATE KEY-----\n"
+)
 
 
 @pytest.mark.parametrize("secret_keys", [frozenset(), frozenset({"ssh"})])
@@ -227,17 +229,18 @@ def test_ssh_needs_a_key_or_an_agent() -> None:
     assert parse(raw).settings.ssh.agent_socket
 
 
-@given(st.integers(min_value=1024, max_value=2_000_000), st.integers(min_value=2**28, max_value=8 * 2**30),
-       st.sampled_from([2, 4, 8]))
+@given(
+    st.integers(min_value=1024, max_value=2_000_000),
+    st.integers(min_value=2**28, max_value=8 * 2**30),
+    st.sampled_from([2, 4, 8]),
+)
 def test_capacity_rules_are_monotonic(max_len: int, pool: int, tp: int) -> None:
     """If a config passes, a shorter context or more nodes with the same pool also passes."""
     ok = not capacity.problems(tensor_parallel_size=tp, max_model_len=max_len, kv_cache_memory_bytes=pool)
     if ok:
-        assert not capacity.problems(tensor_parallel_size=tp, max_model_len=max_len // 2,
-                                     kv_cache_memory_bytes=pool)
+        assert not capacity.problems(tensor_parallel_size=tp, max_model_len=max_len // 2, kv_cache_memory_bytes=pool)
         if tp < 8:
-            assert not capacity.problems(tensor_parallel_size=tp * 2, max_model_len=max_len,
-                                         kv_cache_memory_bytes=pool)
+            assert not capacity.problems(tensor_parallel_size=tp * 2, max_model_len=max_len, kv_cache_memory_bytes=pool)
 
 
 def test_recipe_working_point_passes_and_its_failing_point_does_not() -> None:
@@ -257,9 +260,12 @@ def test_parse_does_not_mutate_its_input() -> None:
 def test_sim_stack_config_is_valid_with_the_key_make_demo_sets() -> None:
     from sim import stack as sim_stack
 
-    sim = {"nodes": [{"index": 1, "ip": "127.0.0.2"}, {"index": 2, "ip": "127.0.0.3"}],
-           "ssh": {"port": 2222, "user": "root", "known_hosts": "/x/known_hosts"},
-           "hub": "http://127.0.0.1:5080", "image": "127.0.0.1:5000/dsv41-exl3/standin:2.9bpw"}
+    sim = {
+        "nodes": [{"index": 1, "ip": "127.0.0.2"}, {"index": 2, "ip": "127.0.0.3"}],
+        "ssh": {"port": 2222, "user": "root", "known_hosts": "/x/known_hosts"},
+        "hub": "http://127.0.0.1:5080",
+        "image": "127.0.0.1:5000/dsv41-exl3/standin:2.9bpw",
+    }
     raw = json.loads(json.dumps(sim_stack.sim_config(sim, weights_root="/var/tmp/w")))
     raw["ssh"]["privateKey"] = KEY_TEXT  # make demo sets a real key
     s = parse(raw).settings
@@ -274,6 +280,7 @@ def test_extra_env_numbers_from_yaml_are_taken_as_text() -> None:
 
 
 # --- issue 10: the launcher's rules -----------------------------------------------------------------
+
 
 def test_long_prefill_threshold_that_breaks_the_launchers_rule_is_refused_with_the_fix() -> None:
     problems = problems_of(two_sparks(serve={"longPrefillTokenThreshold": 1792, "extraEnv": {"NNODES": "3"}}))
@@ -297,7 +304,7 @@ def test_env_the_program_renders_is_refused_in_extra_env(var: str) -> None:
 
 def test_relative_chat_template_is_refused() -> None:
     (problem,) = problems_of(two_sparks(serve={"chatTemplate": "chat_template.jinja"}))
-    assert "`serve.chatTemplate` = \"chat_template.jinja\"" in problem and "absolute path" in problem
+    assert '`serve.chatTemplate` = "chat_template.jinja"' in problem and "absolute path" in problem
 
 
 def test_engram_memory_and_small_fused_rows_warn() -> None:
@@ -307,33 +314,36 @@ def test_engram_memory_and_small_fused_rows_warn() -> None:
     assert not parse(two_sparks()).warnings
 
 
-@pytest.mark.parametrize("flag, owner", [
-    ("--max_model_len=1048576", "serve.maxModelLen"),
-    ("--max-model-len", "serve.maxModelLen"),
-    ("--max-model", "serve.maxModelLen"),  # argparse's prefix matching
-    ("--kv_cache_memory_bytes=9", "serve.kvCacheMemoryBytes"),
-    ("-tp", "nodes"),
-    ("-tp=4", "nodes"),
-    ("-q", "serve.quantization"),
-    ("-qfp8", "serve.quantization"),
-    ("-pp", "one rank per node"),
-    ("-dpl", "one rank per node"),
-    ("--data-parallel-size-local=1", "one rank per node"),
-    # vLLM 0.32's other aliases of owned flags, and argparse's abbreviations of them
-    ("-n", "number of entries in `nodes`"),
-    ("-n2", "number of entries in `nodes`"),
-    ("-n=2", "number of entries in `nodes`"),
-    ("-r", "position in `nodes`"),
-    ("-r1", "position in `nodes`"),
-    ("-t", "nodes"),
-    ("-sc", "serve.numSpeculativeTokens"),
-    ("-s", "serve.numSpeculativeTokens"),
-    ("-tp4", "nodes"),
-    ("--no-enforce-eager", "serve.enforceEager"),
-    ("--speculative-config.num_speculative_tokens=5", "serve.numSpeculativeTokens"),
-    ("--hf-token=hf_x", "weights.hfToken"),
-    ("--served_model_name", "serve.servedModelName"),
-])
+@pytest.mark.parametrize(
+    "flag, owner",
+    [
+        ("--max_model_len=1048576", "serve.maxModelLen"),
+        ("--max-model-len", "serve.maxModelLen"),
+        ("--max-model", "serve.maxModelLen"),  # argparse's prefix matching
+        ("--kv_cache_memory_bytes=9", "serve.kvCacheMemoryBytes"),
+        ("-tp", "nodes"),
+        ("-tp=4", "nodes"),
+        ("-q", "serve.quantization"),
+        ("-qfp8", "serve.quantization"),
+        ("-pp", "one rank per node"),
+        ("-dpl", "one rank per node"),
+        ("--data-parallel-size-local=1", "one rank per node"),
+        # vLLM 0.32's other aliases of owned flags, and argparse's abbreviations of them
+        ("-n", "number of entries in `nodes`"),
+        ("-n2", "number of entries in `nodes`"),
+        ("-n=2", "number of entries in `nodes`"),
+        ("-r", "position in `nodes`"),
+        ("-r1", "position in `nodes`"),
+        ("-t", "nodes"),
+        ("-sc", "serve.numSpeculativeTokens"),
+        ("-s", "serve.numSpeculativeTokens"),
+        ("-tp4", "nodes"),
+        ("--no-enforce-eager", "serve.enforceEager"),
+        ("--speculative-config.num_speculative_tokens=5", "serve.numSpeculativeTokens"),
+        ("--hf-token=hf_x", "weights.hfToken"),
+        ("--served_model_name", "serve.servedModelName"),
+    ],
+)
 def test_owned_flags_are_refused_in_every_spelling_vllm_accepts(flag: str, owner: str) -> None:
     text = "\n".join(problems_of(two_sparks(serve={"extraArgs": [flag, "1"]})))
     assert f"`serve.extraArgs` contains {flag!r}" in text and owner in text
@@ -350,8 +360,29 @@ def test_one_dash_arguments_are_read_as_argparse_reads_them_with_vllms_options()
     parser = _Refusing(add_help=False)
     for short, long in VLLM_SHORT_OPTIONS.items():
         parser.add_argument(short, long, dest=long)
-    tried = [*VLLM_SHORT_OPTIONS, "-n2", "-nn", "-nfoo", "-n=2", "-r0", "-rx", "-r=1", "-qexl3", "-tp=4", "-t",
-             "-s", "-as", "-e", "-c", "-dpn=1", "-sc={}", "-ngl", "-d", "-p", "-x"]
+    tried = [
+        *VLLM_SHORT_OPTIONS,
+        "-n2",
+        "-nn",
+        "-nfoo",
+        "-n=2",
+        "-r0",
+        "-rx",
+        "-r=1",
+        "-qexl3",
+        "-tp=4",
+        "-t",
+        "-s",
+        "-as",
+        "-e",
+        "-c",
+        "-dpn=1",
+        "-sc={}",
+        "-ngl",
+        "-d",
+        "-p",
+        "-x",
+    ]
     checked = []
     for arg in tried:
         try:
@@ -365,8 +396,9 @@ def test_one_dash_arguments_are_read_as_argparse_reads_them_with_vllms_options()
         checked.append(arg)
     assert len(checked) == len(tried) - 3
     assert canonical_flag("-O3") == "--optimization-level" and canonical_flag("-1") is None
-    assert not [s for s in VLLM_SHORT_OPTIONS if s[1] in "nr" and s not in ("-n", "-r")], \
+    assert not [s for s in VLLM_SHORT_OPTIONS if s[1] in "nr" and s not in ("-n", "-r")], (
         "only -n and -r start with n or r: another such option would be misread by their prefix rule"
+    )
 
 
 def test_other_one_dash_options_of_vllm_pass() -> None:
@@ -384,15 +416,18 @@ def test_flags_the_program_does_not_own_pass() -> None:
     assert parse(two_sparks(serve={"extraArgs": args})).settings.serve.extra_args == args
 
 
-@pytest.mark.parametrize("var, why", [
-    ("NCCL_IB_GID_INDEX", "nodes[].gidIndex"),
-    ("VLLM_HOST_IP", "fabricIp"),
-    ("VLLM_API_KEY", "serve.apiKey"),
-    ("HF_TOKEN", "names a credential"),
-    ("HUGGING_FACE_HUB_TOKEN", "names a credential"),
-    ("MY_SERVICE_API_KEY", "names a credential"),
-    ("BAD-NAME", "not an environment variable name"),
-])
+@pytest.mark.parametrize(
+    "var, why",
+    [
+        ("NCCL_IB_GID_INDEX", "nodes[].gidIndex"),
+        ("VLLM_HOST_IP", "fabricIp"),
+        ("VLLM_API_KEY", "serve.apiKey"),
+        ("HF_TOKEN", "names a credential"),
+        ("HUGGING_FACE_HUB_TOKEN", "names a credential"),
+        ("MY_SERVICE_API_KEY", "names a credential"),
+        ("BAD-NAME", "not an environment variable name"),
+    ],
+)
 def test_extra_env_cannot_override_per_node_values_or_carry_credentials(var: str, why: str) -> None:
     text = "\n".join(problems_of(two_sparks(serve={"extraEnv": {var: "v"}})))
     assert var in text and why in text
@@ -417,41 +452,44 @@ def _set(raw: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
     return raw
 
 
-@pytest.mark.parametrize("key, value, fix", [
-    ("ssh.privateKey", "~/.ssh/id_ed25519", "give the key itself"),
-    ("ssh.agentSocket", "$SSH_AUTH_SOCK", "unexpanded variable"),
-    ("ssh.agentSocket", "agent.sock", "absolute path"),
-    ("weights.root", "dsv41-exl3", "relative path"),
-    ("weights.root", "~", "directory of its own"),
-    ("weights.root", "/", "directory of its own"),
-    ("weights.root", "/home/me", "directory of its own"),
-    ("weights.root", "~/../etc", "plain path"),
-    ("weights.root", "~other/w", "`~user` is not expanded"),
-    ("weights.root", "/srv/dsv41:ro", "must not contain `:` or `,`"),
-    ("weights.root", "~/models,v2", "docker's volume syntax splits"),
-    ("weights.copyRoot", "/nvme/{node}:x/dsv41", "must not contain `:` or `,`"),
-    ("weights.copyRoot", "/nvme/a,b/{node}", "e.g. `~/dsv41-exl3`"),
-    ("watchdog.memAvailableFloorGiB", 0, "greater than 0"),
-    ("watchdog.memAvailableFloorGiB", 2000, "stop every rank at once"),
-    ("watchdog.sampleSeconds", 0, "greater than or equal to 1"),
-    ("watchdog.consecutiveSamples", 0, "greater than or equal to 1"),
-    ("preflight.minMemAvailableGiB", -1, "greater than or equal to 0"),
-    ("preflight.minMemAvailableGiB", float("inf"), "finite number"),
-    ("preflight.minFreeDiskGiB", float("nan"), "finite number"),
-    ("serve.servedModelName", "", "non-empty name"),
-    ("serve.servedModelName", "my model", "without spaces"),
-    ("nodes[0].host", "me@10.0.0.1", "put the login name in `user`"),
-    ("nodes[0].host", "10.0.0.1:22", "put the SSH port in `port`"),
-    ("nodes[0].host", "spark head", "hostname or an IP address"),
-    ("weights.revision", "main\n", "branch, tag or commit"),
-    ("weights.modelRepo", "https://huggingface.co/Mia-AiLab/x", "(not a URL)"),
-    ("nodes[0].ibHcas", ["rocep1s0f1"], "rdmaDevices"),
-    ("image", "<image>", "placeholder"),
-    ("image", "registry:5000/dsv41:2.9bpw ", "whitespace"),
-    ("image", "Registry/UPPER:tag", "docker image reference"),
-    ("weights.hfEndpoint", "huggingface.co", "with its scheme"),
-    ("nodes[0].user", "-oProxyCommand=x", "not starting with '-'"),
-])
+@pytest.mark.parametrize(
+    "key, value, fix",
+    [
+        ("ssh.privateKey", "~/.ssh/id_ed25519", "give the key itself"),
+        ("ssh.agentSocket", "$SSH_AUTH_SOCK", "unexpanded variable"),
+        ("ssh.agentSocket", "agent.sock", "absolute path"),
+        ("weights.root", "dsv41-exl3", "relative path"),
+        ("weights.root", "~", "directory of its own"),
+        ("weights.root", "/", "directory of its own"),
+        ("weights.root", "/home/me", "directory of its own"),
+        ("weights.root", "~/../etc", "plain path"),
+        ("weights.root", "~other/w", "`~user` is not expanded"),
+        ("weights.root", "/srv/dsv41:ro", "must not contain `:` or `,`"),
+        ("weights.root", "~/models,v2", "docker's volume syntax splits"),
+        ("weights.copyRoot", "/nvme/{node}:x/dsv41", "must not contain `:` or `,`"),
+        ("weights.copyRoot", "/nvme/a,b/{node}", "e.g. `~/dsv41-exl3`"),
+        ("watchdog.memAvailableFloorGiB", 0, "greater than 0"),
+        ("watchdog.memAvailableFloorGiB", 2000, "stop every rank at once"),
+        ("watchdog.sampleSeconds", 0, "greater than or equal to 1"),
+        ("watchdog.consecutiveSamples", 0, "greater than or equal to 1"),
+        ("preflight.minMemAvailableGiB", -1, "greater than or equal to 0"),
+        ("preflight.minMemAvailableGiB", float("inf"), "finite number"),
+        ("preflight.minFreeDiskGiB", float("nan"), "finite number"),
+        ("serve.servedModelName", "", "non-empty name"),
+        ("serve.servedModelName", "my model", "without spaces"),
+        ("nodes[0].host", "me@10.0.0.1", "put the login name in `user`"),
+        ("nodes[0].host", "10.0.0.1:22", "put the SSH port in `port`"),
+        ("nodes[0].host", "spark head", "hostname or an IP address"),
+        ("weights.revision", "main\n", "branch, tag or commit"),
+        ("weights.modelRepo", "https://huggingface.co/Mia-AiLab/x", "(not a URL)"),
+        ("nodes[0].ibHcas", ["rocep1s0f1"], "rdmaDevices"),
+        ("image", "<image>", "placeholder"),
+        ("image", "registry:5000/dsv41:2.9bpw ", "whitespace"),
+        ("image", "Registry/UPPER:tag", "docker image reference"),
+        ("weights.hfEndpoint", "huggingface.co", "with its scheme"),
+        ("nodes[0].user", "-oProxyCommand=x", "not starting with '-'"),
+    ],
+)
 def test_late_failing_mistakes_are_refused_with_key_value_and_fix(key: str, value: Any, fix: str) -> None:
     raw = two_sparks()
     if key == "nodes[0].ibHcas":
@@ -480,8 +518,16 @@ def test_an_ib_hca_that_is_no_device_name_is_refused_with_the_fix() -> None:
     assert "ls /sys/class/infiniband" in problem
 
 
-@pytest.mark.parametrize("root", ["~/dsv41-exl3", "/var/tmp/dsv41-exl3-sim-weights", "/data/models/dsv41",
-                                  "/home/me/dsv41-exl3", "/mnt/nvme/dsv41/"])
+@pytest.mark.parametrize(
+    "root",
+    [
+        "~/dsv41-exl3",
+        "/var/tmp/dsv41-exl3-sim-weights",
+        "/data/models/dsv41",
+        "/home/me/dsv41-exl3",
+        "/mnt/nvme/dsv41/",
+    ],
+)
 def test_dedicated_weight_roots_are_accepted(root: str) -> None:
     assert parse(two_sparks(weights={"root": root})).settings.weights.root == root
 
@@ -504,15 +550,18 @@ def test_copy_roots_that_collide_or_are_not_dedicated_are_refused_with_the_fix()
     raw = two_sparks(weights={"share": "copy", "copyRoot": "/var/lib/dsv41"})
     raw["nodes"].append({**raw["nodes"][1], "name": "spark-2", "host": "10.0.0.3", "fabricIp": "192.168.100.3"})
     problems = problems_of(raw)
-    assert any(p.startswith("`weights.copyRoot` = \"/var/lib/dsv41\" gives two workers the same directory")
-               and "{node}" in p for p in problems), problems
+    assert any(
+        p.startswith('`weights.copyRoot` = "/var/lib/dsv41" gives two workers the same directory') and "{node}" in p
+        for p in problems
+    ), problems
     problems = problems_of(two_sparks(weights={"share": "copy", "copyRoot": "/home/{node}"}))
-    assert any(p.startswith("`weights.copyRoot` = \"/home/{node}\"") and "a directory of its own" in p
-               for p in problems), problems
+    assert any(
+        p.startswith('`weights.copyRoot` = "/home/{node}"') and "a directory of its own" in p for p in problems
+    ), problems
     problems = problems_of(two_sparks(weights={"share": "copy", "copyStreams": 0}))
     assert any(p.startswith("`weights.copyStreams` = 0") for p in problems), problems
     problems = problems_of(two_sparks(weights={"share": "rsync"}))
-    assert any(p.startswith("`weights.share` = \"rsync\"") and "'copy'" in p for p in problems), problems
+    assert any(p.startswith('`weights.share` = "rsync"') and "'copy'" in p for p in problems), problems
 
 
 def test_a_copy_root_without_copy_mode_is_a_warning() -> None:

@@ -44,7 +44,8 @@ def test_preflight_weights_and_image_precede_each_nodes_container(two: recording
         assert two.depends_on(c, two.named(f"preflight-{node}")), f"{node}: preflight must run before the container"
         assert two.depends_on(c, two.named(f"image-{node}")), f"{node}: the image must be on the node first"
         assert two.depends_on(c, two.named(f"weights-visible-{node}")), (
-            f"{node}: the container must wait until the weights are visible on that node")
+            f"{node}: the container must wait until the weights are visible on that node"
+        )
 
 
 def test_workers_start_before_the_head_and_never_wait_for_it(two: recording.Recorded) -> None:
@@ -155,8 +156,10 @@ def test_preflight_reruns_with_the_generation_and_knows_it_to_spare_a_running_de
         assert generation in check.inputs["triggers"], "replaced exactly when the ranks' generation changes"
         assert generation in check.inputs["create"], "the script must know which generation is current"
     other = run(config(2, serve={"maxNumSeqs": 1}))
-    assert other.named("preflight-spark-0-check").inputs["triggers"] != rec.named("preflight-spark-0-check").inputs[
-        "triggers"]
+    assert (
+        other.named("preflight-spark-0-check").inputs["triggers"]
+        != rec.named("preflight-spark-0-check").inputs["triggers"]
+    )
 
 
 def test_an_unrelated_change_leaves_the_verifier_inputs_alone() -> None:
@@ -176,7 +179,8 @@ def test_a_serve_change_is_a_new_generation_for_every_rank() -> None:
         labels_a = {x["label"]: x["value"] for x in container(a, node).inputs["labels"]}
         labels_b = {x["label"]: x["value"] for x in container(b, node).inputs["labels"]}
         assert labels_a["dsv41-exl3.generation"] != labels_b["dsv41-exl3.generation"], (
-            f"{node}: a changed serve flag must replace every rank together")
+            f"{node}: a changed serve flag must replace every rank together"
+        )
 
 
 def test_every_rank_is_replaced_together_when_live_ranks_finds_one_down(two: recording.Recorded) -> None:
@@ -184,16 +188,21 @@ def test_every_rank_is_replaced_together_when_live_ranks_finds_one_down(two: rec
     assert live.typ == "pulumi-python:dynamic/drift:LiveRanks"
     for c in rank_containers(two):
         assert c.replacement_trigger == "live-ranks-id", (
-            f"{c.name} must be replaced whenever LiveRanks is (a rank found not running)")
+            f"{c.name} must be replaced whenever LiveRanks is (a rank found not running)"
+        )
     assert [r["container"] for r in live.inputs["ranks"]] == [
-        labels.container_name("dev", n.name) for n in parse(config()).settings.nodes]
+        labels.container_name("dev", n.name) for n in parse(config()).settings.nodes
+    ]
     assert "ssh_private_key" in live.secret_paths()
 
 
 @pytest.mark.parametrize("count", [2, 4])
 def test_rdma_nodes_get_their_own_resolved_gid_hca_and_devices(count: int) -> None:
-    rec = two_run() if count == 2 else run(config(4, serve={"maxModelLen": 1_000_000,
-                                                           "kvCacheMemoryBytes": 4_100_000_000}))
+    rec = (
+        two_run()
+        if count == 2
+        else run(config(4, serve={"maxModelLen": 1_000_000, "kvCacheMemoryBytes": 4_100_000_000}))
+    )
     for i in range(count):
         c = container(rec, f"spark-{i}")
         envs = c.inputs["envs"]
@@ -216,11 +225,13 @@ def test_every_remote_command_checks_the_nodes_pinned_host_key(two: recording.Re
         assert "connection" in c.secret_paths(), f"{c.name}: the connection (with the key) must stay secret"
         conn = c.inputs["connection"]["value"]
         assert conn.get("hostKey") == by_host[conn["host"]], (
-            f"{c.name}: without hostKey the command provider talks to whatever answers at {conn['host']}")
+            f"{c.name}: without hostKey the command provider talks to whatever answers at {conn['host']}"
+        )
 
 
 def test_docker_providers_keep_their_key_in_the_stack_directory_removed_last_on_destroy(
-        two: recording.Recorded) -> None:
+    two: recording.Recorded,
+) -> None:
     (keys,) = two.of_type("pulumi-python:dynamic/keys:StackKeys")
     directory = keys.inputs["directory"]
     assert directory.endswith("/dsv41-exl3/keys/dsv41-exl3-dev")
@@ -267,8 +278,12 @@ def test_everything_named_on_a_node_is_per_stack_and_rank_names_are_unchanged() 
         assert f".local/share/{prefix}" in commands["watchdog-spark-0-install"].inputs["create"]
         assert f".local/state/{prefix}" in commands["watchdog-key-spark-0-keygen"].inputs["create"]
         names = sorted(c.inputs["name"] for c in rec.of_type(CONTAINER))
-        assert names == [f"{prefix}-spark-0", f"{prefix}-spark-1",
-                         f"{prefix}-supervisor-spark-0", f"{prefix}-supervisor-spark-1"]
+        assert names == [
+            f"{prefix}-spark-0",
+            f"{prefix}-spark-1",
+            f"{prefix}-supervisor-spark-0",
+            f"{prefix}-supervisor-spark-1",
+        ]
         creates[stack] = {n: c.inputs["create"] for n, c in commands.items()}
     shared = [n for n in creates["dev"] if n in creates["prod"] and creates["dev"][n] == creates["prod"][n]]
     # The head's own check only stats files: it names nothing on the node.
@@ -289,7 +304,8 @@ def test_every_node_checks_the_full_39_and_48_manifest_before_its_rank_starts(tw
 def test_live_ranks_probes_the_verified_endpoint_with_the_api_key_as_a_secret(two: recording.Recorded) -> None:
     live, verifier = two.named("live-ranks"), two.named("verify")
     assert (live.inputs["endpoint"], live.inputs["model"]) == (verifier.inputs["endpoint"], verifier.inputs["model"]), (
-        "the drift probe must ask the endpoint and model the verifier verified")
+        "the drift probe must ask the endpoint and model the verifier verified"
+    )
     assert "api_key" in live.secret_paths(), "serve.apiKey reaches LiveRanks only as a secret, like the ssh key"
 
 
@@ -307,11 +323,18 @@ def test_copy_mode_mounts_each_workers_own_copy_read_only_after_its_disk_check()
         assert rec.depends_on(copy, preflight), "the disk is checked before anything is copied"
         create = preflight.inputs["create"]
         assert f" WEIGHTS_ROOT=/nvme/{node}/dsv41;" in create and " MIN_DISK=387;" in create
-        rank = containers[f"serving-{node}"] if f"serving-{node}" in containers else next(
-            c for c in containers.values() if c.inputs["name"].endswith(node))
+        rank = (
+            containers[f"serving-{node}"]
+            if f"serving-{node}" in containers
+            else next(c for c in containers.values() if c.inputs["name"].endswith(node))
+        )
         mounts = {m["target"]: m for m in rank.inputs["mounts"]}
-        assert mounts[serve_spec.MODEL_MOUNT] == {"target": serve_spec.MODEL_MOUNT, "type": "bind", "readOnly": True,
-                                                  "source": f"/nvme/{node}/dsv41/{wm.MODEL_DIR}"}
+        assert mounts[serve_spec.MODEL_MOUNT] == {
+            "target": serve_spec.MODEL_MOUNT,
+            "type": "bind",
+            "readOnly": True,
+            "source": f"/nvme/{node}/dsv41/{wm.MODEL_DIR}",
+        }
         assert rec.depends_on(rank, copy), f"{node}'s rank starts only on a verified copy"
     head_preflight = rec.named("preflight-spark-0-check").inputs["create"]
     assert " CHECK_EXPORT=0;" in head_preflight, "no NFS export in copy mode"

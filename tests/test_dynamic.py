@@ -46,8 +46,11 @@ def test_a_state_only_resource_creates_and_updates_in_place_and_leaves_nothing()
     created = Echo().create({"name": "x", "rerun_on": ["c1"]})
     assert created.id.startswith("echo-") and len(created.id) == len("echo-") + 16
     assert created.outs == {"name": "x", "rerun_on": ["c1"], "seen": True}
-    same = Echo().diff(created.id, {"name": "x", "rerun_on": ["c1", "c2"], "__provider": "old"},
-                       {"name": "x", "rerun_on": ["c2", "c1"], "__provider": "new"})
+    same = Echo().diff(
+        created.id,
+        {"name": "x", "rerun_on": ["c1", "c2"], "__provider": "old"},
+        {"name": "x", "rerun_on": ["c2", "c1"], "__provider": "new"},
+    )
     assert same.changes is False
     changed = Echo().diff(created.id, {"name": "x"}, {"name": "y"})
     assert changed.changes is True and changed.replaces == [] and not changed.delete_before_replace

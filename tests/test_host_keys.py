@@ -120,4 +120,3 @@ def test_keyscan_of_a_closed_port_fails_fast_and_says_where() -> None:
         real_keyscan("127.0.0.1", 1, timeout_s=2)
     assert time.monotonic() - start < 10
     assert "127.0.0.1:1" in str(err.value)
-

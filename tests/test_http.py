@@ -14,8 +14,14 @@ pytestmark = pytest.mark.timeout(10)
 
 
 def _post(url: str, *, timeout_s: float, stream: bool = False) -> object:
-    return exchange("POST", f"{url}/chat/completions", body=b"{}", headers={"Content-Type": "application/json"},
-                    deadline=time.monotonic() + timeout_s, stream=stream)
+    return exchange(
+        "POST",
+        f"{url}/chat/completions",
+        body=b"{}",
+        headers={"Content-Type": "application/json"},
+        deadline=time.monotonic() + timeout_s,
+        stream=stream,
+    )
 
 
 def test_sse_payloads_join_multiline_data_and_skip_comments() -> None:
@@ -103,8 +109,13 @@ def test_a_chunked_stream_as_uvicorn_sends_it_yields_each_event_as_it_arrives() 
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         started = time.monotonic()
-        reply = exchange("POST", f"http://127.0.0.1:{server.server_address[1]}/v1/chat/completions", body=b"{}",
-                         deadline=started + 5, stream=True)
+        reply = exchange(
+            "POST",
+            f"http://127.0.0.1:{server.server_address[1]}/v1/chat/completions",
+            body=b"{}",
+            deadline=started + 5,
+            stream=True,
+        )
     finally:
         server.shutdown()
     assert [data for _, data in reply.events] == payloads

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from components import scripts
 from components.config import parse
 from components.deployment import deploy
-from components.gates import rank_watch as rw
+from components.gates import stream_source
 from components.ssh import SshTarget, ssh_argv
 from components.weights import manifest as wm
 from components.weights import worker_copy as wc
@@ -39,15 +39,28 @@ SHELLS = ["sh", "bash", *(s for s in ("zsh", "fish") if shutil.which(s))]
 def login_shell(shell: str, command: str, env: dict[str, str], stdin: str = "") -> subprocess.CompletedProcess[str]:
     """What sshd does with a remote command for a user whose login shell is `shell` (bytes as they are: no
     newline translation)."""
-    done = subprocess.run([shell, "-c", command], env=env, input=stdin.encode(), capture_output=True, timeout=60,
-                          check=False)
+    done = subprocess.run(
+        [shell, "-c", command], env=env, input=stdin.encode(), capture_output=True, timeout=60, check=False
+    )
     return subprocess.CompletedProcess(done.args, done.returncode, done.stdout.decode(), done.stderr.decode())
 
 
 # --- the mechanism: one quoting every shell reads back, one wrapper -----------------------------------------------
 
-NASTY = ["plain", "", "it's", "a\\b", "\\\\", "\\'", "'\\", "line 1\nline 2\n", "$HOME `id` $(id) \"q\"",
-         "printf '%b' \"$T\" \\n \\\\n", "trailing\\", "!bang ~tilde *glob ?[x] {a,b} #hash ; & | < >"]
+NASTY = [
+    "plain",
+    "",
+    "it's",
+    "a\\b",
+    "\\\\",
+    "\\'",
+    "'\\",
+    "line 1\nline 2\n",
+    '$HOME `id` $(id) "q"',
+    "printf '%b' \"$T\" \\n \\\\n",
+    "trailing\\",
+    "!bang ~tilde *glob ?[x] {a,b} #hash ; & | < >",
+]
 
 
 @pytest.mark.parametrize("shell", SHELLS)
@@ -76,8 +89,7 @@ def test_sh_command_bounds_and_passes_arguments() -> None:
 
 def test_every_ssh_the_program_runs_hands_its_script_to_sh() -> None:
     # The gates' streams and polls, and both ends of a worker's copy, reach a node through ssh_argv.
-    target = SshTarget(host="127.0.0.2", port=22, user="me", private_key=None, agent_socket=None,
-                       known_hosts_file=None)
+    target = SshTarget(host="127.0.0.2", port=22, user="me", private_key=None, agent_socket=None, known_hosts_file=None)
     script = 'for w in $WATCH; do echo "$w"; done'
     assert ssh_argv(target, script)[-1] == scripts.sh_command(script)
 
@@ -86,8 +98,12 @@ def _sent_to_nodes(share: str) -> dict[str, str]:
     raw = config(2)
     raw["weights"] = {"share": share, **({"copyRoot": "/nvme/{node}/dsv41"} if share == "copy" else {})}
     rec = recording.run(lambda: deploy(parse(raw), "dev"), FIXTURES)
-    sent = {f"{c.name}.{action}": c.inputs[action] for c in rec.of_type(COMMAND)
-            for action in ("create", "update", "delete") if c.inputs.get(action)}
+    sent = {
+        f"{c.name}.{action}": c.inputs[action]
+        for c in rec.of_type(COMMAND)
+        for action in ("create", "update", "delete")
+        if c.inputs.get(action)
+    }
     assert any(k.startswith("weights-stage.") for k in sent) and any(k.startswith("preflight-") for k in sent)
     return sent
 
@@ -98,8 +114,9 @@ def test_every_remote_command_the_program_registers_runs_under_sh(share: str) ->
         words = shlex.split(command)
         assert words[0] == "exec", f"{key} is not handed to sh: {command[:100]!r}"
         at = words.index("sh")
-        assert words[at + 1] == "-c" and all(w == "timeout" or w.startswith("-") or w.isdigit()
-                                             for w in words[1:at]), f"{key}: {command[:100]!r}"
+        assert words[at + 1] == "-c" and all(w == "timeout" or w.startswith("-") or w.isdigit() for w in words[1:at]), (
+            f"{key}: {command[:100]!r}"
+        )
 
 
 # --- the node scripts through zsh as the login shell --------------------------------------------------------------
@@ -110,8 +127,11 @@ def fake_head(tmp_path: Path) -> dict[str, str]:
     """exportfs that logs its argv, systemctl that says active, sudo that just runs."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name, body in (("exportfs", f'echo "exportfs $*" >> {tmp_path / "calls"}\n'), ("systemctl", "exit 0\n"),
-                       ("sudo", '[ "$1" = -n ] && shift\nexec "$@"\n')):
+    for name, body in (
+        ("exportfs", f'echo "exportfs $*" >> {tmp_path / "calls"}\n'),
+        ("systemctl", "exit 0\n"),
+        ("sudo", '[ "$1" = -n ] && shift\nexec "$@"\n'),
+    ):
         (bin_dir / name).write_text(f"#!/bin/sh\n{body}")
         (bin_dir / name).chmod(0o755)
     (tmp_path / "home").mkdir()
@@ -129,8 +149,13 @@ def _calls(tmp_path: Path) -> list[str]:
 def test_the_export_under_zsh_exports_to_each_worker_as_under_sh(fake_head: dict[str, str], tmp_path: Path) -> None:
     root = tmp_path / "w"
     root.mkdir()
-    script = wm.render_export_command(head_name="head", abs_root=str(root), worker_ips=["10.0.0.2", "10.0.0.3"],
-                                      stack_prefix="dsv41-exl3-dev", exports_dir=str(tmp_path / "exports.d"))
+    script = wm.render_export_command(
+        head_name="head",
+        abs_root=str(root),
+        worker_ips=["10.0.0.2", "10.0.0.3"],
+        stack_prefix="dsv41-exl3-dev",
+        exports_dir=str(tmp_path / "exports.d"),
+    )
     assert login_shell("sh", scripts.sh_command(script), fake_head).returncode == 0
     under_sh = _calls(tmp_path)
     assert under_sh == [f"exportfs -o ro,sync,no_subtree_check {ip}:{root}" for ip in ("10.0.0.2", "10.0.0.3")]
@@ -149,10 +174,17 @@ def _stream_docker_calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shell:
     (fake / "state").write_text("running 0 2026-09-22T10:00:00Z false\n")
     (fake / "log").write_text("")
     (fake / "events").write_text("")
-    text = scripts.render(rw.STREAM_SCRIPT, {"WATCH": "dsv41-rank0= dsv41-rank1=", "MAX_LINE": rw.STREAM_MAX_LINE})
+    text = scripts.render(
+        stream_source.STREAM_SCRIPT, {"WATCH": "dsv41-rank0= dsv41-rank1=", "MAX_LINE": stream_source.STREAM_MAX_LINE}
+    )
     env = {**os.environ, "PATH": f"{os.environ['FAKE_DOCKER_BIN']}:{os.environ['PATH']}", "FAKE_DOCKER_DIR": str(fake)}
-    proc = subprocess.Popen([shell, "-c", scripts.sh_command(text) if wrapped else text], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+    proc = subprocess.Popen(
+        [shell, "-c", scripts.sh_command(text) if wrapped else text],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
     log = fake / "docker.log"
     try:
         deadline = time.monotonic() + 10
@@ -167,8 +199,9 @@ def _stream_docker_calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shell:
 
 
 @needs_zsh
-def test_the_rank_stream_under_zsh_filters_each_rank_as_under_sh(tmp_path: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_rank_stream_under_zsh_filters_each_rank_as_under_sh(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     under_sh = _stream_docker_calls(tmp_path, monkeypatch, "sh", wrapped=True)
     assert under_sh == ["events --filter container=dsv41-rank0 --filter container=dsv41-rank1 --format {{json .}}"]
     assert _stream_docker_calls(tmp_path, monkeypatch, str(ZSH), wrapped=True) == under_sh
@@ -183,14 +216,18 @@ exec "$FAKE_LOGIN_SHELL" -c "$last"
 
 
 @pytest.mark.parametrize("shell", ["sh", *(["zsh"] if ZSH else [])])
-def test_a_workers_copy_runs_end_to_end_through_the_login_shell(shell: str, tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_workers_copy_runs_end_to_end_through_the_login_shell(
+    shell: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """WorkerCopy's real provider code over a stand-in ssh that hands each command to the login shell: the head's
     source.sh and copy_source.py, the worker's copy.sh and copy_weights.py (a stand-in docker runs them here), the
     per-run token, the heartbeats, and the copy check afterwards."""
     head = tmp_path / "head"
-    files = {f"{wm.MODEL_DIR}/model-00001-of-00002.safetensors": os.urandom(700_000),
-             f"{wm.MODEL_DIR}/config.json": b'{"a": 1}\n', f"{wm.ENGRAM_DIR}/config.json": b"{}\n"}
+    files = {
+        f"{wm.MODEL_DIR}/model-00001-of-00002.safetensors": os.urandom(700_000),
+        f"{wm.MODEL_DIR}/config.json": b'{"a": 1}\n',
+        f"{wm.ENGRAM_DIR}/config.json": b"{}\n",
+    }
     for rel, data in files.items():
         (head / rel).parent.mkdir(parents=True, exist_ok=True)
         (head / rel).write_bytes(data)
@@ -203,12 +240,27 @@ def test_a_workers_copy_runs_end_to_end_through_the_login_shell(shell: str, tmp_
     monkeypatch.setenv("FAKE_LOGIN_SHELL", shell)
     monkeypatch.setenv("HOME", str(tmp_path))
     props = {
-        "worker": "spark-1", "worker_host": "127.0.0.3", "worker_port": 22, "worker_user": "me",
-        "worker_fabric_ip": "127.0.0.1", "head": "spark-0", "head_host": "127.0.0.2", "head_port": 22,
-        "head_user": "me", "head_fabric_ip": "127.0.0.1", "ssh_private_key": None, "ssh_agent_socket": None,
-        "ssh_known_hosts_file": None, "head_root": str(head), "head_image": "img", "worker_image": "img",
-        "copy_root": str(tmp_path / "copy"), "files": {p: len(d) for p, d in files.items()},
-        "sha256": {p: hashlib.sha256(d).hexdigest() for p, d in files.items()}, "streams": 2, "timeout_s": 120,
+        "worker": "spark-1",
+        "worker_host": "127.0.0.3",
+        "worker_port": 22,
+        "worker_user": "me",
+        "worker_fabric_ip": "127.0.0.1",
+        "head": "spark-0",
+        "head_host": "127.0.0.2",
+        "head_port": 22,
+        "head_user": "me",
+        "head_fabric_ip": "127.0.0.1",
+        "ssh_private_key": None,
+        "ssh_agent_socket": None,
+        "ssh_known_hosts_file": None,
+        "head_root": str(head),
+        "head_image": "img",
+        "worker_image": "img",
+        "copy_root": str(tmp_path / "copy"),
+        "files": {p: len(d) for p, d in files.items()},
+        "sha256": {p: hashlib.sha256(d).hexdigest() for p, d in files.items()},
+        "streams": 2,
+        "timeout_s": 120,
         "stack_prefix": "dsv41-exl3-dev",
     }
     outs = wc.run_copy(props, log=lambda _m: None)

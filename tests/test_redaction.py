@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from components.redaction import redact
 
-L_ARGS_WITH_KEY = ("(APIServer pid=1) INFO 09-22 10:00:00 [utils.py:250] non-default args: {'model': '/model', "
-                   "'api_key': 'sk-live-very-secret', 'port': 8888}")
+L_ARGS_WITH_KEY = (
+    "(APIServer pid=1) INFO 09-22 10:00:00 [utils.py:250] non-default args: {'model': '/model', "
+    "'api_key': 'sk-live-very-secret', 'port': 8888}"
+)
 
 
 def test_redact_removes_known_values_and_key_shapes() -> None:

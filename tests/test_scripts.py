@@ -7,7 +7,7 @@ import pytest
 from components import scripts
 from tests.support.scripts import header_value, run_sh
 
-BODY = "#!/bin/sh\nset -eu\n[ \"$WHO\" = \"it's me\" ] || exit 9\nfail \"${LINENO:-}\" \"boom for $WHO\" 7\n"
+BODY = '#!/bin/sh\nset -eu\n[ "$WHO" = "it\'s me" ] || exit 9\nfail "${LINENO:-}" "boom for $WHO" 7\n'
 
 
 def test_fail_names_the_file_and_its_own_line_number_in_a_nodes_login_shell() -> None:
@@ -48,5 +48,7 @@ def test_header_names_are_upper_case_and_not_ours(name: str) -> None:
 def test_a_text_value_comes_back_byte_for_byte() -> None:
     text = "line 1 'q' \"d\" $HOME `id`\n\\n \\c \\0101 %s\n\nlast"
     assert header_value(scripts.header("a/b.sh", {"T": scripts.text_value(text)}), "T", as_text=True) == text
-    assert run_sh(scripts.header("a/b.sh", {"T": scripts.text_value(text)}) + 'printf %b "$T"\n',
-                  shell="bash").stdout == text
+    assert (
+        run_sh(scripts.header("a/b.sh", {"T": scripts.text_value(text)}) + 'printf %b "$T"\n', shell="bash").stdout
+        == text
+    )

@@ -85,8 +85,9 @@ def runtime(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     shutil.rmtree(base, ignore_errors=True)
 
 
-def test_a_planted_symlink_as_key_directory_is_refused_and_nothing_written_through(runtime: Path,
-                                                                                   tmp_path: Path) -> None:
+def test_a_planted_symlink_as_key_directory_is_refused_and_nothing_written_through(
+    runtime: Path, tmp_path: Path
+) -> None:
     elsewhere = tmp_path / "world-readable"
     elsewhere.mkdir(mode=0o777)
     _run_dir_path().symlink_to(elsewhere)
@@ -112,8 +113,7 @@ def test_a_key_directory_owned_by_someone_else_is_refused(runtime: Path) -> None
         materialize_key(KEY)
 
 
-def test_a_planted_symlink_at_the_key_file_name_is_replaced_not_written_through(runtime: Path,
-                                                                                tmp_path: Path) -> None:
+def test_a_planted_symlink_at_the_key_file_name_is_replaced_not_written_through(runtime: Path, tmp_path: Path) -> None:
     first = materialize_key(KEY)
     first.unlink()
     victim = tmp_path / "victim"
@@ -126,10 +126,18 @@ def test_a_planted_symlink_at_the_key_file_name_is_replaced_not_written_through(
 
 
 def test_a_per_run_key_is_removed_when_its_process_exits(runtime: Path) -> None:
-    code = ("import sys; from components.ssh import materialize_key; "
-            "p = materialize_key(sys.stdin.read()); print(p, p.exists())")
-    done = subprocess.run([sys.executable, "-c", code], input=KEY, capture_output=True, text=True, check=True,
-                          cwd=Path(__file__).resolve().parents[1])
+    code = (
+        "import sys; from components.ssh import materialize_key; "
+        "p = materialize_key(sys.stdin.read()); print(p, p.exists())"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        input=KEY,
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     path, existed = done.stdout.split()
     assert existed == "True" and not Path(path).exists()
 
@@ -144,8 +152,9 @@ def test_per_run_keys_of_processes_that_died_without_exit_handlers_are_swept(run
     assert not stale.exists() and mine.exists()
 
 
-def test_a_stack_key_stays_and_only_the_stacks_destroy_removes_it(runtime: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_stack_key_stays_and_only_the_stacks_destroy_removes_it(
+    runtime: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("XDG_STATE_HOME", str(runtime / "st"))
     directory = stack_dir("dsv41-exl3", "dev/x")
     assert directory == runtime / "st" / "dsv41-exl3" / "keys" / "dsv41-exl3-dev_x"

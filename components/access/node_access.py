@@ -34,8 +34,15 @@ class NodeAccessArgs:
 
 def ssh_target(node: Node, ssh: Ssh, stack_dir: str | None = None) -> SshTarget:
     key = ssh.private_key.get_secret_value() if ssh.private_key else None
-    return SshTarget(host=node.host, port=node.port, user=node.user, private_key=key,
-                     agent_socket=ssh.agent_socket, known_hosts_file=ssh.known_hosts_file, stack_dir=stack_dir)
+    return SshTarget(
+        host=node.host,
+        port=node.port,
+        user=node.user,
+        private_key=key,
+        agent_socket=ssh.agent_socket,
+        known_hosts_file=ssh.known_hosts_file,
+        stack_dir=stack_dir,
+    )
 
 
 class NodeAccess(pulumi.ComponentResource):

@@ -1,7 +1,7 @@
 """The rendezvous gate and the ready gate: Pulumi dynamic resources that block `pulumi up`.
 
-The logic lives in `components/gates/rank_watch.py`; this module only turns resource properties into
-its inputs and its results into outputs. It must import without side effects and create no
+The logic lives in `decisions.py` (fed by `stream_source.py` and `poll_source.py`); this module only turns
+resource properties into its inputs and its results into outputs. It must import without side effects and create no
 resources at import: Pulumi pickles the provider classes by reference and re-imports this
 module in the provider process. Providers hold no sessions or clients as attributes.
 
@@ -22,26 +22,39 @@ import pulumi
 import pulumi.dynamic
 
 from components.dynamic import StateOnlyProvider, as_rows, as_set, log_progress, plain, secret_or_none, unwrap_secret
-from components.gates.rank_watch import (
+from components.gates.decisions import (
     MODELS_PROBE_TIMEOUT_S,
     WATCH_POLL_INTERVAL_S,
     WATCH_PROGRESS_INTERVAL_S,
     ModelsEndpoint,
-    RankSpec,
     ReadySettings,
     RendezvousSettings,
-    SshRankSource,
-    StreamRankSource,
-    SystemClock,
     wait_for_ready,
     wait_for_rendezvous,
 )
+from components.gates.observations import RankSpec, SystemClock
+from components.gates.poll_source import SshRankSource
+from components.gates.stream_source import StreamRankSource
 
-SHARED_INPUT_KEYS = ("ranks", "ssh_private_key", "ssh_agent_socket", "ssh_known_hosts_file", "poll_interval_s",
-                     "progress_interval_s", "rerun_on")
+SHARED_INPUT_KEYS = (
+    "ranks",
+    "ssh_private_key",
+    "ssh_agent_socket",
+    "ssh_known_hosts_file",
+    "poll_interval_s",
+    "progress_interval_s",
+    "rerun_on",
+)
 RENDEZVOUS_INPUT_KEYS = (*SHARED_INPUT_KEYS, "rendezvous_timeout_s")
-READY_INPUT_KEYS = (*SHARED_INPUT_KEYS, "api_base", "model_name", "api_key", "ready_timeout_s", "stall_s",
-                    "models_timeout_s")
+READY_INPUT_KEYS = (
+    *SHARED_INPUT_KEYS,
+    "api_base",
+    "model_name",
+    "api_key",
+    "ready_timeout_s",
+    "stall_s",
+    "models_timeout_s",
+)
 SECRET_KEYS = ["ssh_private_key", "api_key"]
 
 # Not operator settings: how often a node that cannot stream is polled (POLL_INTERVAL_S, <= 5 s so an exited
@@ -82,8 +95,11 @@ class RendezvousGateArgs:
 
     def __post_init__(self) -> None:
         _check_ranks(self.ranks)
-        RendezvousSettings(rendezvous_timeout_s=self.rendezvous_timeout_s, poll_interval_s=self.poll_interval_s,
-                           progress_interval_s=self.progress_interval_s)
+        RendezvousSettings(
+            rendezvous_timeout_s=self.rendezvous_timeout_s,
+            poll_interval_s=self.poll_interval_s,
+            progress_interval_s=self.progress_interval_s,
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,8 +123,12 @@ class ReadyGateArgs:
 
     def __post_init__(self) -> None:
         _check_ranks(self.ranks)
-        ReadySettings(ready_timeout_s=self.ready_timeout_s, stall_s=self.stall_s,
-                      poll_interval_s=self.poll_interval_s, progress_interval_s=self.progress_interval_s)
+        ReadySettings(
+            ready_timeout_s=self.ready_timeout_s,
+            stall_s=self.stall_s,
+            poll_interval_s=self.poll_interval_s,
+            progress_interval_s=self.progress_interval_s,
+        )
         if self.models_timeout_s <= 0:
             raise ValueError(f"models_timeout_s={self.models_timeout_s} must be > 0")
 
@@ -120,8 +140,9 @@ class ReadyGateArgs:
 def ranks_from_prop(value: Any) -> list[RankSpec]:
     """The `ranks` property as specs; every provider that watches ranks reads them this way."""
     if not isinstance(value, list) or not value:
-        raise ValueError(f"gate ranks must be a non-empty list of {{rank, node, host, port, user, container}}, "
-                         f"got {value!r}")
+        raise ValueError(
+            f"gate ranks must be a non-empty list of {{rank, node, host, port, user, container}}, got {value!r}"
+        )
     return [RankSpec.from_prop(r) for r in value]
 
 
@@ -141,22 +162,33 @@ def _ssh_settings(props: Mapping[str, Any]) -> dict[str, str | None]:
     key = unwrap_secret(props.get("ssh_private_key"))
     agent = unwrap_secret(props.get("ssh_agent_socket"))
     known_hosts = props.get("ssh_known_hosts_file")
-    return {"private_key": str(key) if key else None, "agent_socket": str(agent) if agent else None,
-            "known_hosts_file": str(known_hosts) if known_hosts else None}
+    return {
+        "private_key": str(key) if key else None,
+        "agent_socket": str(agent) if agent else None,
+        "known_hosts_file": str(known_hosts) if known_hosts else None,
+    }
 
 
 def rank_source(props: Mapping[str, Any]) -> SshRankSource:
     """The ranks of `props`, looked at once over SSH with its key, agent and known_hosts (LiveRanks)."""
     ssh = _ssh_settings(props)
-    return SshRankSource(ranks_from_prop(unwrap_secret(props.get("ranks"))), private_key=ssh["private_key"],
-                         agent_socket=ssh["agent_socket"], known_hosts_file=ssh["known_hosts_file"])
+    return SshRankSource(
+        ranks_from_prop(unwrap_secret(props.get("ranks"))),
+        private_key=ssh["private_key"],
+        agent_socket=ssh["agent_socket"],
+        known_hosts_file=ssh["known_hosts_file"],
+    )
 
 
 def stream_source(props: Mapping[str, Any]) -> StreamRankSource:
     """The ranks of `props`, followed through one ssh session per node (the gates)."""
     ssh = _ssh_settings(props)
-    return StreamRankSource(ranks_from_prop(unwrap_secret(props.get("ranks"))), private_key=ssh["private_key"],
-                            agent_socket=ssh["agent_socket"], known_hosts_file=ssh["known_hosts_file"])
+    return StreamRankSource(
+        ranks_from_prop(unwrap_secret(props.get("ranks"))),
+        private_key=ssh["private_key"],
+        agent_socket=ssh["agent_socket"],
+        known_hosts_file=ssh["known_hosts_file"],
+    )
 
 
 def run_rendezvous_gate(props: Mapping[str, Any]) -> dict[str, Any]:
@@ -193,10 +225,12 @@ def run_ready_gate(props: Mapping[str, Any]) -> dict[str, Any]:
     model = str(unwrap_secret(props.get("model_name")) or "")
     api_base = str(unwrap_secret(props.get("api_base")) or "")
     if not model or not api_base.startswith(("http://", "https://")):
-        raise ValueError(f"ReadyGate needs model_name and an http(s) api_base, got model_name={model!r} "
-                         f"api_base={api_base!r}")
-    probe = ModelsEndpoint(api_base, model, str(api_key) if api_key else None,
-                           timeout_s=_setting(props, "models_timeout_s"))
+        raise ValueError(
+            f"ReadyGate needs model_name and an http(s) api_base, got model_name={model!r} api_base={api_base!r}"
+        )
+    probe = ModelsEndpoint(
+        api_base, model, str(api_key) if api_key else None, timeout_s=_setting(props, "models_timeout_s")
+    )
     ranks = ranks_from_prop(unwrap_secret(props.get("ranks")))
     result = wait_for_ready(ranks, stream_source(props), settings, SystemClock(), log_progress, probe, model)
     return {

@@ -44,7 +44,7 @@ import pulumi.dynamic
 from components import scripts
 from components.dynamic import StateOnlyProvider, changed_inputs, secret_or_none, unwrap_secret
 from components.gates.gates import NORMALIZE, GateRank, rank_source, ranks_from_prop
-from components.gates.rank_watch import ContainerState, RankSpec, SourceError
+from components.gates.observations import ContainerState, RankSpec, SourceError
 from components.redaction import redact
 from components.verify import client as verify_client
 from components.verify.client import (
@@ -61,8 +61,7 @@ from components.verify.client import (
 )
 from components.verify.verdict import drift_probe_request
 
-INPUT_KEYS = ("ranks", "ssh_private_key", "ssh_agent_socket", "ssh_known_hosts_file", "endpoint", "model",
-              "api_key")
+INPUT_KEYS = ("ranks", "ssh_private_key", "ssh_agent_socket", "ssh_known_hosts_file", "endpoint", "model", "api_key")
 SECRET_KEYS = ["ssh_private_key", "api_key"]
 # A 1-token answer takes well under a second on an idle vLLM; a busy one is told apart by its counters, KV cache
 # and running requests, so this only bounds how long a preview waits on a hung endpoint (plus two /metrics reads).
@@ -106,8 +105,10 @@ def drifted(observed: Mapping[str, str]) -> list[str]:
 def down_text(node: str, status: str, head_node: str) -> str:
     """One rank found not running; vLLM's head exits 0 when a rank of its group died, which names the cause."""
     if node == head_node and status == "exited (0)":
-        return (f"{node} (the head) is {status}: a rank of the group died (vLLM's head exits 0 when its engine "
-                "loses a rank; it also does when stopped)")
+        return (
+            f"{node} (the head) is {status}: a rank of the group died (vLLM's head exits 0 when its engine "
+            "loses a rank; it also does when stopped)"
+        )
     return f"{node} is {status}"
 
 
@@ -121,13 +122,16 @@ def probe_target(olds: Mapping[str, Any], news: Mapping[str, Any]) -> tuple[str,
     return str(endpoint), str(model), str(key) if key else None
 
 
-def head_probe(head: RankSpec, ssh_argv: Callable[[int, str], list[str]], target: tuple[str, str, str | None],
-               *, timeout_s: float) -> Probe:
+def head_probe(
+    head: RankSpec, ssh_argv: Callable[[int, str], list[str]], target: tuple[str, str, str | None], *, timeout_s: float
+) -> Probe:
     """probe_from_head, bounded like `probe` (tests replace this)."""
     try:
-        return run_bounded(lambda: probe_from_head(head, ssh_argv, target, timeout_s=timeout_s),
-                           probe_worst_case_seconds(timeout_s) + HEAD_MARGIN_S + GUARD_MARGIN_S,
-                           f"probe from {head.node}")
+        return run_bounded(
+            lambda: probe_from_head(head, ssh_argv, target, timeout_s=timeout_s),
+            probe_worst_case_seconds(timeout_s) + HEAD_MARGIN_S + GUARD_MARGIN_S,
+            f"probe from {head.node}",
+        )
     except VerificationTimeout as err:
         return Probe("unknown", str(err))
 
@@ -135,8 +139,11 @@ def head_probe(head: RankSpec, ssh_argv: Callable[[int, str], list[str]], target
 def probe(target: tuple[str, str, str | None]) -> Probe:
     endpoint, model, key = target
     try:
-        return run_bounded(lambda: probe_endpoint(endpoint, model, key, timeout_s=PROBE_TIMEOUT_S),
-                           probe_worst_case_seconds(PROBE_TIMEOUT_S) + GUARD_MARGIN_S, f"probe of {endpoint}")
+        return run_bounded(
+            lambda: probe_endpoint(endpoint, model, key, timeout_s=PROBE_TIMEOUT_S),
+            probe_worst_case_seconds(PROBE_TIMEOUT_S) + GUARD_MARGIN_S,
+            f"probe of {endpoint}",
+        )
     except VerificationTimeout as err:  # a name look-up that sockets cannot bound
         return Probe("unknown", str(err))
 
@@ -148,29 +155,46 @@ def _run_with_input(argv: list[str], data: bytes, timeout_s: float) -> subproces
     return subprocess.run(argv, input=data, capture_output=True, timeout=timeout_s, check=False)
 
 
-def probe_from_head(head: RankSpec, ssh_argv: Callable[[int, str], list[str]], target: tuple[str, str, str | None],
-                    *, timeout_s: float, runner: InputRunner = _run_with_input) -> Probe:
+def probe_from_head(
+    head: RankSpec,
+    ssh_argv: Callable[[int, str], list[str]],
+    target: tuple[str, str, str | None],
+    *,
+    timeout_s: float,
+    runner: InputRunner = _run_with_input,
+) -> Probe:
     """The same 1-token probe sent from inside the head's container to the API port on its own loopback, over
     the head's ssh connection (`ssh_argv`: the rank source's), judged by the same rules."""
     endpoint, model, key = target
     port = urlsplit(endpoint).port or 80
     where = f"from inside {head.container} on {head.node}, 127.0.0.1:{port}"
-    request = {"port": port, "body": drift_probe_request(model), "api_key": key, "timeout_s": timeout_s,
-               "gap_s": verify_client.BUSY_CHECK_GAP_S, "health_timeout_s": HEALTH_TIMEOUT_S}
+    request = {
+        "port": port,
+        "body": drift_probe_request(model),
+        "api_key": key,
+        "timeout_s": timeout_s,
+        "gap_s": verify_client.BUSY_CHECK_GAP_S,
+        "health_timeout_s": HEALTH_TIMEOUT_S,
+    }
     data = (json.dumps(request) + "\n" + scripts.script_path(HEAD_PROGRAM).read_text()).encode()
     argv = ssh_argv(head.rank, scripts.render(HEAD_SCRIPT, {"CONTAINER": head.container}))
     try:
         done = runner(argv, data, probe_worst_case_seconds(timeout_s) + HEAD_MARGIN_S)
     except subprocess.TimeoutExpired:
-        return Probe("unknown", f"the probe {where} did not finish within "
-                                f"{probe_worst_case_seconds(timeout_s) + HEAD_MARGIN_S:g} s")
+        return Probe(
+            "unknown",
+            f"the probe {where} did not finish within {probe_worst_case_seconds(timeout_s) + HEAD_MARGIN_S:g} s",
+        )
     except OSError as err:
         return Probe("unknown", f"cannot run ssh: {err}")
     out = (done.stdout.decode("utf-8", "replace").strip().splitlines() or [""])[-1]
     answer = _head_answer(out, where)
     if answer is None:
-        said = [ln for ln in done.stderr.decode("utf-8", "replace").strip().splitlines()
-                if ln.strip() and not ln.startswith(f"components/{HEAD_SCRIPT}: exited")]
+        said = [
+            ln
+            for ln in done.stderr.decode("utf-8", "replace").strip().splitlines()
+            if ln.strip() and not ln.startswith(f"components/{HEAD_SCRIPT}: exited")
+        ]
         stderr = (said or ["no message"])[-1][:300]
         return Probe("unknown", redact(f"the probe {where} could not run (exit {done.returncode}): {stderr}", [key]))
     if answer.status is None and answer.failure is None:
@@ -190,10 +214,14 @@ def _head_answer(line: str, where: str) -> ProbeAnswer | None:
     failure = next((f for f in get_args(Failure) if f == seen.get("failure")), None)
     status = seen.get("status")
     metrics = seen.get("metrics")
-    first, second = (metrics if isinstance(metrics, list) and len(metrics) == 2 else [None, None])
-    return ProbeAnswer(status=status if isinstance(status, int) else None, body=str(seen.get("body") or "").encode(),
-                       failure=failure, detail=f"{seen.get('detail') or ''} {where}".strip(),
-                       metrics=(first if isinstance(first, str) else None, second if isinstance(second, str) else None))
+    first, second = metrics if isinstance(metrics, list) and len(metrics) == 2 else [None, None]
+    return ProbeAnswer(
+        status=status if isinstance(status, int) else None,
+        body=str(seen.get("body") or "").encode(),
+        failure=failure,
+        detail=f"{seen.get('detail') or ''} {where}".strip(),
+        metrics=(first if isinstance(first, str) else None, second if isinstance(second, str) else None),
+    )
 
 
 def confirmed(operator: Probe, head: Callable[[], Probe]) -> Probe:
@@ -205,10 +233,12 @@ def confirmed(operator: Probe, head: Callable[[], Probe]) -> Probe:
     if there.state == "drift":
         return Probe("drift", f"{operator.seen}; from the head itself too: {there.seen}")
     if there.state == "healthy":
-        return Probe("unknown", f"{operator.seen}, but from the head itself it {there.seen}: the network or a proxy "
-                                "between this machine and the head, not the ranks; not treated as drift")
-    return Probe("unknown", f"{operator.seen}, and the head could not confirm it ({there.seen}): not treated as "
-                            "drift")
+        return Probe(
+            "unknown",
+            f"{operator.seen}, but from the head itself it {there.seen}: the network or a proxy "
+            "between this machine and the head, not the ranks; not treated as drift",
+        )
+    return Probe("unknown", f"{operator.seen}, and the head could not confirm it ({there.seen}): not treated as drift")
 
 
 class LiveRanksProvider(StateOnlyProvider):
@@ -224,16 +254,18 @@ class LiveRanksProvider(StateOnlyProvider):
         ranks = ranks_from_prop(unwrap_secret(props.get("ranks")))
         return observe(ranks, rank_source(props).state)
 
-    def _probe(self, observed: Mapping[str, str], olds: Mapping[str, Any],
-               news: Mapping[str, Any]) -> tuple[str, Probe] | None:
+    def _probe(
+        self, observed: Mapping[str, str], olds: Mapping[str, Any], news: Mapping[str, Any]
+    ) -> tuple[str, Probe] | None:
         """Only when every rank runs: a rank known down already decides, an unreachable node leaves it open."""
         target = probe_target(olds, news)
         if target is None or any(status != "running" for status in observed.values()):
             return None
         ranks = ranks_from_prop(unwrap_secret(news.get("ranks")))
         head = min(ranks, key=lambda r: r.rank)
-        found = confirmed(probe(target), lambda: head_probe(head, rank_source(news).argv, target,
-                                                            timeout_s=PROBE_TIMEOUT_S))
+        found = confirmed(
+            probe(target), lambda: head_probe(head, rank_source(news).argv, target, timeout_s=PROBE_TIMEOUT_S)
+        )
         return target[0], found
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> pulumi.dynamic.DiffResult:
@@ -245,13 +277,18 @@ class LiveRanksProvider(StateOnlyProvider):
         replace = pulumi.dynamic.DiffResult(changes=True, replaces=["observed"], delete_before_replace=True)
         if down:
             head = ranks_from_prop(unwrap_secret(news.get("ranks")))[0].node
-            pulumi.log.warn("live ranks: " + ", ".join(down_text(n, observed[n], head) for n in down)
-                            + ": every rank is replaced together and verified again")
+            pulumi.log.warn(
+                "live ranks: "
+                + ", ".join(down_text(n, observed[n], head) for n in down)
+                + ": every rank is replaced together and verified again"
+            )
             return replace
         probed = self._probe(observed, olds, news)
         if probed is not None and probed[1].state == "drift":
-            pulumi.log.warn(f"live ranks: every rank runs, but {probed[0]} {probed[1].seen}: every rank is "
-                            "replaced together and verified again")
+            pulumi.log.warn(
+                f"live ranks: every rank runs, but {probed[0]} {probed[1].seen}: every rank is "
+                "replaced together and verified again"
+            )
             return replace
         if probed is not None and probed[1].state == "unknown":
             pulumi.log.warn(f"live ranks: {probed[0]} {probed[1].seen}")
@@ -263,7 +300,6 @@ class LiveRanksProvider(StateOnlyProvider):
         probed = self._probe(observed, props, props)
         seen = probed[1].seen if probed is not None else "not probed: not every rank runs"
         return pulumi.dynamic.ReadResult(id_=id_, outs={**props, "observed": observed, "endpoint_observed": seen})
-
 
 
 class LiveRanks(pulumi.dynamic.Resource, module="drift", name="LiveRanks"):

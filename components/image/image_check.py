@@ -73,9 +73,7 @@ def checked_image_ids(
 ) -> dict[str, pulumi.Output[str]]:
     """Per node, its image id, resolving only after every node's pull agreed (raises ImageMismatch)."""
     nodes = list(image_ids)
-    pairs = pulumi.Output.all(
-        *[pulumi.Output.all(image_ids[n], repo_digests.get(n)) for n in nodes]
-    )
+    pairs = pulumi.Output.all(*[pulumi.Output.all(image_ids[n], repo_digests.get(n)) for n in nodes])
 
     def check(values: list[list[str | None]]) -> dict[str, str | None]:
         pulled = {n: PulledImage(image_id=v[0], repo_digest=v[1]) for n, v in zip(nodes, values, strict=True)}

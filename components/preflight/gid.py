@@ -64,7 +64,7 @@ def check_gid_wanted(wanted: object) -> GidWanted:
         return "auto"
     if isinstance(wanted, int) and not isinstance(wanted, bool) and 0 <= wanted <= 255:
         return wanted
-    raise ValueError(f"gid_index {wanted!r} is invalid; use \"auto\" or an integer 0..255")
+    raise ValueError(f'gid_index {wanted!r} is invalid; use "auto" or an integer 0..255')
 
 
 def render_gid_check(*, hcas: list[str] | tuple[str, ...], fabric_ip: str, wanted: GidWanted) -> str:
@@ -73,12 +73,15 @@ def render_gid_check(*, hcas: list[str] | tuple[str, ...], fabric_ip: str, wante
     The sysfs root is `$DSV41_SYSFS_ROOT` when set (tests), else /sys.
     """
     if not hcas:
-        raise ValueError("GID check needs at least one HCA in ib_hcas (e.g. [\"rocep1s0f1\"])")
+        raise ValueError('GID check needs at least one HCA in ib_hcas (e.g. ["rocep1s0f1"])')
     names = " ".join(check_hca_name(h) for h in hcas)
     wanted = check_gid_wanted(wanted)
-    return scripts.render("preflight/gid_check.sh", {
-        "GID_HCAS": names,
-        "GID_FABRIC_IP": fabric_ip,
-        "GID_EXPECTED": ipv4_mapped_gid(fabric_ip),
-        "GID_WANTED": str(wanted),
-    })
+    return scripts.render(
+        "preflight/gid_check.sh",
+        {
+            "GID_HCAS": names,
+            "GID_FABRIC_IP": fabric_ip,
+            "GID_EXPECTED": ipv4_mapped_gid(fabric_ip),
+            "GID_WANTED": str(wanted),
+        },
+    )

@@ -73,8 +73,10 @@ class Preflight(pulumi.ComponentResource):
         self.gid_index = result.apply(lambda r: r.gid_index)
         self.mem_available_gib = result.apply(lambda r: r.mem_available_gib)
         self.report = result.apply(lambda r: format_report(r, spec))
-        self.register_outputs({
-            "gid_index": self.gid_index,
-            "mem_available_gib": self.mem_available_gib,
-            "report": self.report,
-        })
+        self.register_outputs(
+            {
+                "gid_index": self.gid_index,
+                "mem_available_gib": self.mem_available_gib,
+                "report": self.report,
+            }
+        )

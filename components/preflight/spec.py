@@ -121,57 +121,73 @@ class PreflightSpec:
             check_gid_wanted(self.gid_index)
         except ValueError as e:
             errors.append(str(e))
-        check(not (self.check_rdma and not self.ib_hcas),
-              f"node {self.node_name}: check_rdma is true but ib_hcas is empty; list the node's ACTIVE "
-              "HCAs (e.g. [\"rocep1s0f1\"]) or set check_rdma false")
-        check(math.isfinite(self.min_mem_available_gib) and self.min_mem_available_gib >= 0,
-              f"min_mem_available_gib {self.min_mem_available_gib!r} must be a non-negative number of GiB "
-              "(e.g. 111.5)")
-        check((self.weights_root is None) == (self.min_free_disk_gib is None),
-              f"weights_root {self.weights_root!r} and min_free_disk_gib {self.min_free_disk_gib!r} go together: "
-              "set both on the head, neither on a worker")
+        check(
+            not (self.check_rdma and not self.ib_hcas),
+            f"node {self.node_name}: check_rdma is true but ib_hcas is empty; list the node's ACTIVE "
+            'HCAs (e.g. ["rocep1s0f1"]) or set check_rdma false',
+        )
+        check(
+            math.isfinite(self.min_mem_available_gib) and self.min_mem_available_gib >= 0,
+            f"min_mem_available_gib {self.min_mem_available_gib!r} must be a non-negative number of GiB (e.g. 111.5)",
+        )
+        check(
+            (self.weights_root is None) == (self.min_free_disk_gib is None),
+            f"weights_root {self.weights_root!r} and min_free_disk_gib {self.min_free_disk_gib!r} go together: "
+            "set both on the head, neither on a worker",
+        )
         if self.weights_root is not None:
             root = self.weights_root
-            check(os.path.isabs(root) or root == "~" or root.startswith("~/"),
-                  f"weights_root {root!r} must be an absolute path or start with ~/ (the SSH user's home)")
-        check(not (self.check_export_path and self.weights_root is None),
-              "check_export_path needs weights_root: the NFS export lives under it (head only)")
+            check(
+                os.path.isabs(root) or root == "~" or root.startswith("~/"),
+                f"weights_root {root!r} must be an absolute path or start with ~/ (the SSH user's home)",
+            )
+        check(
+            not (self.check_export_path and self.weights_root is None),
+            "check_export_path needs weights_root: the NFS export lives under it (head only)",
+        )
         if self.min_free_disk_gib is not None:
-            check(math.isfinite(self.min_free_disk_gib) and self.min_free_disk_gib >= 0,
-                  f"min_free_disk_gib {self.min_free_disk_gib!r} must be a non-negative number of GiB")
+            check(
+                math.isfinite(self.min_free_disk_gib) and self.min_free_disk_gib >= 0,
+                f"min_free_disk_gib {self.min_free_disk_gib!r} must be a non-negative number of GiB",
+            )
         check(bool(self.stack_label), "stack_label is empty; it must match the label on this stack's containers")
         for name in ("stop_timeout_s", "mem_settle_s", "docker_timeout_s"):
             value = getattr(self, name)
             check(isinstance(value, int) and value > 0, f"{name} {value!r} must be a positive integer of seconds")
         needed = self.stop_timeout_s + self.mem_settle_s + _CHECKS_BUDGET_S
-        check(self.command_timeout_s >= needed,
-              f"command_timeout_s {self.command_timeout_s} is shorter than stop_timeout_s + mem_settle_s + "
-              f"{_CHECKS_BUDGET_S} = {needed}; raise it to at least {needed}")
+        check(
+            self.command_timeout_s >= needed,
+            f"command_timeout_s {self.command_timeout_s} is shorter than stop_timeout_s + mem_settle_s + "
+            f"{_CHECKS_BUDGET_S} = {needed}; raise it to at least {needed}",
+        )
         if errors:
             raise ValueError(f"preflight for node {self.node_name!r}: " + "; ".join(errors))
 
 
 def render_script(spec: PreflightSpec) -> str:
     """preflight.sh for one node under its one-line header of quoted values."""
-    return scripts.render("preflight/preflight.sh", {
-        "NODE": spec.node_name,
-        "STACK_LABEL": spec.stack_label,
-        "LABEL_KEY": STACK_LABEL_KEY,
-        "CONFIG_LABEL_KEY": CONFIG_LABEL_KEY,
-        "GENERATION": spec.generation,
-        "SHAPE": spec.container_shape,
-        "SHAPE_FORMAT": SHAPE_FORMAT,
-        "INSPECT_FORMAT": INSPECT_FORMAT,
-        "MIN_MEM": f"{spec.min_mem_available_gib:g}",
-        "WEIGHTS_ROOT": spec.weights_root or "",
-        "MIN_DISK": f"{spec.min_free_disk_gib:g}" if spec.min_free_disk_gib is not None else "",
-        "CHECK_RDMA": "1" if spec.check_rdma else "0",
-        "CHECK_EXPORT": "1" if spec.check_export_path else "0",
-        "HCAS": " ".join(spec.ib_hcas),
-        "STOP_TIMEOUT_S": spec.stop_timeout_s,
-        "MEM_SETTLE_S": spec.mem_settle_s,
-        "DOCKER_TIMEOUT_S": spec.docker_timeout_s,
-    })
+    return scripts.render(
+        "preflight/preflight.sh",
+        {
+            "NODE": spec.node_name,
+            "STACK_LABEL": spec.stack_label,
+            "LABEL_KEY": STACK_LABEL_KEY,
+            "CONFIG_LABEL_KEY": CONFIG_LABEL_KEY,
+            "GENERATION": spec.generation,
+            "SHAPE": spec.container_shape,
+            "SHAPE_FORMAT": SHAPE_FORMAT,
+            "INSPECT_FORMAT": INSPECT_FORMAT,
+            "MIN_MEM": f"{spec.min_mem_available_gib:g}",
+            "WEIGHTS_ROOT": spec.weights_root or "",
+            "MIN_DISK": f"{spec.min_free_disk_gib:g}" if spec.min_free_disk_gib is not None else "",
+            "CHECK_RDMA": "1" if spec.check_rdma else "0",
+            "CHECK_EXPORT": "1" if spec.check_export_path else "0",
+            "HCAS": " ".join(spec.ib_hcas),
+            "STOP_TIMEOUT_S": spec.stop_timeout_s,
+            "MEM_SETTLE_S": spec.mem_settle_s,
+            "DOCKER_TIMEOUT_S": spec.docker_timeout_s,
+        },
+    )
 
 
 def wrap_in_timeout(script: str, timeout_s: int, *args: str) -> str:
@@ -179,14 +195,18 @@ def wrap_in_timeout(script: str, timeout_s: int, *args: str) -> str:
 
     `args` become the script's $1...; $0 names the script as its header does.
     """
-    return scripts.sh_command(script, *args, timeout_s=timeout_s, kill_after_s=_KILL_AFTER_S,
-                              name="components/preflight/preflight.sh")
+    return scripts.sh_command(
+        script, *args, timeout_s=timeout_s, kill_after_s=_KILL_AFTER_S, name="components/preflight/preflight.sh"
+    )
 
 
 def render_command(spec: PreflightSpec) -> str:
     """What the remote.Command runs on the node: preflight.sh, given the rendered gid_check.sh as $1."""
-    gid = ([render_gid_check(hcas=spec.ib_hcas, fabric_ip=spec.fabric_ip, wanted=spec.gid_index)]
-           if spec.check_rdma else [])
+    gid = (
+        [render_gid_check(hcas=spec.ib_hcas, fabric_ip=spec.fabric_ip, wanted=spec.gid_index)]
+        if spec.check_rdma
+        else []
+    )
     return wrap_in_timeout(render_script(spec), spec.command_timeout_s, *gid)
 
 
@@ -257,4 +277,3 @@ def format_report(result: PreflightResult, spec: PreflightSpec) -> str:
     if result.stopped:
         parts.append(f"stopped {' '.join(result.stopped)}")
     return f"preflight {result.node}: ok: " + "; ".join(parts)
-

@@ -77,12 +77,14 @@ class ServingCluster(pulumi.ComponentResource):
         head = self._container(name, args, 0, args.ranks[0], generation, worker_containers)
         ordered = [head, *worker_containers]
         self.container_ids = pulumi.Output.all(*[c.id for c in ordered])
-        self.register_outputs({
-            "containerNames": self.container_names,
-            "containerIds": self.container_ids,
-            "clusterGeneration": generation,
-            "tensorParallelSize": s.tensor_parallel_size,
-        })
+        self.register_outputs(
+            {
+                "containerNames": self.container_names,
+                "containerIds": self.container_ids,
+                "clusterGeneration": generation,
+                "tensorParallelSize": s.tensor_parallel_size,
+            }
+        )
 
     def _container(
         self,
@@ -105,10 +107,12 @@ class ServingCluster(pulumi.ComponentResource):
             for cache in serve_spec.CACHE_VOLUMES
         ]
         mounts = [
-            docker.ContainerMountArgs(target=serve_spec.MODEL_MOUNT, source=r.model_source, type=r.mount_type,
-                                      read_only=True),
-            docker.ContainerMountArgs(target=serve_spec.ENGRAM_MOUNT, source=r.engram_source,
-                                      type=r.mount_type, read_only=True),
+            docker.ContainerMountArgs(
+                target=serve_spec.MODEL_MOUNT, source=r.model_source, type=r.mount_type, read_only=True
+            ),
+            docker.ContainerMountArgs(
+                target=serve_spec.ENGRAM_MOUNT, source=r.engram_source, type=r.mount_type, read_only=True
+            ),
             *[
                 docker.ContainerMountArgs(target=path, source=vol.name, type="volume")
                 for vol, path in zip(caches, serve_spec.CACHE_VOLUMES.values(), strict=True)
@@ -130,16 +134,19 @@ class ServingCluster(pulumi.ComponentResource):
             ipc_mode=s.container.ipc_mode,
             shm_size=shape.shm_size_mb,
             ulimits=[
-                docker.ContainerUlimitArgs(name="memlock", soft=s.container.memlock_bytes,
-                                           hard=s.container.memlock_bytes),
+                docker.ContainerUlimitArgs(
+                    name="memlock", soft=s.container.memlock_bytes, hard=s.container.memlock_bytes
+                ),
                 docker.ContainerUlimitArgs(name="stack", soft=shape.stack_bytes, hard=shape.stack_bytes),
             ],
             capabilities=docker.ContainerCapabilitiesArgs(adds=list(shape.capabilities)),
             mounts=mounts,
-            labels=generation.apply(lambda g: [
-                docker.ContainerLabelArgs(label=k, value=v)
-                for k, v in labels.container_labels(args.stack, args.generation, g, rank).items()
-            ]),
+            labels=generation.apply(
+                lambda g: [
+                    docker.ContainerLabelArgs(label=k, value=v)
+                    for k, v in labels.container_labels(args.stack, args.generation, g, rank).items()
+                ]
+            ),
             # A crashed rank must stay down: restarted alone it would block at rendezvous forever.
             restart="no",
             # Whether a rank runs is the gates' and LiveRanks' call, never the provider's: with must_run, older

@@ -128,13 +128,20 @@ def model_flags(s: Settings) -> list[str]:
     v = s.serve
     flags = [
         *(["--quantization", v.quantization] if v.quantization else []),
-        "--kv-cache-memory-bytes", str(v.kv_cache_memory_bytes),
-        "--block-size", "64",
-        "--max-model-len", str(v.max_model_len),
-        "--max-num-seqs", str(v.max_num_seqs),
-        "--max-num-batched-tokens", str(v.max_num_batched_tokens),
-        "--long-prefill-token-threshold", str(long_prefill_token_threshold(s)),
-        "--gpu-memory-utilization", str(v.gpu_memory_utilization),
+        "--kv-cache-memory-bytes",
+        str(v.kv_cache_memory_bytes),
+        "--block-size",
+        "64",
+        "--max-model-len",
+        str(v.max_model_len),
+        "--max-num-seqs",
+        str(v.max_num_seqs),
+        "--max-num-batched-tokens",
+        str(v.max_num_batched_tokens),
+        "--long-prefill-token-threshold",
+        str(long_prefill_token_threshold(s)),
+        "--gpu-memory-utilization",
+        str(v.gpu_memory_utilization),
         *(["--tokenizer-mode", v.tokenizer_mode] if v.tokenizer_mode else []),
         *(["--tool-call-parser", v.tool_call_parser] if v.tool_call_parser else []),
         *(["--reasoning-parser", v.reasoning_parser] if v.reasoning_parser else []),
@@ -142,11 +149,15 @@ def model_flags(s: Settings) -> list[str]:
         *(["--chat-template", v.chat_template] if v.chat_template else []),
         "--enable-prefix-caching",
         "--no-enable-flashinfer-autotune",
-        "--hf-overrides", json.dumps({"engram_table_dir": ENGRAM_MOUNT}),
+        "--hf-overrides",
+        json.dumps({"engram_table_dir": ENGRAM_MOUNT}),
         "--language-model-only",
-        "--override-generation-config", json.dumps(VENDOR_SAMPLING),
-        "--served-model-name", v.served_model_name,
-        "--port", str(v.port),
+        "--override-generation-config",
+        json.dumps(VENDOR_SAMPLING),
+        "--served-model-name",
+        v.served_model_name,
+        "--port",
+        str(v.port),
     ]
     if v.enforce_eager:
         # Eager mode has no CUDA graphs, and speculative decoding needs them.
@@ -154,8 +165,10 @@ def model_flags(s: Settings) -> list[str]:
     else:
         flags += ["--cudagraph-capture-sizes", *CUDAGRAPH_CAPTURE_SIZES]
         if v.num_speculative_tokens > 0:
-            flags += ["--speculative-config", json.dumps(
-                {"method": "dspark", "num_speculative_tokens": v.num_speculative_tokens})]
+            flags += [
+                "--speculative-config",
+                json.dumps({"method": "dspark", "num_speculative_tokens": v.num_speculative_tokens}),
+            ]
     return flags + list(v.extra_args)
 
 
@@ -163,12 +176,18 @@ def rank_command(s: Settings, rank: int) -> list[str]:
     """`vllm serve` argv (after the entrypoint) for one rank: mp multi-node, no Ray."""
     cmd = ["serve", MODEL_MOUNT, *model_flags(s)]
     cmd += [
-        "--distributed-executor-backend", "mp",
-        "--tensor-parallel-size", str(s.tensor_parallel_size),
-        "--nnodes", str(len(s.nodes)),
-        "--node-rank", str(rank),
-        "--master-addr", s.head.fabric_ip,
-        "--master-port", str(s.serve.master_port),
+        "--distributed-executor-backend",
+        "mp",
+        "--tensor-parallel-size",
+        str(s.tensor_parallel_size),
+        "--nnodes",
+        str(len(s.nodes)),
+        "--node-rank",
+        str(rank),
+        "--master-addr",
+        s.head.fabric_ip,
+        "--master-port",
+        str(s.serve.master_port),
     ]
     if rank > 0:
         cmd.append("--headless")
@@ -196,14 +215,16 @@ def common_env(s: Settings) -> dict[str, str]:
     """The environment every rank shares, before `serve.extraEnv`."""
     v = s.serve
     env = {**NCCL_COMMON_ENV, **LAUNCHER_ENV}
-    env.update({
-        "NNODES": str(len(s.nodes)),
-        "DSV41_CACHE_GIB": f"{v.engram_cache_gib:g}",
-        "DSV41_RESIDENT_SCALES": "1" if v.engram_resident_scales else "0",
-        "EXL3_TEMP_ROWS_FUSED": str(v.exl3_temp_rows_fused),
-        "PYTORCH_CUDA_ALLOC_CONF": v.pytorch_cuda_alloc_conf,
-        "VLLM_ENGINE_READY_TIMEOUT_S": str(engine_ready_timeout_s(s)),
-    })
+    env.update(
+        {
+            "NNODES": str(len(s.nodes)),
+            "DSV41_CACHE_GIB": f"{v.engram_cache_gib:g}",
+            "DSV41_RESIDENT_SCALES": "1" if v.engram_resident_scales else "0",
+            "EXL3_TEMP_ROWS_FUSED": str(v.exl3_temp_rows_fused),
+            "PYTORCH_CUDA_ALLOC_CONF": v.pytorch_cuda_alloc_conf,
+            "VLLM_ENGINE_READY_TIMEOUT_S": str(engine_ready_timeout_s(s)),
+        }
+    )
     return env
 
 
@@ -236,7 +257,6 @@ def runtime_generation(config_generation: str, per_node: list[object]) -> str:
     return hashlib.sha256(json.dumps([config_generation, per_node], sort_keys=True, default=str).encode()).hexdigest()[
         :16
     ]
-
 
 
 @dataclass(frozen=True, kw_only=True)

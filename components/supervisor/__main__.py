@@ -61,18 +61,25 @@ def format_status(status: dict[str, Any]) -> str:
     probe = status.get("last_probe") or {}
     lines.append(f"last probe: {probe.get('state', '-')} {_ago(probe.get('at'), now)}: {probe.get('seen', '')}")
     verified = status.get("last_verified") or {}
-    lines.append(f"last verified: {_ago(verified.get('at'), now)}, generation {verified.get('generation', '-')}, "
-                 f"logprobs {json.dumps(verified.get('logprobs', []), ensure_ascii=False)}")
+    lines.append(
+        f"last verified: {_ago(verified.get('at'), now)}, generation {verified.get('generation', '-')}, "
+        f"logprobs {json.dumps(verified.get('logprobs', []), ensure_ascii=False)}"
+    )
     restarts = status.get("restarts") or []
     lines.append(f"restarts: {len(restarts)}")
     for r in restarts[-5:]:
-        lines.append(f"  {_ago(r.get('at'), now)}: {r.get('cause')} -> {r.get('result')}"
-                     + (f" in {r['seconds']} s" if r.get("seconds") is not None else ""))
+        lines.append(
+            f"  {_ago(r.get('at'), now)}: {r.get('cause')} -> {r.get('result')}"
+            + (f" in {r['seconds']} s" if r.get("seconds") is not None else "")
+        )
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None, read: Callable[[str], tuple[str, str]] = read_supervisor,
-         session: requests.Session | None = None) -> int:
+def main(
+    argv: Sequence[str] | None = None,
+    read: Callable[[str], tuple[str, str]] = read_supervisor,
+    session: requests.Session | None = None,
+) -> int:
     parser = argparse.ArgumentParser(prog="python -m components.supervisor", allow_abbrev=False)
     parser.add_argument("action", choices=("status", "pause", "resume"))
     parser.add_argument("--stack", required=True, metavar="NAME")
@@ -91,8 +98,11 @@ def main(argv: Sequence[str] | None = None, read: Callable[[str], tuple[str, str
         else:
             reply = http.post(f"{url}/{options.action}", headers=headers, json={}, timeout=10)
     except requests.RequestException as error:
-        print(f"error: the supervisor at {url} does not answer ({type(error).__name__}); is the head up? "
-              f"`docker ps` on it should show the supervisor container", file=sys.stderr)
+        print(
+            f"error: the supervisor at {url} does not answer ({type(error).__name__}); is the head up? "
+            f"`docker ps` on it should show the supervisor container",
+            file=sys.stderr,
+        )
         return EXIT_FAILED
     if reply.status_code != 200:
         print(f"error: the supervisor at {url} answered HTTP {reply.status_code}", file=sys.stderr)

@@ -47,6 +47,7 @@ def log(message: str) -> None:
 
 # --- the node's docker, over its unix socket ---------------------------------------------------------------
 
+
 class _UnixConnection(http.client.HTTPConnection):
     def __init__(self, path: str, timeout: float) -> None:
         super().__init__("localhost", timeout=timeout)
@@ -98,18 +99,28 @@ def mem_available_gib(meminfo: str = "/proc/meminfo") -> float | None:
 
 def rank_state(docker: Docker, container: str, node: str) -> dict[str, Any]:
     data = docker.inspect(container)
-    out: dict[str, Any] = {"node": node, "container": container, "exists": data is not None,
-                           "mem_available_gib": mem_available_gib()}
+    out: dict[str, Any] = {
+        "node": node,
+        "container": container,
+        "exists": data is not None,
+        "mem_available_gib": mem_available_gib(),
+    }
     if data is not None:
         state = data.get("State", {})
-        out.update(running=bool(state.get("Running")), status=state.get("Status"), exit_code=state.get("ExitCode"),
-                   oom_killed=bool(state.get("OOMKilled")), started_at=state.get("StartedAt"),
-                   finished_at=state.get("FinishedAt"),
-                   generation=(data.get("Config", {}).get("Labels") or {}).get(GENERATION_LABEL, ""))
+        out.update(
+            running=bool(state.get("Running")),
+            status=state.get("Status"),
+            exit_code=state.get("ExitCode"),
+            oom_killed=bool(state.get("OOMKilled")),
+            started_at=state.get("StartedAt"),
+            finished_at=state.get("FinishedAt"),
+            generation=(data.get("Config", {}).get("Labels") or {}).get(GENERATION_LABEL, ""),
+        )
     return out
 
 
 # --- state that survives the agent's restart and the node's reboot ----------------------------------------
+
 
 class Store:
     def __init__(self, path: Path) -> None:
@@ -146,16 +157,19 @@ class Store:
 
 # --- the leader ---------------------------------------------------------------------------------------------
 
+
 class Leader:
-    def __init__(self, cfg: dict[str, Any], docker: Docker, token: str, store: Store,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, cfg: dict[str, Any], docker: Docker, token: str, store: Store, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.cfg = cfg
         self.docker = docker
         self.token = token
         self.store = store
         self.clock = clock
-        self.budget = policy.Budget(max_restarts=cfg["max_restarts"], window_s=cfg["window_s"],
-                                    backoff_s=cfg["backoff_s"])
+        self.budget = policy.Budget(
+            max_restarts=cfg["max_restarts"], window_s=cfg["window_s"], backoff_s=cfg["backoff_s"]
+        )
         self.next_probe = 0.0
         self.drift_streak = 0
         self.last_drift = ""
@@ -205,8 +219,9 @@ class Leader:
         if not command:
             return
         try:
-            done = subprocess.run(["sh", "-c", command], input=json.dumps(item), text=True, capture_output=True,
-                                  timeout=30)
+            done = subprocess.run(
+                ["sh", "-c", command], input=json.dumps(item), text=True, capture_output=True, timeout=30
+            )
             if done.returncode != 0:
                 log(f"notifyCommand exited {done.returncode}: {done.stderr.strip()[-300:]}")
         except (OSError, subprocess.TimeoutExpired) as error:
@@ -217,17 +232,30 @@ class Leader:
 
     def verify(self, budget_s: float) -> verify_client.Outcome:
         return verify_client.verify_endpoint(
-            self.cfg["endpoint"], self.cfg["model"], self.api_key(), timeout_s=min(120.0, budget_s),
-            retry_window_s=budget_s, warmup_timeout_s=budget_s, expected_answer=self.cfg["expected_answer"])
+            self.cfg["endpoint"],
+            self.cfg["model"],
+            self.api_key(),
+            timeout_s=min(120.0, budget_s),
+            retry_window_s=budget_s,
+            warmup_timeout_s=budget_s,
+            expected_answer=self.cfg["expected_answer"],
+        )
 
     def record_verified(self, outcome: verify_client.Passed, generation: str) -> None:
-        self.store.update(armed_generation=generation, last_verified={
-            "at": time.time(), "generation": generation, "answer": outcome.answer,
-            "logprobs": [[t.token, t.logprob] for t in outcome.logprobs]})
+        self.store.update(
+            armed_generation=generation,
+            last_verified={
+                "at": time.time(),
+                "generation": generation,
+                "answer": outcome.answer,
+                "logprobs": [[t.token, t.logprob] for t in outcome.logprobs],
+            },
+        )
 
     def probe(self) -> None:
-        found = verify_client.probe_endpoint(self.cfg["endpoint"], self.cfg["model"], self.api_key(),
-                                             timeout_s=self.cfg["probe_timeout_s"])
+        found = verify_client.probe_endpoint(
+            self.cfg["endpoint"], self.cfg["model"], self.api_key(), timeout_s=self.cfg["probe_timeout_s"]
+        )
         self.store.update(last_probe={"at": time.time(), "state": found.state, "seen": found.seen})
         if found.state == "drift":
             self.drift_streak += 1
@@ -242,9 +270,16 @@ class Leader:
         snap = self.store.snapshot()
         ranks = self.look()
         decision = policy.decide(
-            ranks, paused=bool(snap.get("paused")), lock_holder=self.lock_holder(), given_up=snap.get("given_up"),
-            armed_generation=str(snap.get("armed_generation") or ""), probe_due=self.clock() >= self.next_probe,
-            drift_streak=self.drift_streak, last_drift=self.last_drift, hard_drift=self.hard_drift)
+            ranks,
+            paused=bool(snap.get("paused")),
+            lock_holder=self.lock_holder(),
+            given_up=snap.get("given_up"),
+            armed_generation=str(snap.get("armed_generation") or ""),
+            probe_due=self.clock() >= self.next_probe,
+            drift_streak=self.drift_streak,
+            last_drift=self.last_drift,
+            hard_drift=self.hard_drift,
+        )
         if decision.why != snap.get("doing"):
             self.store.update(doing=decision.why)
         if decision.action == "verify" and self.clock() >= self.next_probe:
@@ -291,11 +326,14 @@ class Leader:
         self.drift_streak, self.hard_drift = 0, False
         self.next_probe = self.clock() + self.cfg["probe_seconds"]
         restarts = self.store.snapshot()["restarts"]
-        restarts[-1] = {**restarts[-1], "result": result, "seconds": round(time.time() - started, 1),
-                        "phases": phases}
+        restarts[-1] = {**restarts[-1], "result": result, "seconds": round(time.time() - started, 1), "phases": phases}
         self.store.update(restarts=restarts)
-        self.notify("restarted" if result == "verified" else "restart-failed", cause=cause, result=result,
-                    seconds=round(time.time() - started, 1))
+        self.notify(
+            "restarted" if result == "verified" else "restart-failed",
+            cause=cause,
+            result=result,
+            seconds=round(time.time() - started, 1),
+        )
 
     def _restart_group(self, started: float, phases: dict[str, float]) -> str:
         """Stop, wait for memory, start, boot, verify; each phase's seconds go into `phases`."""
@@ -315,13 +353,18 @@ class Leader:
         phase("stop")
         deadline = time.time() + self.cfg["mem_wait_s"]
         while True:
-            low = [(v.node, v.mem_available_gib) for v in self.look()
-                   if v.mem_available_gib is None or v.mem_available_gib < self.cfg["min_mem_gib"]]
+            low = [
+                (v.node, v.mem_available_gib)
+                for v in self.look()
+                if v.mem_available_gib is None or v.mem_available_gib < self.cfg["min_mem_gib"]
+            ]
             if not low:
                 break
             if time.time() >= deadline:
-                return (f"gave up waiting for memory: MemAvailable {low[0][1]} GiB on {low[0][0]} stayed below "
-                        f"preflight.minMemAvailableGiB {self.cfg['min_mem_gib']:g} for {self.cfg['mem_wait_s']} s")
+                return (
+                    f"gave up waiting for memory: MemAvailable {low[0][1]} GiB on {low[0][0]} stayed below "
+                    f"preflight.minMemAvailableGiB {self.cfg['min_mem_gib']:g} for {self.cfg['mem_wait_s']} s"
+                )
             time.sleep(1)
         phase("memory")
         if held := self._stop_if_held():
@@ -380,13 +423,23 @@ def stop_rank(docker: Docker, container: str) -> None:
 
 # --- the memory guard: the watchdog's rule, in a process docker brings back after a reboot ----------------
 
+
 class MemoryGuard:
     """Kills this node's rank when MemAvailable stays under the floor for `samples` samples in a row (the host
     watchdog's rule, watchdog.*). The leader then sees a dead rank, stops the others and waits for memory before
     it restarts the group."""
 
-    def __init__(self, docker: Docker, container: str, *, floor_gib: float, sample_s: float, samples: int,
-                 meminfo: str = "/proc/meminfo", sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self,
+        docker: Docker,
+        container: str,
+        *,
+        floor_gib: float,
+        sample_s: float,
+        samples: int,
+        meminfo: str = "/proc/meminfo",
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.docker, self.container = docker, container
         self.floor_gib, self.sample_s, self.samples = floor_gib, sample_s, samples
         self.meminfo, self.sleep = meminfo, sleep
@@ -403,8 +456,10 @@ class MemoryGuard:
         data = self.docker.inspect(self.container)
         if data is None or not data.get("State", {}).get("Running"):
             return False
-        log(f"STOP: MemAvailable {mem} GiB below the floor {self.floor_gib:g} GiB for {self.samples} samples: "
-            f"killing {self.container}")
+        log(
+            f"STOP: MemAvailable {mem} GiB below the floor {self.floor_gib:g} GiB for {self.samples} samples: "
+            f"killing {self.container}"
+        )
         self.docker.act(self.container, "kill")
         self.trips += 1
         return True
@@ -419,6 +474,7 @@ class MemoryGuard:
 
 
 # --- the HTTP API -------------------------------------------------------------------------------------------
+
 
 def make_handler(cfg: dict[str, Any], docker: Docker, token: str, leader: Leader | None) -> type:
     class Handler(BaseHTTPRequestHandler):
@@ -453,8 +509,15 @@ def make_handler(cfg: dict[str, Any], docker: Docker, token: str, leader: Leader
             if self.path == "/rank":
                 self._reply(200, rank_state(docker, cfg["container"], cfg["node"]))
             elif self.path == "/status" and leader is not None:
-                self._reply(200, {**leader.store.snapshot(), "lock_holder": leader.lock_holder(),
-                                  "node": cfg["node"], "now": time.time()})
+                self._reply(
+                    200,
+                    {
+                        **leader.store.snapshot(),
+                        "lock_holder": leader.lock_holder(),
+                        "node": cfg["node"],
+                        "now": time.time(),
+                    },
+                )
             else:
                 self._reply(404, {"error": f"no {self.path}"})
 
@@ -472,8 +535,9 @@ def make_handler(cfg: dict[str, Any], docker: Docker, token: str, leader: Leader
                 elif leader is not None and self.path in ("/pause", "/resume"):
                     paused = self.path == "/pause"
                     # resume also clears a give-up: the operator says the cause is fixed
-                    leader.store.update(paused=paused,
-                                        **({} if paused else {"given_up": None, "budget_since": time.time()}))
+                    leader.store.update(
+                        paused=paused, **({} if paused else {"given_up": None, "budget_since": time.time()})
+                    )
                     leader.notify("paused" if paused else "resumed")
                     self._reply(200, {"paused": paused})
                 elif leader is not None and self.path == "/lock":
@@ -519,9 +583,17 @@ def main(argv: list[str]) -> int:
     if leader is not None:
         threading.Thread(target=leader.run, name="leader", daemon=True).start()
     if guard := cfg.get("memory_guard"):
-        threading.Thread(target=MemoryGuard(docker, cfg["container"], floor_gib=guard["floor_gib"],
-                                            sample_s=guard["sample_s"], samples=guard["samples"]).run,
-                         name="memory-guard", daemon=True).start()
+        threading.Thread(
+            target=MemoryGuard(
+                docker,
+                cfg["container"],
+                floor_gib=guard["floor_gib"],
+                sample_s=guard["sample_s"],
+                samples=guard["samples"],
+            ).run,
+            name="memory-guard",
+            daemon=True,
+        ).start()
     server.serve_forever()
     return 0
 

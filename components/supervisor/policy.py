@@ -33,9 +33,16 @@ class RankView:
 
     @classmethod
     def from_json(cls, node: str, data: Mapping[str, Any]) -> RankView:
-        return cls(node=node, reachable=True, exists=bool(data.get("exists")), running=bool(data.get("running")),
-                   exit_code=data.get("exit_code"), oom_killed=bool(data.get("oom_killed")),
-                   generation=str(data.get("generation") or ""), mem_available_gib=data.get("mem_available_gib"))
+        return cls(
+            node=node,
+            reachable=True,
+            exists=bool(data.get("exists")),
+            running=bool(data.get("running")),
+            exit_code=data.get("exit_code"),
+            oom_killed=bool(data.get("oom_killed")),
+            generation=str(data.get("generation") or ""),
+            mem_available_gib=data.get("mem_available_gib"),
+        )
 
 
 Action = Literal["wait", "verify", "probe", "heal"]
@@ -56,9 +63,18 @@ def rank_death(ranks: Sequence[RankView]) -> str | None:
     return None
 
 
-def decide(ranks: Sequence[RankView], *, paused: bool, lock_holder: str | None, given_up: str | None,
-           armed_generation: str, probe_due: bool, drift_streak: int, last_drift: str = "",
-           hard_drift: bool = False) -> Decision:
+def decide(
+    ranks: Sequence[RankView],
+    *,
+    paused: bool,
+    lock_holder: str | None,
+    given_up: str | None,
+    armed_generation: str,
+    probe_due: bool,
+    drift_streak: int,
+    last_drift: str = "",
+    hard_drift: bool = False,
+) -> Decision:
     """One look's action. The order is the rules' priority: the operator and an update first, then what
     is known about every node, then the group itself."""
     if paused:
@@ -109,8 +125,10 @@ def next_attempt(restart_times: Sequence[float], now: float, budget: Budget) -> 
     recent = sorted(t for t in restart_times if now - t < budget.window_s)
     if len(recent) >= budget.max_restarts:
         hours = budget.window_s / 3600
-        return None, (f"{len(recent)} restarts within {hours:g} h (supervisor.maxRestarts "
-                      f"{budget.max_restarts} in supervisor.windowHours {hours:g})")
+        return None, (
+            f"{len(recent)} restarts within {hours:g} h (supervisor.maxRestarts "
+            f"{budget.max_restarts} in supervisor.windowHours {hours:g})"
+        )
     if not recent:
         return now, "first restart in the window"
     wait = budget.backoff_s * 2 ** (len(recent) - 1)

@@ -99,30 +99,38 @@ def agent_config(s: Settings, stack: str, node_index: int, *, endpoint: str) -> 
     if s.watchdog.enabled:
         # The watchdog's rule again, in the process docker restarts at boot: the host watchdog (a nohup shell)
         # does not come back after a reboot until the next `pulumi up`.
-        cfg["memory_guard"] = {"floor_gib": s.watchdog.mem_available_floor_gib,
-                               "sample_s": s.watchdog.sample_seconds, "samples": s.watchdog.consecutive_samples}
+        cfg["memory_guard"] = {
+            "floor_gib": s.watchdog.mem_available_floor_gib,
+            "sample_s": s.watchdog.sample_seconds,
+            "samples": s.watchdog.consecutive_samples,
+        }
     if node_index == 0:
         gates = s.gates
-        cfg.update({
-            "nodes": [{"name": n.name, "url": agent_url(s, i), "container": labels.container_name(stack, n.name)}
-                      for i, n in enumerate(s.nodes)],
-            # The head's own loopback view would do, but the endpoint is what clients see.
-            "endpoint": endpoint,
-            "model": s.serve.served_model_name,
-            "expected_answer": gates.expected_answer,
-            "probe_seconds": s.supervisor.probe_seconds,
-            "probe_timeout_s": 15.0,
-            "max_restarts": s.supervisor.max_restarts,
-            "window_s": s.supervisor.window_hours * 3600,
-            "backoff_s": s.supervisor.backoff_seconds,
-            "mem_wait_s": s.supervisor.mem_wait_seconds,
-            "min_mem_gib": s.preflight.min_mem_available_gib,
-            # A restart is a boot: the gates' bounds, end to end.
-            "boot_timeout_s": gates.rendezvous_timeout_seconds + gates.ready_timeout_seconds
-            + gates.verify_timeout_seconds,
-            "verify_timeout_s": float(gates.verify_timeout_seconds),
-            "notify_command": s.supervisor.notify_command,
-        })
+        cfg.update(
+            {
+                "nodes": [
+                    {"name": n.name, "url": agent_url(s, i), "container": labels.container_name(stack, n.name)}
+                    for i, n in enumerate(s.nodes)
+                ],
+                # The head's own loopback view would do, but the endpoint is what clients see.
+                "endpoint": endpoint,
+                "model": s.serve.served_model_name,
+                "expected_answer": gates.expected_answer,
+                "probe_seconds": s.supervisor.probe_seconds,
+                "probe_timeout_s": 15.0,
+                "max_restarts": s.supervisor.max_restarts,
+                "window_s": s.supervisor.window_hours * 3600,
+                "backoff_s": s.supervisor.backoff_seconds,
+                "mem_wait_s": s.supervisor.mem_wait_seconds,
+                "min_mem_gib": s.preflight.min_mem_available_gib,
+                # A restart is a boot: the gates' bounds, end to end.
+                "boot_timeout_s": gates.rendezvous_timeout_seconds
+                + gates.ready_timeout_seconds
+                + gates.verify_timeout_seconds,
+                "verify_timeout_s": float(gates.verify_timeout_seconds),
+                "notify_command": s.supervisor.notify_command,
+            }
+        )
     return cfg
 
 
@@ -131,8 +139,10 @@ def payload(cfg: Mapping[str, Any], token: str) -> tuple[str, str]:
     buf = io.BytesIO()
     digest = hashlib.sha256()
     # gzip's header carries a time: mtime=0 keeps the same files the same payload (no diff at every preview).
-    with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as gz, \
-            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+    with (
+        gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as gz,
+        tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
+    ):
         entries = [(name, (REPO / name).read_bytes()) for name in AGENT_FILES]
         entries.append(("config.json", json.dumps(cfg, indent=1, sort_keys=True).encode()))
         for name, data in entries:
@@ -152,13 +162,16 @@ def notify_program(command: str) -> str:
 
 
 def install_command(prefix: str, node: str, action: str, *, image: str = "", notify: str = "") -> str:
-    script = scripts.render("supervisor/install.sh", {
-        "ACTION": action,
-        "SHARE_DIR": f".local/share/{prefix}/supervisor-{node}",
-        "STATE_DIR": f".local/state/{prefix}/supervisor-{node}",
-        "IMAGE": image,
-        "NOTIFY": notify,
-    })
+    script = scripts.render(
+        "supervisor/install.sh",
+        {
+            "ACTION": action,
+            "SHARE_DIR": f".local/share/{prefix}/supervisor-{node}",
+            "STATE_DIR": f".local/state/{prefix}/supervisor-{node}",
+            "IMAGE": image,
+            "NOTIFY": notify,
+        },
+    )
     return scripts.sh_command(script, timeout_s=120, name="components/supervisor/install.sh")
 
 
@@ -197,7 +210,8 @@ class Supervisor(pulumi.ComponentResource):
             files, code_hash = payload(cfg, args.token)
             notify = notify_program(s.supervisor.notify_command) if node.index == 0 else ""
             command = pulumi.Output.from_input(node.image_id).apply(
-                functools.partial(_install_with_image, args.stack_prefix, node.name, notify))
+                functools.partial(_install_with_image, args.stack_prefix, node.name, notify)
+            )
             install = remote.Command(
                 f"{name}-{node.name}-files",
                 connection=node.connection,
@@ -228,12 +242,15 @@ class Supervisor(pulumi.ComponentResource):
                     docker.ContainerMountArgs(target=STATE_MOUNT, source=paths["state"], type="bind"),
                     docker.ContainerMountArgs(target=SOCKET_MOUNT, source=paths["socket"], type="bind"),
                 ],
-                labels=[docker.ContainerLabelArgs(label=SUPERVISOR_LABEL, value=args.stack),
-                        docker.ContainerLabelArgs(label=CODE_LABEL, value=code_hash)],
+                labels=[
+                    docker.ContainerLabelArgs(label=SUPERVISOR_LABEL, value=args.stack),
+                    docker.ContainerLabelArgs(label=CODE_LABEL, value=code_hash),
+                ],
                 log_opts={"max-size": "10m", "max-file": "3"},
                 must_run=True,
-                opts=pulumi.ResourceOptions(parent=self, provider=node.docker_provider, depends_on=[install],
-                                            delete_before_replace=True),
+                opts=pulumi.ResourceOptions(
+                    parent=self, provider=node.docker_provider, depends_on=[install], delete_before_replace=True
+                ),
             )
         self.url = leader_url(s)
         self.register_outputs({"url": self.url})

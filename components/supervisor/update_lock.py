@@ -30,8 +30,15 @@ def holder_name(stack: str, dry_run: bool) -> str:
 
 
 class UpdateLock:
-    def __init__(self, url: str, token: str, holder: str, *, log: Callable[[str], None] = print,
-                 session: requests.Session | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        holder: str,
+        *,
+        log: Callable[[str], None] = print,
+        session: requests.Session | None = None,
+    ) -> None:
         self.url = url.rstrip("/") + "/lock"
         self.holder = holder
         self._headers = {"Authorization": f"Bearer {token}"}
@@ -43,8 +50,9 @@ class UpdateLock:
 
     def renew(self) -> bool:
         try:
-            reply = self._session.post(self.url, json={"holder": self.holder, "ttl_s": TTL_S},
-                                       headers=self._headers, timeout=TIMEOUT_S)
+            reply = self._session.post(
+                self.url, json={"holder": self.holder, "ttl_s": TTL_S}, headers=self._headers, timeout=TIMEOUT_S
+            )
             self.held = reply.status_code == 200
             if not self.held and not self._warned:
                 self._warned = True
@@ -65,8 +73,9 @@ class UpdateLock:
     def status_line(self) -> str | None:
         """The leader's state in one line (policy.summary), or None when it does not answer."""
         try:
-            reply = self._session.get(self.url.removesuffix("/lock") + "/status", headers=self._headers,
-                                      timeout=TIMEOUT_S)
+            reply = self._session.get(
+                self.url.removesuffix("/lock") + "/status", headers=self._headers, timeout=TIMEOUT_S
+            )
             return policy.summary(reply.json(), time.time()) if reply.status_code == 200 else None
         except (requests.RequestException, ValueError):
             return None

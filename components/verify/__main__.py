@@ -53,13 +53,20 @@ def _parser() -> argparse.ArgumentParser:
         allow_abbrev=False,  # `--api-key SECRET` must not be taken for `--api-key-env`
         description="Send the recipe's logprobs request and say in one line whether the endpoint computes.",
     )
-    parser.add_argument("--stack", metavar="NAME", help="read endpoint, model, API key and expected answer from "
-                        "this stack of the project (run in the project's environment: eval \"$(make -s env)\")")
+    parser.add_argument(
+        "--stack",
+        metavar="NAME",
+        help="read endpoint, model, API key and expected answer from "
+        'this stack of the project (run in the project\'s environment: eval "$(make -s env)")',
+    )
     parser.add_argument("--endpoint", help="OpenAI base URL, e.g. http://HEAD:8888/v1")
     parser.add_argument("--model", help="served model name")
-    parser.add_argument("--expected-answer", metavar="WORD",
-                        help=f"what the answer must say (default: the stack's gates.expectedAnswer, else "
-                        f"{VERIFY_EXPECTED!r}; empty: logprobs only)")
+    parser.add_argument(
+        "--expected-answer",
+        metavar="WORD",
+        help=f"what the answer must say (default: the stack's gates.expectedAnswer, else "
+        f"{VERIFY_EXPECTED!r}; empty: logprobs only)",
+    )
     parser.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the API key")
     parser.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS", help="per-request timeout")
     parser.add_argument(
@@ -123,8 +130,12 @@ def read_stack(name: str) -> StackView:
 
     key = setting("serve", "apiKey")
     answer = setting("gates", "expectedAnswer")
-    return StackView(endpoint=output("endpoint"), model=output("model"), api_key=str(key) if key else None,
-                     expected_answer=None if answer is None else str(answer))
+    return StackView(
+        endpoint=output("endpoint"),
+        model=output("model"),
+        api_key=str(key) if key else None,
+        expected_answer=None if answer is None else str(answer),
+    )
 
 
 def main(argv: Sequence[str] | None = None, read: Callable[[str], StackView] = read_stack) -> int:
@@ -134,8 +145,11 @@ def main(argv: Sequence[str] | None = None, read: Callable[[str], StackView] = r
         options.endpoint = options.endpoint or view.endpoint
         options.model = options.model or view.model
         if not options.endpoint or not options.model:
-            where = f"stack {options.stack!r} has no endpoint/model output yet (run `pulumi up`)" if options.stack \
+            where = (
+                f"stack {options.stack!r} has no endpoint/model output yet (run `pulumi up`)"
+                if options.stack
                 else "give --stack NAME, or --endpoint and --model"
+            )
             raise _UsageError(where)
         expected = options.expected_answer
         if expected is None:

@@ -385,24 +385,41 @@ def judge_probe(answer: ProbeAnswer, timeout_s: float) -> Probe:
     """The drift verdict on one probe's answer: the verifier's rules, busy told apart from hung."""
     if answer.failure in ("refused", "reset"):
         what = "refuses connections" if answer.failure == "refused" else "resets connections"
-        return Probe("drift", f"{what} ({answer.detail}) while every rank container runs: the API is down",
-                     confirm=True)
+        return Probe(
+            "drift", f"{what} ({answer.detail}) while every rank container runs: the API is down", confirm=True
+        )
     if answer.failure == "timeout":
         first, second = (engine_activity(m) if m is not None else None for m in answer.metrics)
         busy = engine_busy(first, second) if first is not None and second is not None else None
         if busy is not None:
-            return Probe("unknown", f"did not answer a 1-token request within {timeout_s:g} s, but the engine is "
-                                    f"busy ({busy}): not treated as drift")
+            return Probe(
+                "unknown",
+                f"did not answer a 1-token request within {timeout_s:g} s, but the engine is "
+                f"busy ({busy}): not treated as drift",
+            )
         if (first is None or second is None) and not answer.accepts:
-            return Probe("unknown", f"cannot be reached (no TCP connection within {HEALTH_TIMEOUT_S:g} s): "
-                                    "nothing is known about the ranks")
-        steps = second.steps if second is not None and second.steps is not None else (
-            second.tokens if second is not None else None)
-        engine = ("/metrics does not answer" if first is None or second is None
-                  else f"the engine's step counter stayed at {steps:g}" if steps is not None
-                  else "the engine's counters stood still")
-        return Probe("drift", f"did not answer a 1-token request within {timeout_s:g} s and {engine}: a rank is "
-                              "dead or hung", confirm=True)
+            return Probe(
+                "unknown",
+                f"cannot be reached (no TCP connection within {HEALTH_TIMEOUT_S:g} s): "
+                "nothing is known about the ranks",
+            )
+        steps = (
+            second.steps
+            if second is not None and second.steps is not None
+            else (second.tokens if second is not None else None)
+        )
+        engine = (
+            "/metrics does not answer"
+            if first is None or second is None
+            else f"the engine's step counter stayed at {steps:g}"
+            if steps is not None
+            else "the engine's counters stood still"
+        )
+        return Probe(
+            "drift",
+            f"did not answer a 1-token request within {timeout_s:g} s and {engine}: a rank is dead or hung",
+            confirm=True,
+        )
     if answer.failure == "protocol":
         return Probe("drift", f"does not speak HTTP correctly ({answer.detail})", confirm=True)
     if answer.failure is not None or answer.status is None:
@@ -455,8 +472,14 @@ def ask_probe(
     endpoint = normalize_endpoint(endpoint)
     body = json.dumps(drift_probe_request(model)).encode()
     try:
-        reply = exchange("POST", f"{endpoint}/chat/completions", body=body, headers=_headers(api_key),
-                         deadline=clock() + timeout_s, clock=clock)
+        reply = exchange(
+            "POST",
+            f"{endpoint}/chat/completions",
+            body=body,
+            headers=_headers(api_key),
+            deadline=clock() + timeout_s,
+            clock=clock,
+        )
     except ConnectionRefusedOrReset as error:
         return ProbeAnswer(failure="refused" if "Refused" in str(error) else "reset", detail=str(error))
     except DeadlineExceeded:

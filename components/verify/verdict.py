@@ -165,15 +165,23 @@ def engine_activity(metrics: str) -> EngineActivity | None:
         if not math.isfinite(value):
             continue
         name = m.group(1)
-        key = {"vllm:iteration_tokens_total_count": "steps", "vllm:prompt_tokens_total": "tokens",
-               "vllm:generation_tokens_total": "tokens", "vllm:kv_cache_usage_perc": "kv",
-               "vllm:num_requests_running": "running"}.get(name)
+        key = {
+            "vllm:iteration_tokens_total_count": "steps",
+            "vllm:prompt_tokens_total": "tokens",
+            "vllm:generation_tokens_total": "tokens",
+            "vllm:kv_cache_usage_perc": "kv",
+            "vllm:num_requests_running": "running",
+        }.get(name)
         if key is not None:
             found[key] = found.get(key, 0.0) + value
     if not found:
         return None
-    return EngineActivity(steps=found.get("steps"), tokens=found.get("tokens"), kv_cache_usage=found.get("kv"),
-                          running=found.get("running"))
+    return EngineActivity(
+        steps=found.get("steps"),
+        tokens=found.get("tokens"),
+        kv_cache_usage=found.get("kv"),
+        running=found.get("running"),
+    )
 
 
 def engine_busy(first: EngineActivity, second: EngineActivity) -> str | None:
@@ -385,8 +393,7 @@ def judge_completion(status: int, headers: Mapping[str, str], body: bytes | str)
     message = choice.get("message")
     content = message.get("content") if isinstance(message, Mapping) else None
     reasoning = "".join(
-        value for key in REASONING_KEYS
-        if isinstance(message, Mapping) and isinstance(value := message.get(key), str)
+        value for key in REASONING_KEYS if isinstance(message, Mapping) and isinstance(value := message.get(key), str)
     )
     answer = content if isinstance(content, str) else ""
     return Verified(answer=_answer_text(answer, reasoning, tokens), logprobs=tokens, reasoning=reasoning.strip())
@@ -445,9 +452,7 @@ def _delta_text(choice: Mapping[str, Any]) -> str:
     delta = choice.get("delta")
     if not isinstance(delta, Mapping):
         return ""
-    return "".join(
-        value for key in (*REASONING_KEYS, "content") if isinstance(value := delta.get(key), str)
-    )
+    return "".join(value for key in (*REASONING_KEYS, "content") if isinstance(value := delta.get(key), str))
 
 
 def judge_stream(status: int, headers: Mapping[str, str], payloads: Sequence[str]) -> Verdict:

@@ -90,7 +90,8 @@ class VerifierInputs:
             min_decode_tokens_per_second=float(minimum) if minimum is not None else None,
             warmup_timeout_s=float(warmup) if warmup is not None else None,
             # Absent in a state written before the setting existed: the recipe's answer then.
-            expected_answer=str(values["expected_answer"]) if values["expected_answer"] is not None
+            expected_answer=str(values["expected_answer"])
+            if values["expected_answer"] is not None
             else VERIFY_EXPECTED,
             rerun_on=tuple(str(item) for item in rerun_on),
         )
@@ -120,8 +121,10 @@ NORMALIZE = {"endpoint": _endpoint_as_compared, "rerun_on": as_set}
 def run_verification(inputs: VerifierInputs, on_progress: Progress | None = None) -> dict[str, Any]:
     """Verify and return the resource's outputs, or raise VerificationFailed with the diagnosis."""
     probe_prompts = len(DECODE_PROBE_PROMPTS) if inputs.min_decode_tokens_per_second is not None else 0
-    budget = worst_case_seconds(inputs.timeout_s, inputs.retry_window_s, probe_prompts,
-                                inputs.warmup_timeout_s or 0.0) + GUARD_MARGIN_S
+    budget = (
+        worst_case_seconds(inputs.timeout_s, inputs.retry_window_s, probe_prompts, inputs.warmup_timeout_s or 0.0)
+        + GUARD_MARGIN_S
+    )
     outcome = run_bounded(
         lambda: verify_endpoint(
             inputs.endpoint,

@@ -83,8 +83,10 @@ class WatchdogPeer:
         if not re.fullmatch(r"(ssh|ecdsa|sk)-[A-Za-z0-9@.-]+ [A-Za-z0-9+/]+={0,3}", self.host_key):
             raise ValueError(f"watchdog peer {self.node_name}: host_key {self.host_key!r} is not `type base64`")
         # A login name may start with '_' (config.py's rule, as useradd's); never with '-' (an ssh option).
-        for what, value, pattern in (("host", self.host, r"[A-Za-z0-9][A-Za-z0-9._:-]*"),
-                                     ("user", self.user, r"[A-Za-z0-9_][A-Za-z0-9._-]*")):
+        for what, value, pattern in (
+            ("host", self.host, r"[A-Za-z0-9][A-Za-z0-9._:-]*"),
+            ("user", self.user, r"[A-Za-z0-9_][A-Za-z0-9._-]*"),
+        ):
             if not re.fullmatch(pattern, value):
                 raise ValueError(f"watchdog peer {self.node_name}: {what} {value!r} is not a plain host or user name")
         if not 1 <= self.port <= 65535:
@@ -102,14 +104,20 @@ class WatchdogNames:
 
     def __post_init__(self) -> None:
         if not _NODE_NAME.match(self.node_name):
-            raise ValueError(f"watchdog node_name {self.node_name!r} must match [A-Za-z0-9][A-Za-z0-9._-]* "
-                             "(it names the watchdog's files)")
+            raise ValueError(
+                f"watchdog node_name {self.node_name!r} must match [A-Za-z0-9][A-Za-z0-9._-]* "
+                "(it names the watchdog's files)"
+            )
         if not _STACK_PREFIX.match(self.stack_prefix):
-            raise ValueError(f"watchdog stack_prefix {self.stack_prefix!r} on {self.node_name} is not a safe directory "
-                             "name; derive it with components.labels.stack_prefix")
+            raise ValueError(
+                f"watchdog stack_prefix {self.stack_prefix!r} on {self.node_name} is not a safe directory "
+                "name; derive it with components.labels.stack_prefix"
+            )
         if not _CONTAINER_NAME.match(self.container_name):
-            raise ValueError(f"watchdog container_name {self.container_name!r} on {self.node_name} is not a valid "
-                             "docker container name ([a-zA-Z0-9][a-zA-Z0-9_.-]*)")
+            raise ValueError(
+                f"watchdog container_name {self.container_name!r} on {self.node_name} is not a valid "
+                "docker container name ([a-zA-Z0-9][a-zA-Z0-9_.-]*)"
+            )
 
     @property
     def state_dir(self) -> str:
@@ -193,23 +201,40 @@ def peers_text(peers: Sequence[WatchdogPeer]) -> str:
 def render_watchdog_script(s: WatchdogSettings) -> str:
     """The loop that runs on the node (`watchdog.sh`). Env overrides (configuration, e.g. for a node without
     /proc or a docker behind sudo): DSV41_WATCHDOG_MEMINFO, DSV41_WATCHDOG_DOCKER, DSV41_WATCHDOG_INTERVAL_S."""
-    return scripts.render("watchdog/watchdog.sh", {
-        "NODE": s.node_name, "CONTAINER": s.container_name, "FLOOR_KIB": s.floor_kib,
-        "SAMPLES": s.watchdog.consecutive_samples, "STOP_TIMEOUT": s.stop_timeout_s,
-        "SAMPLE_INTERVAL_S": s.watchdog.sample_seconds, "MEMINFO_PATH": s.meminfo_path, "STATE_DIR": s.state_dir,
-        "KEY_NAME": s.key_name, "PID_NAME": s.pid_name, "SYSLOG_TAG": SYSLOG_TAG, "TOP_HOLDERS": TOP_HOLDERS,
-        "PEERS": scripts.text_value(peers_text(s.peers)),
-        "KNOWN_HOSTS": scripts.text_value(known_hosts_text(s.peers)),
-    })
+    return scripts.render(
+        "watchdog/watchdog.sh",
+        {
+            "NODE": s.node_name,
+            "CONTAINER": s.container_name,
+            "FLOOR_KIB": s.floor_kib,
+            "SAMPLES": s.watchdog.consecutive_samples,
+            "STOP_TIMEOUT": s.stop_timeout_s,
+            "SAMPLE_INTERVAL_S": s.watchdog.sample_seconds,
+            "MEMINFO_PATH": s.meminfo_path,
+            "STATE_DIR": s.state_dir,
+            "KEY_NAME": s.key_name,
+            "PID_NAME": s.pid_name,
+            "SYSLOG_TAG": SYSLOG_TAG,
+            "TOP_HOLDERS": TOP_HOLDERS,
+            "PEERS": scripts.text_value(peers_text(s.peers)),
+            "KNOWN_HOSTS": scripts.text_value(known_hosts_text(s.peers)),
+        },
+    )
 
 
 def render_peer_stop_script(s: WatchdogSettings) -> str:
     """The forced command of the peers' watchdog keys on this node (`peer_stop.sh`): log who asked, stop
     the container. Its one argument names the peer; it comes from this node's authorized_keys line."""
-    return scripts.render("watchdog/peer_stop.sh", {
-        "NODE": s.node_name, "CONTAINER": s.container_name, "STATE_DIR": s.state_dir,
-        "STOP_TIMEOUT": s.stop_timeout_s, "SYSLOG_TAG": SYSLOG_TAG,
-    })
+    return scripts.render(
+        "watchdog/peer_stop.sh",
+        {
+            "NODE": s.node_name,
+            "CONTAINER": s.container_name,
+            "STATE_DIR": s.state_dir,
+            "STOP_TIMEOUT": s.stop_timeout_s,
+            "SYSLOG_TAG": SYSLOG_TAG,
+        },
+    )
 
 
 def from_pattern(host: str) -> str | None:
@@ -231,8 +256,10 @@ def authorized_key_line(s: WatchdogNames, peer: WatchdogPeer, public_key: str) -
     script (the forced command of this line)."""
     key = " ".join(public_key.strip().split()[:2])
     if not _PUBKEY.match(key):
-        raise ValueError(f"watchdog on {s.node_name}: peer {peer.node_name!r} public key {public_key[:40]!r} is not "
-                         "an ssh-ed25519 key line")
+        raise ValueError(
+            f"watchdog on {s.node_name}: peer {peer.node_name!r} public key {public_key[:40]!r} is not "
+            "an ssh-ed25519 key line"
+        )
     command = f"sh {s.share_dir}/{s.peer_stop_name} {peer.node_name}"
     source = from_pattern(peer.host)
     options = "restrict" + (f',from="{source}"' if source else "") + f',command="{command}"'
@@ -245,9 +272,18 @@ def _bounded(timeout_s: int, text: str) -> str:
 
 
 def _key_script(s: WatchdogNames, action: str) -> str:
-    return scripts.render("watchdog/key.sh", {
-        "ACTION": action, "NODE": s.node_name, "STATE_DIR": s.state_dir, "KEY_NAME": s.key_name,
-        "LEGACY_KEY_NAME": LEGACY_KEY_NAME, "KEY_TAG": s.key_tag, "PUBKEY_MARKER": PUBKEY_MARKER})
+    return scripts.render(
+        "watchdog/key.sh",
+        {
+            "ACTION": action,
+            "NODE": s.node_name,
+            "STATE_DIR": s.state_dir,
+            "KEY_NAME": s.key_name,
+            "LEGACY_KEY_NAME": LEGACY_KEY_NAME,
+            "KEY_TAG": s.key_tag,
+            "PUBKEY_MARKER": PUBKEY_MARKER,
+        },
+    )
 
 
 def render_key_command(s: WatchdogNames, *, timeout_s: int = 30) -> str:
@@ -262,24 +298,45 @@ def render_key_remove_command(s: WatchdogNames, *, timeout_s: int = 30) -> str:
 def parse_public_key(stdout: str, node_name: str) -> str:
     for line in reversed(stdout.splitlines()):
         if line.startswith(PUBKEY_MARKER + " "):
-            key = line[len(PUBKEY_MARKER) + 1:].strip()
+            key = line[len(PUBKEY_MARKER) + 1 :].strip()
             if _PUBKEY.match(key):
                 return key
-    raise ValueError(f"the watchdog key command on {node_name} printed no ssh-ed25519 public key "
-                     f"(output: {stdout[-200:]!r}); check that ssh-keygen exists there")
+    raise ValueError(
+        f"the watchdog key command on {node_name} printed no ssh-ed25519 public key "
+        f"(output: {stdout[-200:]!r}); check that ssh-keygen exists there"
+    )
 
 
-def _install_script(s: WatchdogSettings, *, action: str, manage_peers: bool, authorized: Sequence[str] = (),
-                    watchdog: str = "", peer_stop: str = "") -> str:
-    return scripts.render("watchdog/install.sh", {
-        "ACTION": action, "NODE": s.node_name, "CONTAINER": s.container_name, "STATE_DIR": s.state_dir,
-        "SHARE_DIR": s.share_dir, "SCRIPT_NAME": s.script_name, "PID_NAME": s.pid_name,
-        "PEER_STOP_NAME": s.peer_stop_name, "LOG_PATH": s.log_path, "KEY_TAG": s.key_tag,
-        "MANAGE_PEERS": "1" if manage_peers else "",
-        "AUTHORIZED_KEYS": scripts.text_value("".join(f"{line}\n" for line in authorized)),
-        "WATCHDOG": scripts.text_value(watchdog), "PEER_STOP": scripts.text_value(peer_stop),
-        "LEGACY_STATE_DIR": _LEGACY_STATE_DIR, "LEGACY_SHARE_DIR": _LEGACY_SHARE_DIR,
-    })
+def _install_script(
+    s: WatchdogSettings,
+    *,
+    action: str,
+    manage_peers: bool,
+    authorized: Sequence[str] = (),
+    watchdog: str = "",
+    peer_stop: str = "",
+) -> str:
+    return scripts.render(
+        "watchdog/install.sh",
+        {
+            "ACTION": action,
+            "NODE": s.node_name,
+            "CONTAINER": s.container_name,
+            "STATE_DIR": s.state_dir,
+            "SHARE_DIR": s.share_dir,
+            "SCRIPT_NAME": s.script_name,
+            "PID_NAME": s.pid_name,
+            "PEER_STOP_NAME": s.peer_stop_name,
+            "LOG_PATH": s.log_path,
+            "KEY_TAG": s.key_tag,
+            "MANAGE_PEERS": "1" if manage_peers else "",
+            "AUTHORIZED_KEYS": scripts.text_value("".join(f"{line}\n" for line in authorized)),
+            "WATCHDOG": scripts.text_value(watchdog),
+            "PEER_STOP": scripts.text_value(peer_stop),
+            "LEGACY_STATE_DIR": _LEGACY_STATE_DIR,
+            "LEGACY_SHARE_DIR": _LEGACY_SHARE_DIR,
+        },
+    )
 
 
 def render_install_command(
@@ -291,13 +348,23 @@ def render_install_command(
     by_name = {p.node_name: p for p in s.peers}
     unknown = sorted({name for name, _ in peer_keys} - set(by_name))
     if unknown:
-        raise ValueError(f"watchdog on {s.node_name}: keys of {unknown} that are not among its peers "
-                         f"{sorted(by_name)}: a line needs the peer's address (from=)")
+        raise ValueError(
+            f"watchdog on {s.node_name}: keys of {unknown} that are not among its peers "
+            f"{sorted(by_name)}: a line needs the peer's address (from=)"
+        )
     lines = [authorized_key_line(s, by_name[name], key) for name, key in peer_keys]
     manage = bool(s.peers or lines)
-    return _bounded(timeout_s, _install_script(
-        s, action="install", manage_peers=manage, authorized=lines, watchdog=render_watchdog_script(s),
-        peer_stop=render_peer_stop_script(s) if manage else ""))
+    return _bounded(
+        timeout_s,
+        _install_script(
+            s,
+            action="install",
+            manage_peers=manage,
+            authorized=lines,
+            watchdog=render_watchdog_script(s),
+            peer_stop=render_peer_stop_script(s) if manage else "",
+        ),
+    )
 
 
 def render_remove_command(s: WatchdogSettings, *, timeout_s: int = 30) -> str:
@@ -325,9 +392,14 @@ class MemoryWatchdogArgs:
     """Per peer node name, its `WatchdogKey.public_key`: that peer's watchdog may stop this node's container."""
 
     def settings(self) -> WatchdogSettings:
-        return WatchdogSettings(node_name=self.node_name, container_name=self.container_name,
-                                stack_prefix=self.stack_prefix, watchdog=self.watchdog,
-                                meminfo_path=self.meminfo_path, peers=tuple(self.peers))
+        return WatchdogSettings(
+            node_name=self.node_name,
+            container_name=self.container_name,
+            stack_prefix=self.stack_prefix,
+            watchdog=self.watchdog,
+            meminfo_path=self.meminfo_path,
+            peers=tuple(self.peers),
+        )
 
     def __post_init__(self) -> None:
         self.settings()  # validate now, at program time, with the node named in the message
@@ -350,7 +422,8 @@ class MemoryWatchdog(pulumi.ComponentResource):
         install: pulumi.Input[str] = render_install_command(settings)
         if names:
             install = pulumi.Output.all(*[args.peer_public_keys[n] for n in names]).apply(
-                lambda keys: render_install_command(settings, peer_keys=list(zip(names, keys, strict=True))))
+                lambda keys: render_install_command(settings, peer_keys=list(zip(names, keys, strict=True)))
+            )
         # delete_before_replace: the old copy's delete must not run after the new copy started
         # (both share the node's pidfile).
         self._command = remote.Command(
@@ -387,8 +460,9 @@ class WatchdogKey(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: WatchdogKeyArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("dsv41-exl3:watchdog:WatchdogKey", name, None, opts)
-        names = WatchdogNames(node_name=args.node_name, container_name=args.container_name,
-                              stack_prefix=args.stack_prefix)
+        names = WatchdogNames(
+            node_name=args.node_name, container_name=args.container_name, stack_prefix=args.stack_prefix
+        )
         command = remote.Command(
             f"{name}-keygen",
             remote.CommandArgs(

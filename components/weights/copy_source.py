@@ -62,10 +62,12 @@ class Limits:
     @staticmethod
     def from_config(config: dict[str, Any]) -> Limits:
         d = Limits()
-        return Limits(max_connections=int(config.get("max_connections") or d.max_connections),
-                      request_timeout_s=float(config.get("request_timeout_s") or d.request_timeout_s),
-                      io_timeout_s=float(config.get("io_timeout_s") or d.io_timeout_s),
-                      silence_s=float(config.get("silence_s") or d.silence_s))
+        return Limits(
+            max_connections=int(config.get("max_connections") or d.max_connections),
+            request_timeout_s=float(config.get("request_timeout_s") or d.request_timeout_s),
+            io_timeout_s=float(config.get("io_timeout_s") or d.io_timeout_s),
+            silence_s=float(config.get("silence_s") or d.silence_s),
+        )
 
 
 class Source:
@@ -121,8 +123,10 @@ def _answer_unread(sock: socket.socket, code: int, why: str) -> None:
     """A short refusal written without reading anything (a fresh connection's send buffer takes it at once)."""
     body = (why + "\n").encode()
     phrase = {403: "Forbidden", 503: "Service Unavailable"}.get(code, "Error")
-    head = (f"HTTP/1.1 {code} {phrase}\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
-            "Connection: close\r\n\r\n").encode()
+    head = (
+        f"HTTP/1.1 {code} {phrase}\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    ).encode()
     try:
         sock.setblocking(False)
         sock.send(head + body)
@@ -138,8 +142,9 @@ def make_handler(source: Source, limits: Limits) -> type[BaseHTTPRequestHandler]
         def setup(self) -> None:
             super().setup()
             self.rfile.close()  # an open makefile() would keep the socket open past the server's close
-            self.rfile = io.BufferedReader(_HeaderDeadline(self.connection, limits.request_timeout_s,
-                                                           limits.io_timeout_s))
+            self.rfile = io.BufferedReader(
+                _HeaderDeadline(self.connection, limits.request_timeout_s, limits.io_timeout_s)
+            )
 
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's signature
             """Quiet: the copier reports progress; an error reply says what was refused."""
@@ -162,7 +167,7 @@ def make_handler(source: Source, limits: Limits) -> type[BaseHTTPRequestHandler]
             if not url.path.startswith("/files/"):
                 self._refuse(404, "only /files/<path> is served")
                 return
-            rel = urllib.parse.unquote(url.path[len("/files/"):])
+            rel = urllib.parse.unquote(url.path[len("/files/") :])
             path = source.resolve(rel)
             if path is None:
                 self._refuse(404, f"{rel} is not a staged file")
@@ -173,7 +178,7 @@ def make_handler(source: Source, limits: Limits) -> type[BaseHTTPRequestHandler]
                 ranged = self.headers.get("Range", "")
                 if ranged.startswith("bytes=") and ranged.endswith("-"):
                     try:
-                        start = int(ranged[len("bytes="):-1])
+                        start = int(ranged[len("bytes=") : -1])
                     except ValueError:
                         start = -1
                     if not 0 <= start <= size:
@@ -228,8 +233,11 @@ class CopySourceServer(ThreadingHTTPServer):
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         err = sys.exc_info()[1]
-        print(f"copy_source: connection from {client_address[0]} ended: {type(err).__name__}: {err}",
-              file=sys.stderr, flush=True)
+        print(
+            f"copy_source: connection from {client_address[0]} ended: {type(err).__name__}: {err}",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def read_line(fd: int) -> str:
@@ -248,8 +256,11 @@ def lifeline(fd: int, silence_s: float, stop: Callable[[], None]) -> None:
     while True:
         ready, _, _ = select.select([fd], [], [], silence_s)
         if not ready:
-            print(f"copy_source: no heartbeat from the deployer for {silence_s:g} s: its session is gone; stopping",
-                  file=sys.stderr, flush=True)
+            print(
+                f"copy_source: no heartbeat from the deployer for {silence_s:g} s: its session is gone; stopping",
+                file=sys.stderr,
+                flush=True,
+            )
             break
         if not os.read(fd, 4096):  # EOF: the deployer closed it (copy done) or its ssh went away
             break

@@ -148,16 +148,19 @@ class Copier:
         if file_sha256(path) == e.sha256:
             self.record.set(e.path, e.sha256, path.stat())
             return True
-        print(f"copy_weights: {self._where(e.path)} has the right size but other content: copying it again",
-              file=sys.stderr)
+        print(
+            f"copy_weights: {self._where(e.path)} has the right size but other content: copying it again",
+            file=sys.stderr,
+        )
         return False
 
     def _get(self, rel: str, headers: dict[str, str]) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         """The source's reply to GET /files/<rel>; a busy source is asked again for up to BUSY_RETRY_S."""
         deadline = time.monotonic() + BUSY_RETRY_S
         while True:
-            conn = http.client.HTTPConnection(self.url.hostname or "", self.url.port, timeout=STALL_S,
-                                              source_address=(self.bind, 0))
+            conn = http.client.HTTPConnection(
+                self.url.hostname or "", self.url.port, timeout=STALL_S, source_address=(self.bind, 0)
+            )
             try:
                 conn.request("GET", "/files/" + urllib.parse.quote(rel), headers=headers)
                 reply = conn.getresponse()
@@ -207,8 +210,10 @@ class Copier:
                 out.flush()
                 os.fsync(out.fileno())
         except (OSError, http.client.HTTPException) as err:
-            raise CopyError(f"copying {e.path} from the head to {self.node} failed after {start + received} of "
-                            f"{e.size} bytes ({err}); run `pulumi up` again: it resumes this file") from None
+            raise CopyError(
+                f"copying {e.path} from the head to {self.node} failed after {start + received} of "
+                f"{e.size} bytes ({err}); run `pulumi up` again: it resumes this file"
+            ) from None
         finally:
             if conn is not None:
                 conn.close()
@@ -218,7 +223,8 @@ class Copier:
             raise CopyError(
                 f"{e.path} as read from the head ({size} bytes, sha256 {h.hexdigest()[:12]}...) is not what staging "
                 f"verified ({e.size} bytes, sha256 {e.sha256[:12]}...): the head's copy changed since staging; "
-                "re-stage it (`pulumi up --replace` on the weights stage step) and run again")
+                "re-stage it (`pulumi up --replace` on the weights stage step) and run again"
+            )
         os.replace(partial, path)
         self.record.set(e.path, e.sha256, path.stat())
         return received
@@ -236,8 +242,11 @@ class Copier:
         todo = [e for e in sorted(expected, key=lambda e: -e.size) if not self.current(e)]
         total = sum(e.size for e in todo)
         if todo:
-            print(f"copy_weights: {self.node}: copying {len(todo)} of {len(expected)} files "
-                  f"({total / 2**30:.2f} GiB) in {min(streams, len(todo))} streams", file=sys.stderr)
+            print(
+                f"copy_weights: {self.node}: copying {len(todo)} of {len(expected)} files "
+                f"({total / 2**30:.2f} GiB) in {min(streams, len(todo))} streams",
+                file=sys.stderr,
+            )
         copied: list[str] = []
         with ThreadPoolExecutor(max_workers=max(1, streams)) as pool:
             futures = {pool.submit(self.fetch, e): e for e in todo}
@@ -247,11 +256,19 @@ class Copier:
                 with self.lock:
                     self.bytes_copied += received
                     copied.append(e.path)
-                    print(f"copy_weights: {self.node}: {e.path} ({e.size / 2**20:.1f} MiB) "
-                          f"[{len(copied)}/{len(todo)}]", file=sys.stderr)
+                    print(
+                        f"copy_weights: {self.node}: {e.path} ({e.size / 2**20:.1f} MiB) [{len(copied)}/{len(todo)}]",
+                        file=sys.stderr,
+                    )
         seconds = time.monotonic() - began
-        return {"copied": sorted(copied), "bytes": self.bytes_copied, "seconds": round(seconds, 3),
-                "files": len(expected), "removed": removed, "root": self.host_dest}
+        return {
+            "copied": sorted(copied),
+            "bytes": self.bytes_copied,
+            "seconds": round(seconds, 3),
+            "files": len(expected),
+            "removed": removed,
+            "root": self.host_dest,
+        }
 
 
 def load_expected(path: Path) -> list[Expected]:
@@ -277,14 +294,22 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.dest_ident and args.dest_ident == args.source_ident:
-            raise CopyError(f"the copy root {args.host_dest} on {args.node} is the head's weights root itself (one "
-                            "filesystem): set weights.copyRoot to a directory of its own on each worker, e.g. "
-                            "`/var/lib/dsv41-exl3/{node}`")
+            raise CopyError(
+                f"the copy root {args.host_dest} on {args.node} is the head's weights root itself (one "
+                "filesystem): set weights.copyRoot to a directory of its own on each worker, e.g. "
+                "`/var/lib/dsv41-exl3/{node}`"
+            )
         token = json.loads(sys.stdin.readline() or "{}").get("token")
         if not token:
             raise CopyError("stdin's first line carried no copy token")
-        copier = Copier(node=args.node, source=args.source, bind=args.bind, token=str(token), dest=Path(args.dest),
-                        host_dest=args.host_dest)
+        copier = Copier(
+            node=args.node,
+            source=args.source,
+            bind=args.bind,
+            token=str(token),
+            dest=Path(args.dest),
+            host_dest=args.host_dest,
+        )
         report = copier.run(load_expected(Path(args.expected)), args.streams)
     except CopyError as err:
         print(f"copy_weights: error: {err}", file=sys.stderr)

@@ -55,35 +55,69 @@ def expected_json(files: Mapping[str, int], sha256: Mapping[str, str]) -> str:
     missing = sorted(set(files) - set(sha256))
     if missing:
         raise ValueError(f"staging recorded no sha256 for {missing[:3]}: a copy could not be verified; re-stage")
-    return json.dumps({"files": dict(sorted(files.items())), "sha256": {p: sha256[p] for p in sorted(files)}},
-                      separators=(",", ":"))
+    return json.dumps(
+        {"files": dict(sorted(files.items())), "sha256": {p: sha256[p] for p in sorted(files)}}, separators=(",", ":")
+    )
 
 
 def render_source_command(*, abs_root: str, bind: str, image: str, container: str) -> str:
     """source.sh, rendered: serve the head's weights root read-only to one copier while stdin stays open."""
     if not abs_root.startswith("/"):
         raise ValueError(f"the head's weights root {abs_root!r} must be absolute (as staging reports it)")
-    return scripts.render("weights/source.sh", {
-        "WEIGHTS_ROOT": abs_root, "BIND": wm.validate_ip("head fabric_ip", bind), "IMAGE": image,
-        "CONTAINER": container, "SOURCE_PY": scripts.text_value(_source("copy_source.py"))})
+    return scripts.render(
+        "weights/source.sh",
+        {
+            "WEIGHTS_ROOT": abs_root,
+            "BIND": wm.validate_ip("head fabric_ip", bind),
+            "IMAGE": image,
+            "CONTAINER": container,
+            "SOURCE_PY": scripts.text_value(_source("copy_source.py")),
+        },
+    )
 
 
-def render_copy_command(*, node: str, copy_root: str, source: str, source_ident: str, bind: str, image: str,
-                        container: str, streams: int, expected: str, timeout_s: int) -> str:
+def render_copy_command(
+    *,
+    node: str,
+    copy_root: str,
+    source: str,
+    source_ident: str,
+    bind: str,
+    image: str,
+    container: str,
+    streams: int,
+    expected: str,
+    timeout_s: int,
+) -> str:
     """copy.sh, rendered: run the copier in a throwaway container; the token and the script come on stdin."""
     if streams < 1 or timeout_s <= 0:
         raise ValueError(f"streams={streams} and timeout_s={timeout_s} must be positive")
-    return scripts.render("weights/copy.sh", {
-        "NODE": node, "COPY_ROOT": wm.root_value(copy_root), "MODEL_DIR": wm.MODEL_DIR, "ENGRAM_DIR": wm.ENGRAM_DIR,
-        "SOURCE": source, "SOURCE_IDENT": source_ident, "BIND": wm.validate_ip(f"{node} fabric_ip", bind),
-        "IMAGE": image, "CONTAINER": container, "STREAMS": streams, "EXPECTED": expected, "TIMEOUT_S": timeout_s})
+    return scripts.render(
+        "weights/copy.sh",
+        {
+            "NODE": node,
+            "COPY_ROOT": wm.root_value(copy_root),
+            "MODEL_DIR": wm.MODEL_DIR,
+            "ENGRAM_DIR": wm.ENGRAM_DIR,
+            "SOURCE": source,
+            "SOURCE_IDENT": source_ident,
+            "BIND": wm.validate_ip(f"{node} fabric_ip", bind),
+            "IMAGE": image,
+            "CONTAINER": container,
+            "STREAMS": streams,
+            "EXPECTED": expected,
+            "TIMEOUT_S": timeout_s,
+        },
+    )
 
 
 def render_copy_check(*, copy_root: str, files: Mapping[str, int], sha256: Mapping[str, str]) -> str:
     """copy_check.sh, rendered: which files of the copy are not the verified ones, by record and stat only."""
     listing = "".join(f"{sha256.get(p, '')}\t{size}\t{p}\n" for p, size in sorted(files.items()))
-    return scripts.render("weights/copy_check.sh", {
-        "COPY_ROOT": wm.root_value(copy_root), "RECORD": RECORD_FILE, "EXPECTED": scripts.text_value(listing)})
+    return scripts.render(
+        "weights/copy_check.sh",
+        {"COPY_ROOT": wm.root_value(copy_root), "RECORD": RECORD_FILE, "EXPECTED": scripts.text_value(listing)},
+    )
 
 
 @dataclass(frozen=True)
@@ -95,7 +129,7 @@ class SourceReady:
 def parse_source_line(line: str, ready: dict[str, str]) -> SourceReady | None:
     """Feed source.sh's stdout line by line; returns the source once it listens."""
     if line.startswith(IDENT_MARKER + " "):
-        ready["ident"] = line[len(IDENT_MARKER) + 1:].strip()
+        ready["ident"] = line[len(IDENT_MARKER) + 1 :].strip()
     elif line.startswith(LISTENING_MARKER + " "):
         return SourceReady(port=int(line.split()[1]), ident=ready.get("ident", ""))
     return None
@@ -114,9 +148,14 @@ def parse_copy_report(stdout: str) -> CopyReport:
     lines = [ln for ln in stdout.splitlines() if ln.startswith(REPORT_MARKER + " ")]
     if not lines:
         raise ValueError(f"the weights copy printed no '{REPORT_MARKER}' line; see its stderr")
-    raw = json.loads(lines[-1][len(REPORT_MARKER) + 1:])
-    return CopyReport(root=str(raw["root"]), copied=tuple(raw["copied"]), bytes=int(raw["bytes"]),
-                      seconds=float(raw["seconds"]), files=int(raw["files"]))
+    raw = json.loads(lines[-1][len(REPORT_MARKER) + 1 :])
+    return CopyReport(
+        root=str(raw["root"]),
+        copied=tuple(raw["copied"]),
+        bytes=int(raw["bytes"]),
+        seconds=float(raw["seconds"]),
+        files=int(raw["files"]),
+    )
 
 
 _CHECK_LINE = re.compile(r"^(MISSING|UNVERIFIED|CHANGED|MODIFIED) (.+)$")

@@ -50,8 +50,9 @@ _PREFIX = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,39}$")
 
 def _checked_prefix(stack_prefix: str) -> str:
     if not _PREFIX.match(stack_prefix):
-        raise ValueError(f"stack_prefix={stack_prefix!r} is not a safe node-side name; "
-                         "derive it with components.labels.stack_prefix")
+        raise ValueError(
+            f"stack_prefix={stack_prefix!r} is not a safe node-side name; derive it with components.labels.stack_prefix"
+        )
     return stack_prefix
 
 
@@ -139,8 +140,16 @@ def stage_stdin(token: str | None, script: str) -> str:
     return f"{token or ''}\n{script}"
 
 
-def render_stage_command(*, root: str, image: str, plan: Mapping[str, Any], hf_endpoint: str | None,
-                         with_token: bool, timeout_s: int, stack_prefix: str) -> str:
+def render_stage_command(
+    *,
+    root: str,
+    image: str,
+    plan: Mapping[str, Any],
+    hf_endpoint: str | None,
+    with_token: bool,
+    timeout_s: int,
+    stack_prefix: str,
+) -> str:
     """stage.sh, rendered: read the token from stdin, then the script, run it in a throwaway container.
 
     The token only ever lives in an unexported variable of that shell and reaches the staging program on its
@@ -148,12 +157,20 @@ def render_stage_command(*, root: str, image: str, plan: Mapping[str, Any], hf_e
     """
     if timeout_s <= 0:
         raise ValueError(f"stage_timeout_s={timeout_s} must be positive (hours on real hardware)")
-    return scripts.render("weights/stage.sh", {
-        "WEIGHTS_ROOT": root_value(root), "MODEL_DIR": MODEL_DIR, "ENGRAM_DIR": ENGRAM_DIR,
-        "WITH_TOKEN": 1 if with_token else 0, "HF_ENDPOINT": hf_endpoint or "", "IMAGE": image,
-        "CONTAINER": stage_container(stack_prefix), "PLAN": json.dumps(plan, sort_keys=True, separators=(",", ":")),
-        "TIMEOUT_S": timeout_s,
-    })
+    return scripts.render(
+        "weights/stage.sh",
+        {
+            "WEIGHTS_ROOT": root_value(root),
+            "MODEL_DIR": MODEL_DIR,
+            "ENGRAM_DIR": ENGRAM_DIR,
+            "WITH_TOKEN": 1 if with_token else 0,
+            "HF_ENDPOINT": hf_endpoint or "",
+            "IMAGE": image,
+            "CONTAINER": stage_container(stack_prefix),
+            "PLAN": json.dumps(plan, sort_keys=True, separators=(",", ":")),
+            "TIMEOUT_S": timeout_s,
+        },
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -178,22 +195,27 @@ def parse_stage_output(stdout: str) -> StagedWeights:
     lines = [ln for ln in stdout.splitlines() if ln.startswith(MANIFEST_MARKER + " ")]
     if not lines:
         raise ValueError(f"weights staging printed no '{MANIFEST_MARKER}' line; see the staging command's stderr")
-    raw = json.loads(lines[-1][len(MANIFEST_MARKER) + 1:])
+    raw = json.loads(lines[-1][len(MANIFEST_MARKER) + 1 :])
     root, files = raw.get("root"), raw.get("files")
     if not isinstance(root, str) or not root.startswith("/"):
         raise ValueError(f"weights staging reported root={root!r}; expected an absolute path on the head")
-    if not isinstance(files, dict) or not files or not all(
-            isinstance(k, str) and isinstance(v, int) and v >= 0 for k, v in files.items()):
+    if (
+        not isinstance(files, dict)
+        or not files
+        or not all(isinstance(k, str) and isinstance(v, int) and v >= 0 for k, v in files.items())
+    ):
         raise ValueError("weights staging reported no files or a malformed manifest; re-run staging")
     digests = raw.get("sha256") or {}
     if not isinstance(digests, dict) or not all(
-            k in files and isinstance(v, str) and re.fullmatch(r"[0-9a-f]{64}", v) for k, v in digests.items()):
+        k in files and isinstance(v, str) and re.fullmatch(r"[0-9a-f]{64}", v) for k, v in digests.items()
+    ):
         raise ValueError("weights staging reported malformed sha256 digests; re-run staging")
     manifest_file = raw.get("manifest_file")
     if manifest_file is not None and (not isinstance(manifest_file, str) or not manifest_file.startswith("/")):
         raise ValueError(f"weights staging reported manifest_file={manifest_file!r}; expected an absolute path")
-    return StagedWeights(root=root, files=dict(sorted(files.items())), sha256=dict(sorted(digests.items())),
-                         manifest_file=manifest_file)
+    return StagedWeights(
+        root=root, files=dict(sorted(files.items())), sha256=dict(sorted(digests.items())), manifest_file=manifest_file
+    )
 
 
 def parse_manifest(manifest_json: str) -> dict[str, int]:
@@ -229,36 +251,53 @@ def legacy_exports(abs_root: str, worker_ips: Sequence[str]) -> str:
     return f'# managed by dsv41-exl3 (pulumi): the weights, read-only, to the workers\n"{abs_root}" {line}\n'
 
 
-def render_export_command(*, head_name: str, abs_root: str, worker_ips: Sequence[str], stack_prefix: str,
-                          exports_dir: str = EXPORTS_DIR) -> str:
+def render_export_command(
+    *, head_name: str, abs_root: str, worker_ips: Sequence[str], stack_prefix: str, exports_dir: str = EXPORTS_DIR
+) -> str:
     """export.sh, rendered: install this stack's exports file and export exactly its entries; idempotent. Needs
     root or passwordless sudo on the head. Other exports on the host are never re-synced (no `exportfs -ra`)."""
     clients = _export_clients(abs_root, worker_ips)
-    return scripts.render("weights/export.sh", {
-        "HEAD_NAME": head_name, "WEIGHTS_ROOT": abs_root, "CLIENTS": " ".join(clients), "OPTIONS": EXPORT_OPTIONS,
-        "EXPORTS_DIR": exports_dir, "EXPORTS_FILE": f"{exports_dir}/{exports_name(stack_prefix)}",
-        "EXPORTS": scripts.text_value(render_exports(abs_root, worker_ips)), "EXPORT_ENTRY": _EXPORT_ENTRY,
-        "LEGACY_FILE": f"{exports_dir}/{LEGACY_EXPORTS_NAME}",
-        "LEGACY": scripts.text_value(legacy_exports(abs_root, worker_ips)),
-    })
+    return scripts.render(
+        "weights/export.sh",
+        {
+            "HEAD_NAME": head_name,
+            "WEIGHTS_ROOT": abs_root,
+            "CLIENTS": " ".join(clients),
+            "OPTIONS": EXPORT_OPTIONS,
+            "EXPORTS_DIR": exports_dir,
+            "EXPORTS_FILE": f"{exports_dir}/{exports_name(stack_prefix)}",
+            "EXPORTS": scripts.text_value(render_exports(abs_root, worker_ips)),
+            "EXPORT_ENTRY": _EXPORT_ENTRY,
+            "LEGACY_FILE": f"{exports_dir}/{LEGACY_EXPORTS_NAME}",
+            "LEGACY": scripts.text_value(legacy_exports(abs_root, worker_ips)),
+        },
+    )
 
 
-def render_unexport_command(*, abs_root: str, worker_ips: Sequence[str], stack_prefix: str,
-                            exports_dir: str = EXPORTS_DIR) -> str:
+def render_unexport_command(
+    *, abs_root: str, worker_ips: Sequence[str], stack_prefix: str, exports_dir: str = EXPORTS_DIR
+) -> str:
     """unexport.sh, rendered: withdraw this stack's export entries and its file (the weights stay on the head)."""
     fallback = "".join(f"{ip} {abs_root}\n" for ip in _export_clients(abs_root, worker_ips))
-    return scripts.render("weights/unexport.sh", {
-        "EXPORTS_FILE": f"{exports_dir}/{exports_name(stack_prefix)}", "EXPORT_ENTRY": _EXPORT_ENTRY,
-        "FALLBACK": scripts.text_value(fallback),
-    })
+    return scripts.render(
+        "weights/unexport.sh",
+        {
+            "EXPORTS_FILE": f"{exports_dir}/{exports_name(stack_prefix)}",
+            "EXPORT_ENTRY": _EXPORT_ENTRY,
+            "FALLBACK": scripts.text_value(fallback),
+        },
+    )
 
 
 def nfs_volume_options(*, head_ip: str, device_path: str) -> dict[str, str]:
     """driver_opts of a local-driver docker volume that the worker's daemon mounts over NFS."""
     if not device_path.startswith("/"):
         raise ValueError(f"NFS device path {device_path!r} must be absolute on the head")
-    return {"type": "nfs", "o": f"addr={validate_ip('head fabric_ip', head_ip)},{NFS_MOUNT_OPTIONS}",
-            "device": f":{device_path}"}
+    return {
+        "type": "nfs",
+        "o": f"addr={validate_ip('head fabric_ip', head_ip)},{NFS_MOUNT_OPTIONS}",
+        "device": f":{device_path}",
+    }
 
 
 def volume_name(prefix: str, which: str, options: Mapping[str, str]) -> str:
@@ -277,15 +316,24 @@ def render_size_check(*, node: str, root: str, files: Mapping[str, int], where: 
     if not files:
         raise ValueError(f"no manifest files to check on node {node}; staging reported none")
     listing = "".join(f"{size} {path}\n" for path, size in sorted(files.items()))
-    return scripts.render("weights/size_check.sh", {
-        "NODE": node, "WEIGHTS_ROOT": root, "WHERE": where, "FILES": scripts.text_value(listing)})
+    return scripts.render(
+        "weights/size_check.sh",
+        {"NODE": node, "WEIGHTS_ROOT": root, "WHERE": where, "FILES": scripts.text_value(listing)},
+    )
 
 
 def _check(*, node: str, mode: str, size_check: str, timeout_s: int, volume: Mapping[str, str]) -> str:
     keys = ("CONTAINER", "IMAGE", "MODEL_VOLUME", "ENGRAM_VOLUME", "MOUNT", "MODEL_DIR", "ENGRAM_DIR")
-    return scripts.render("weights/check.sh", {
-        "NODE": node, "MODE": mode, "TIMEOUT_S": timeout_s, "SIZE_CHECK": scripts.text_value(size_check),
-        **{k: volume.get(k, "") for k in keys}})
+    return scripts.render(
+        "weights/check.sh",
+        {
+            "NODE": node,
+            "MODE": mode,
+            "TIMEOUT_S": timeout_s,
+            "SIZE_CHECK": scripts.text_value(size_check),
+            **{k: volume.get(k, "") for k in keys},
+        },
+    )
 
 
 def render_bind_check(*, node: str, abs_root: str, files: Mapping[str, int], timeout_s: int = 300) -> str:
@@ -294,11 +342,32 @@ def render_bind_check(*, node: str, abs_root: str, files: Mapping[str, int], tim
     return _check(node=node, mode="bind", size_check=inner, timeout_s=timeout_s, volume={})
 
 
-def render_volume_check(*, node: str, image: str, model_volume: str, engram_volume: str,
-                        files: Mapping[str, int], stack_prefix: str, timeout_s: int = 300) -> str:
+def render_volume_check(
+    *,
+    node: str,
+    image: str,
+    model_volume: str,
+    engram_volume: str,
+    files: Mapping[str, int],
+    stack_prefix: str,
+    timeout_s: int = 300,
+) -> str:
     """Check through the node's docker volumes, exactly as the serving container will mount them."""
-    inner = render_size_check(node=node, root=_MOUNT_IN_CHECK, files=files,
-                              where=f"volumes {model_volume}, {engram_volume}")
-    return _check(node=node, mode="volume", size_check=inner, timeout_s=timeout_s, volume={
-        "CONTAINER": check_container(stack_prefix), "IMAGE": image, "MODEL_VOLUME": model_volume,
-        "ENGRAM_VOLUME": engram_volume, "MOUNT": _MOUNT_IN_CHECK, "MODEL_DIR": MODEL_DIR, "ENGRAM_DIR": ENGRAM_DIR})
+    inner = render_size_check(
+        node=node, root=_MOUNT_IN_CHECK, files=files, where=f"volumes {model_volume}, {engram_volume}"
+    )
+    return _check(
+        node=node,
+        mode="volume",
+        size_check=inner,
+        timeout_s=timeout_s,
+        volume={
+            "CONTAINER": check_container(stack_prefix),
+            "IMAGE": image,
+            "MODEL_VOLUME": model_volume,
+            "ENGRAM_VOLUME": engram_volume,
+            "MOUNT": _MOUNT_IN_CHECK,
+            "MODEL_DIR": MODEL_DIR,
+            "ENGRAM_DIR": ENGRAM_DIR,
+        },
+    )

@@ -95,8 +95,9 @@ class HubFile:
         return "lfs-sha256" if self.sha256 else "git-blob-id" if self.blob_id else "size"
 
 
-def select_files(repo: str, revision: str, tree: dict[str, HubFile],
-                 wanted: Iterable[str] | None) -> dict[str, HubFile]:
+def select_files(
+    repo: str, revision: str, tree: dict[str, HubFile], wanted: Iterable[str] | None
+) -> dict[str, HubFile]:
     """The planned files as listed; a planned file absent from the hub listing is an error."""
     if wanted is None:
         return dict(sorted(tree.items()))
@@ -182,8 +183,10 @@ def _hub_call(repo: str, revision: str, what: str, call: Any) -> Any:
     except RepositoryNotFoundError as exc:
         raise StageError(f"{repo}: repo not found (or gated without a token); fix the repo name or hf token") from exc
     except Exception as exc:  # HTTP, transport (httpx) and disk errors alike: name the file, suggest a re-run
-        raise StageError(f"{repo}@{revision}: {what} failed: {type(exc).__name__}: {exc}; "
-                         "check HF_ENDPOINT and the network, then retry") from exc
+        raise StageError(
+            f"{repo}@{revision}: {what} failed: {type(exc).__name__}: {exc}; "
+            "check HF_ENDPOINT and the network, then retry"
+        ) from exc
 
 
 def resolve_commit(api: Any, repo: str, revision: str) -> str:
@@ -220,21 +223,25 @@ def check_listed_paths(repo: str, revision: str, endpoint: str | None, paths: It
     if bad:
         more = f"; and {len(bad) - 3} more" if len(bad) > 3 else ""
         shown = "; ".join(f"{p!r}: {why}" for p, why in bad[:3]) + more
-        raise StageError(f"the hub at {endpoint or DEFAULT_ENDPOINT} lists paths outside {repo}@{revision} ({shown}); "
-                         "nothing was written. A listing names repo-relative paths only: check weights.hfEndpoint")
+        raise StageError(
+            f"the hub at {endpoint or DEFAULT_ENDPOINT} lists paths outside {repo}@{revision} ({shown}); "
+            "nothing was written. A listing names repo-relative paths only: check weights.hfEndpoint"
+        )
 
 
 def list_tree(api: Any, repo: str, revision: str, endpoint: str | None = None) -> dict[str, HubFile]:
     """Every file in the repo at `revision` (folders skipped), with its size and content ids; every path checked."""
-    items = _hub_call(repo, revision, "listing files",
-                      lambda: list(api.list_repo_tree(repo, revision=revision, recursive=True)))
+    items = _hub_call(
+        repo, revision, "listing files", lambda: list(api.list_repo_tree(repo, revision=revision, recursive=True))
+    )
     tree: dict[str, HubFile] = {}
     for item in items:
         size = getattr(item, "size", None)
         if isinstance(size, int) and getattr(item, "path", None):
             blob_id = getattr(item, "blob_id", None)
-            tree[str(item.path)] = HubFile(size=size, sha256=_lfs_sha256(getattr(item, "lfs", None)),
-                                           blob_id=str(blob_id) if blob_id else None)
+            tree[str(item.path)] = HubFile(
+                size=size, sha256=_lfs_sha256(getattr(item, "lfs", None)), blob_id=str(blob_id) if blob_id else None
+            )
     check_listed_paths(repo, revision, endpoint, tree)
     return tree
 
@@ -315,8 +322,11 @@ def load_records(manifest: Path) -> dict[str, dict[str, Any]]:
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as exc:
-        print(f"stage_weights: {manifest} is unreadable ({exc}); files present are hashed once instead",
-              file=sys.stderr, flush=True)
+        print(
+            f"stage_weights: {manifest} is unreadable ({exc}); files present are hashed once instead",
+            file=sys.stderr,
+            flush=True,
+        )
         return {}
     files = raw.get("files") if isinstance(raw, dict) else None
     if not isinstance(files, dict):
@@ -338,8 +348,12 @@ def load_repos(manifest: Path) -> dict[str, Any]:
 def save_records(manifest: Path, records: Mapping[str, Mapping[str, Any]], repos: Mapping[str, Any]) -> None:
     """Written whole and renamed into place: an interrupted run leaves the previous record, never half of one.
     An unchanged record is not rewritten: a run that staged nothing leaves the weights root as it found it."""
-    body = {"format": MANIFEST_FORMAT, "written_by": "dsv41-exl3 stage_weights.py", "repos": dict(repos),
-            "files": {k: dict(v) for k, v in sorted(records.items())}}
+    body = {
+        "format": MANIFEST_FORMAT,
+        "written_by": "dsv41-exl3 stage_weights.py",
+        "repos": dict(repos),
+        "files": {k: dict(v) for k, v in sorted(records.items())},
+    }
     text = json.dumps(body, indent=1, sort_keys=True) + "\n"
     try:
         if manifest.read_text() == text:
@@ -352,9 +366,15 @@ def save_records(manifest: Path, records: Mapping[str, Mapping[str, Any]], repos
 
 
 def _record(repo: str, commit: str, listed: HubFile, digests: _Digests, path: Path) -> dict[str, Any]:
-    return {"repo": repo, "revision": commit, "size": listed.size, "sha256": digests.sha256.hexdigest(),
-            "blob_id": listed.blob_id if listed.sha256 is None else None, "verified_by": listed.verified_by,
-            "mtime_ns": path.stat().st_mtime_ns}
+    return {
+        "repo": repo,
+        "revision": commit,
+        "size": listed.size,
+        "sha256": digests.sha256.hexdigest(),
+        "blob_id": listed.blob_id if listed.sha256 is None else None,
+        "verified_by": listed.verified_by,
+        "mtime_ns": path.stat().st_mtime_ns,
+    }
 
 
 def record_describes(record: Mapping[str, Any] | None, path: Path) -> bool:
@@ -390,12 +410,14 @@ def local_files(dest_dir: Path) -> list[str]:
     return found
 
 
-def download_verified(repo: str, commit: str, name: str, listed: HubFile, dest_dir: Path, endpoint: str | None,
-                      token: str | None) -> _Digests:
+def download_verified(
+    repo: str, commit: str, name: str, listed: HubFile, dest_dir: Path, endpoint: str | None, token: str | None
+) -> _Digests:
     """Download one file, hashing it as it is written; it replaces the target only once it matches the listing."""
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
     from huggingface_hub.file_download import http_get
     from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]  # exported lazily
+
     EntryNotFoundError, _, _ = _hub_errors()
 
     target = dest_dir / name
@@ -415,12 +437,14 @@ def download_verified(repo: str, commit: str, name: str, listed: HubFile, dest_d
             http_get(location, cast(BinaryIO, HashingWriter(f, digests)), headers=headers)
     except EntryNotFoundError as exc:
         partial.unlink(missing_ok=True)
-        raise StageError(f"{repo}@{commit}: file {name} is listed but the hub returned 404 for it; "
-                         "check the revision or retry") from exc
+        raise StageError(
+            f"{repo}@{commit}: file {name} is listed but the hub returned 404 for it; check the revision or retry"
+        ) from exc
     except Exception as exc:  # HTTP, transport (httpx) and disk errors alike: name the file, suggest a re-run
         partial.unlink(missing_ok=True)
-        raise StageError(f"{repo}@{commit}: downloading {name} failed: {type(exc).__name__}: {exc}; "
-                         "re-run to resume") from exc
+        raise StageError(
+            f"{repo}@{commit}: downloading {name} failed: {type(exc).__name__}: {exc}; re-run to resume"
+        ) from exc
     got = partial.stat().st_size
     wrong = f"{got} bytes, the hub lists {listed.size}" if got != listed.size else digests.mismatch(listed)
     if wrong is not None:
@@ -432,6 +456,7 @@ def download_verified(repo: str, commit: str, name: str, listed: HubFile, dest_d
 
 def _host(url: str) -> str:
     from urllib.parse import urlsplit
+
     return urlsplit(url).netloc.lower()
 
 
@@ -440,7 +465,8 @@ def check_no_foreign_files(repo: str, dest_dir: Path, foreign: list[str], manife
         shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
         raise StageError(
             f"{repo}: {dest_dir} holds {shown}, which the hub listing does not name and this program did not "
-            f"stage (not in {manifest}); it is not deleted. Remove or move it by hand, or use another weights.root")
+            f"stage (not in {manifest}); it is not deleted. Remove or move it by hand, or use another weights.root"
+        )
 
 
 @dataclass
@@ -496,9 +522,13 @@ def stage_repo(plan: RepoPlan, revision: str, st: Staging, listing: Listed) -> d
         if name not in files:
             old = st.records.pop(rel)
             (dest_dir / name).unlink()
-            print(f"stage_weights: {rel} removed: staged for {old.get('repo')}@{old.get('revision')}, "
-                  f"not in {plan.repo}@{commit}", file=sys.stderr, flush=True)
-    for rel in [r for r in st.records if r.startswith(f"{plan.dest}/") and r[len(plan.dest) + 1:] not in files]:
+            print(
+                f"stage_weights: {rel} removed: staged for {old.get('repo')}@{old.get('revision')}, "
+                f"not in {plan.repo}@{commit}",
+                file=sys.stderr,
+                flush=True,
+            )
+    for rel in [r for r in st.records if r.startswith(f"{plan.dest}/") and r[len(plan.dest) + 1 :] not in files]:
         del st.records[rel]  # recorded, gone from disk, no longer planned
     st.save()
 
@@ -506,25 +536,32 @@ def stage_repo(plan: RepoPlan, revision: str, st: Staging, listing: Listed) -> d
     for i, (name, listed) in enumerate(files.items(), 1):
         rel, target = f"{plan.dest}/{name}", dest_dir / name
         record = st.records.get(rel)
-        if record is not None and record_describes(record, target) and same_content(record, plan.repo, commit,
-                                                                                     listed):
+        if record is not None and record_describes(record, target) and same_content(record, plan.repo, commit, listed):
             how = "present (recorded)"
             record.update(repo=plan.repo, revision=commit)  # the same content, now also of this commit
         else:
             checked = None
-            if not record_describes(record, target) and local_size(target) == listed.size \
-                    and listed.verified_by != "size":
+            if (
+                not record_describes(record, target)
+                and local_size(target) == listed.size
+                and listed.verified_by != "size"
+            ):
                 local = hash_file(target, listed.size)  # a copy nobody recorded: read it once, keep it if it matches
                 if local.mismatch(listed) is None:
                     checked, how = local, "present (hashed once: no record)"
             if checked is None:
-                checked, how = download_verified(plan.repo, commit, name, listed, dest_dir, st.endpoint,
-                                                 st.token), "downloaded"
+                checked, how = (
+                    download_verified(plan.repo, commit, name, listed, dest_dir, st.endpoint, st.token),
+                    "downloaded",
+                )
             st.records[rel] = _record(plan.repo, commit, listed, checked, target)
             st.save()
         digests[rel] = str(st.records[rel]["sha256"])
-        print(f"stage_weights: {rel} ({listed.size} bytes, {listed.verified_by}) {how} [{i}/{len(files)}]",
-              file=sys.stderr, flush=True)
+        print(
+            f"stage_weights: {rel} ({listed.size} bytes, {listed.verified_by}) {how} [{i}/{len(files)}]",
+            file=sys.stderr,
+            flush=True,
+        )
     st.save()
     on_disk = [p.name for p in dest_dir.iterdir() if p.is_file()]
     if plan.safetensors_count is not None:
@@ -553,16 +590,26 @@ def run(plan_json: str, dest_root: Path, host_root: str) -> dict[str, Any]:
     endpoint = os.environ.get("HF_ENDPOINT") or None
     os.environ.pop("HF_TOKEN", None)  # the client would fall back to it
     token = read_token(sys.stdin)
-    st = Staging(dest_root=dest_root, endpoint=endpoint, token=token, api=HfApi(endpoint=endpoint, token=token),
-                 records=load_records(dest_root / MANIFEST_FILE), repos=load_repos(dest_root / MANIFEST_FILE))
+    st = Staging(
+        dest_root=dest_root,
+        endpoint=endpoint,
+        token=token,
+        api=HfApi(endpoint=endpoint, token=token),
+        records=load_records(dest_root / MANIFEST_FILE),
+        repos=load_repos(dest_root / MANIFEST_FILE),
+    )
     plans = [RepoPlan.from_json(repo_raw) for repo_raw in raw["repos"]]
     listed = [(plan, list_repo(plan, revision, st)) for plan in plans]
     digests: dict[str, str] = {}
     for plan, listing in listed:
         digests.update(stage_repo(plan, revision, st, listing))
     files = {rel: int(st.records[rel]["size"]) for rel in digests}
-    return {"root": host_root, "files": files, "sha256": digests,
-            "manifest_file": f"{host_root.rstrip('/')}/{MANIFEST_FILE}"}
+    return {
+        "root": host_root,
+        "files": files,
+        "sha256": digests,
+        "manifest_file": f"{host_root.rstrip('/')}/{MANIFEST_FILE}",
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -79,7 +79,6 @@ class WeightStoreArgs:
     """share='copy': how the copies are made; None otherwise."""
 
 
-
 def _node_key(name: str) -> str:
     return re.sub(r"[^a-zA-Z0-9_.-]", "-", name)
 
@@ -88,12 +87,28 @@ def _volume_name(prefix: str, which: str, options: pulumi.Output[dict[str, str]]
     return options.apply(lambda o: wm.volume_name(prefix, which, o))
 
 
-def _volume_check(node: str, image: pulumi.Input[str], model_volume: pulumi.Output[str],
-                  engram_volume: pulumi.Output[str], files: pulumi.Output[dict[str, int]],
-                  timeout_s: int, stack_prefix: str) -> pulumi.Output[str]:
+def _volume_check(
+    node: str,
+    image: pulumi.Input[str],
+    model_volume: pulumi.Output[str],
+    engram_volume: pulumi.Output[str],
+    files: pulumi.Output[dict[str, int]],
+    timeout_s: int,
+    stack_prefix: str,
+) -> pulumi.Output[str]:
     return pulumi.Output.all(image, model_volume, engram_volume, files).apply(
-        lambda a: sh_command(wm.render_volume_check(node=node, image=a[0], model_volume=a[1], engram_volume=a[2],
-                                                    files=a[3], timeout_s=timeout_s, stack_prefix=stack_prefix)))
+        lambda a: sh_command(
+            wm.render_volume_check(
+                node=node,
+                image=a[0],
+                model_volume=a[1],
+                engram_volume=a[2],
+                files=a[3],
+                timeout_s=timeout_s,
+                stack_prefix=stack_prefix,
+            )
+        )
+    )
 
 
 class WeightStore(pulumi.ComponentResource):
@@ -123,9 +138,15 @@ class WeightStore(pulumi.ComponentResource):
         plan = wm.staging_plan(model_repo=args.model_repo, engram_repo=args.engram_repo, revision=args.revision)
         script = wm.stage_script_source()
         with_token = args.hf_token is not None
-        wm.render_stage_command(root=args.root, image="probe", plan=plan, hf_endpoint=args.hf_endpoint,
-                                with_token=with_token, timeout_s=args.stage_timeout_s,
-                                stack_prefix=args.stack_prefix)  # fail at plan time
+        wm.render_stage_command(
+            root=args.root,
+            image="probe",
+            plan=plan,
+            hf_endpoint=args.hf_endpoint,
+            with_token=with_token,
+            timeout_s=args.stage_timeout_s,
+            stack_prefix=args.stack_prefix,
+        )  # fail at plan time
 
         stdin: pulumi.Input[str]
         if args.hf_token is None:
@@ -137,9 +158,18 @@ class WeightStore(pulumi.ComponentResource):
             f"{name}-stage",
             connection=head.connection,
             create=pulumi.Output.from_input(args.staging_image).apply(
-                lambda image: sh_command(wm.render_stage_command(
-                    root=args.root, image=image, plan=plan, hf_endpoint=args.hf_endpoint,
-                    with_token=with_token, timeout_s=args.stage_timeout_s, stack_prefix=args.stack_prefix))),
+                lambda image: sh_command(
+                    wm.render_stage_command(
+                        root=args.root,
+                        image=image,
+                        plan=plan,
+                        hf_endpoint=args.hf_endpoint,
+                        with_token=with_token,
+                        timeout_s=args.stage_timeout_s,
+                        stack_prefix=args.stack_prefix,
+                    )
+                )
+            ),
             stdin=stdin,
             # Replace (re-stage) only when WHAT is staged changes; the token is not part of that.
             triggers=[args.model_repo, args.engram_repo, args.revision, args.root],
@@ -147,8 +177,9 @@ class WeightStore(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(
                 parent=self,
                 retain_on_delete=True,  # destroying the stack never deletes the weights
-                custom_timeouts=pulumi.CustomTimeouts(create=f"{args.stage_timeout_s + 600}s",
-                                                      update=f"{args.stage_timeout_s + 600}s"),
+                custom_timeouts=pulumi.CustomTimeouts(
+                    create=f"{args.stage_timeout_s + 600}s", update=f"{args.stage_timeout_s + 600}s"
+                ),
             ),
         )
         staged = staging.stdout.apply(wm.parse_stage_output)
@@ -170,8 +201,10 @@ class WeightStore(pulumi.ComponentResource):
                 f"{name}-visible-{_node_key(node.name)}",
                 connection=node.connection,
                 create=pulumi.Output.all(self.root, files).apply(
-                    lambda a: sh_command(wm.render_bind_check(node=node.name, abs_root=a[0], files=a[1],
-                                                              timeout_s=args.check_timeout_s))),
+                    lambda a: sh_command(
+                        wm.render_bind_check(node=node.name, abs_root=a[0], files=a[1], timeout_s=args.check_timeout_s)
+                    )
+                ),
                 add_previous_output_in_env=False,
                 opts=pulumi.ResourceOptions(parent=self, depends_on=deps),
             )
@@ -187,11 +220,19 @@ class WeightStore(pulumi.ComponentResource):
             export = remote.Command(
                 f"{name}-nfs-export",
                 connection=head.connection,
-                create=self.root.apply(lambda r: sh_command(wm.render_export_command(
-                    head_name=head.name, abs_root=r, worker_ips=worker_ips, stack_prefix=args.stack_prefix))),
+                create=self.root.apply(
+                    lambda r: sh_command(
+                        wm.render_export_command(
+                            head_name=head.name, abs_root=r, worker_ips=worker_ips, stack_prefix=args.stack_prefix
+                        )
+                    )
+                ),
                 # Withdraws this stack's entries only; the delete recorded with the last create knows them.
-                delete=self.root.apply(lambda r: sh_command(wm.render_unexport_command(
-                    abs_root=r, worker_ips=worker_ips, stack_prefix=args.stack_prefix))),
+                delete=self.root.apply(
+                    lambda r: sh_command(
+                        wm.render_unexport_command(abs_root=r, worker_ips=worker_ips, stack_prefix=args.stack_prefix)
+                    )
+                ),
                 add_previous_output_in_env=False,
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[staging]),
             )
@@ -205,16 +246,22 @@ class WeightStore(pulumi.ComponentResource):
                         name=_volume_name(f"{name}-{key}", which, options),
                         driver="local",
                         driver_opts=options,
-                        opts=pulumi.ResourceOptions(parent=self, provider=worker.docker_provider,
-                                                    depends_on=[export]),
+                        opts=pulumi.ResourceOptions(parent=self, provider=worker.docker_provider, depends_on=[export]),
                     )
                 model_vol, engram_vol = volumes[wm.MODEL_DIR], volumes[wm.ENGRAM_DIR]
                 image = worker.image if worker.image is not None else args.staging_image
                 check = remote.Command(
                     f"{name}-visible-{key}",
                     connection=worker.connection,
-                    create=_volume_check(worker.name, image, model_vol.name, engram_vol.name, files,
-                                         args.check_timeout_s, args.stack_prefix),
+                    create=_volume_check(
+                        worker.name,
+                        image,
+                        model_vol.name,
+                        engram_vol.name,
+                        files,
+                        args.check_timeout_s,
+                        args.stack_prefix,
+                    ),
                     add_previous_output_in_env=False,
                     opts=pulumi.ResourceOptions(parent=self, depends_on=[staging, export, model_vol, engram_vol]),
                 )
@@ -227,17 +274,34 @@ class WeightStore(pulumi.ComponentResource):
             assert args.copy is not None  # _validate
             for worker in args.workers:
                 assert worker.copy_root is not None
-                copy = WorkerCopy(f"{name}-copy-{_node_key(worker.name)}", WorkerCopyArgs(
-                    worker=worker.name, worker_host=worker.host, worker_port=worker.port, worker_user=worker.user,
-                    worker_fabric_ip=worker.fabric_ip, head=head.name, head_host=head.host, head_port=head.port,
-                    head_user=head.user, head_fabric_ip=head.fabric_ip,
-                    ssh_private_key=args.copy.ssh_private_key, ssh_agent_socket=args.copy.ssh_agent_socket,
-                    ssh_known_hosts_file=args.copy.ssh_known_hosts_file,
-                    head_root=self.root, head_image=args.staging_image,
-                    worker_image=worker.image if worker.image is not None else args.staging_image,
-                    copy_root=worker.copy_root, files=files, sha256=self.digests, streams=args.copy.streams,
-                    timeout_s=args.copy.timeout_s, stack_prefix=args.stack_prefix,
-                ), opts=pulumi.ResourceOptions(parent=self, depends_on=[staging, *worker.ready]))
+                copy = WorkerCopy(
+                    f"{name}-copy-{_node_key(worker.name)}",
+                    WorkerCopyArgs(
+                        worker=worker.name,
+                        worker_host=worker.host,
+                        worker_port=worker.port,
+                        worker_user=worker.user,
+                        worker_fabric_ip=worker.fabric_ip,
+                        head=head.name,
+                        head_host=head.host,
+                        head_port=head.port,
+                        head_user=head.user,
+                        head_fabric_ip=head.fabric_ip,
+                        ssh_private_key=args.copy.ssh_private_key,
+                        ssh_agent_socket=args.copy.ssh_agent_socket,
+                        ssh_known_hosts_file=args.copy.ssh_known_hosts_file,
+                        head_root=self.root,
+                        head_image=args.staging_image,
+                        worker_image=worker.image if worker.image is not None else args.staging_image,
+                        copy_root=worker.copy_root,
+                        files=files,
+                        sha256=self.digests,
+                        streams=args.copy.streams,
+                        timeout_s=args.copy.timeout_s,
+                        stack_prefix=args.stack_prefix,
+                    ),
+                    opts=pulumi.ResourceOptions(parent=self, depends_on=[staging, *worker.ready]),
+                )
                 # Read-only local files: the rank loads at local disk speed, never over the network.
                 # From the id (the absolute root), which a preview of a repair keeps known: the rank is untouched.
                 self.model_source[worker.name] = copy.id.apply(lambda r: f"{r}/{wm.MODEL_DIR}")
@@ -245,15 +309,17 @@ class WeightStore(pulumi.ComponentResource):
                 self.mount_type[worker.name] = "bind"
                 self.visible[worker.name] = copy
 
-        self.register_outputs({
-            "root": self.root,
-            "manifest": self.manifest,
-            "digests": self.digests,
-            "manifestFile": self.manifest_file,
-            "modelSource": self.model_source,
-            "engramSource": self.engram_source,
-            "mountType": self.mount_type,
-        })
+        self.register_outputs(
+            {
+                "root": self.root,
+                "manifest": self.manifest,
+                "digests": self.digests,
+                "manifestFile": self.manifest_file,
+                "modelSource": self.model_source,
+                "engramSource": self.engram_source,
+                "mountType": self.mount_type,
+            }
+        )
 
     @staticmethod
     def _validate(args: WeightStoreArgs) -> None:
@@ -281,5 +347,7 @@ class WeightStore(pulumi.ComponentResource):
             for w in args.workers:
                 wm.validate_ip(f"worker {w.name} fabric_ip", w.fabric_ip)
                 if w.docker_provider is None:
-                    raise ValueError(f"worker {w.name} has no docker_provider; share='nfs' mounts the weights "
-                                     "through a docker volume on that worker")
+                    raise ValueError(
+                        f"worker {w.name} has no docker_provider; share='nfs' mounts the weights "
+                        "through a docker volume on that worker"
+                    )

@@ -43,9 +43,24 @@ from components.weights.copy_source import HEARTBEAT_S
 COPY_INPUT_KEYS = ("worker", "worker_host", "worker_port", "head_root", "copy_root", "files", "sha256")
 # Where the copy is: a change is a new copy (a new resource id), never an update.
 WHERE_KEYS = ("worker", "worker_host", "worker_port", "copy_root")
-INPUT_KEYS = (*COPY_INPUT_KEYS, "worker_user", "worker_fabric_ip", "head", "head_host", "head_port", "head_user",
-              "head_fabric_ip", "head_image", "worker_image", "streams", "timeout_s", "stack_prefix",
-              "ssh_private_key", "ssh_agent_socket", "ssh_known_hosts_file")
+INPUT_KEYS = (
+    *COPY_INPUT_KEYS,
+    "worker_user",
+    "worker_fabric_ip",
+    "head",
+    "head_host",
+    "head_port",
+    "head_user",
+    "head_fabric_ip",
+    "head_image",
+    "worker_image",
+    "streams",
+    "timeout_s",
+    "stack_prefix",
+    "ssh_private_key",
+    "ssh_agent_socket",
+    "ssh_known_hosts_file",
+)
 SECRET_KEYS = ["ssh_private_key"]
 SOURCE_START_TIMEOUT_S = 120.0
 CHECK_TIMEOUT_S = 30.0
@@ -90,9 +105,14 @@ def _target(props: Mapping[str, Any], which: str) -> SshTarget:
     key = unwrap_secret(props.get("ssh_private_key"))
     agent = props.get("ssh_agent_socket")
     known = props.get("ssh_known_hosts_file")
-    return SshTarget(host=str(props[f"{which}_host"]), port=int(props[f"{which}_port"]),
-                     user=str(props[f"{which}_user"]), private_key=str(key) if key else None,
-                     agent_socket=str(agent) if agent else None, known_hosts_file=str(known) if known else None)
+    return SshTarget(
+        host=str(props[f"{which}_host"]),
+        port=int(props[f"{which}_port"]),
+        user=str(props[f"{which}_user"]),
+        private_key=str(key) if key else None,
+        agent_socket=str(agent) if agent else None,
+        known_hosts_file=str(known) if known else None,
+    )
 
 
 def _drain(stream: IO[str], lines: queue.Queue[str | None]) -> None:
@@ -111,17 +131,30 @@ class _Source:
     def __init__(self, props: Mapping[str, Any], token: str) -> None:
         worker = str(props["worker"])
         command = lc.render_source_command(
-            abs_root=str(props["head_root"]), bind=str(props["head_fabric_ip"]), image=str(props["head_image"]),
-            container=lc.source_container(str(props["stack_prefix"]), worker))
+            abs_root=str(props["head_root"]),
+            bind=str(props["head_fabric_ip"]),
+            image=str(props["head_image"]),
+            container=lc.source_container(str(props["stack_prefix"]), worker),
+        )
         self.head = str(props["head"])
-        self.proc = subprocess.Popen(ssh_argv(_target(props, "head"), command), stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            ssh_argv(_target(props, "head"), command),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         self.stderr: list[str] = []
         assert self.proc.stdin and self.proc.stdout and self.proc.stderr
-        threading.Thread(target=lambda: self.stderr.extend(ln.rstrip() for ln in self.proc.stderr or ()),
-                         daemon=True).start()
-        config = {"token": token, "allow": [str(props["worker_fabric_ip"])], "dirs": [wm.MODEL_DIR, wm.ENGRAM_DIR],
-                  "max_lifetime_s": int(props["timeout_s"]) + 600}
+        threading.Thread(
+            target=lambda: self.stderr.extend(ln.rstrip() for ln in self.proc.stderr or ()), daemon=True
+        ).start()
+        config = {
+            "token": token,
+            "allow": [str(props["worker_fabric_ip"])],
+            "dirs": [wm.MODEL_DIR, wm.ENGRAM_DIR],
+            "max_lifetime_s": int(props["timeout_s"]) + 600,
+        }
         self.proc.stdin.write(json.dumps(config) + "\n")
         self.proc.stdin.flush()
         self._lines: queue.Queue[str | None] = queue.Queue()
@@ -154,14 +187,18 @@ class _Source:
             if line is None:
                 self.proc.wait(timeout=10)
                 time.sleep(0.1)  # let the stderr reader finish
-                raise CopyFailed(f"the weights source on the head {self.head} exited ({self.proc.returncode}) "
-                                 f"before listening:\n    {_tail(self.stderr)}")
+                raise CopyFailed(
+                    f"the weights source on the head {self.head} exited ({self.proc.returncode}) "
+                    f"before listening:\n    {_tail(self.stderr)}"
+                )
             ready = lc.parse_source_line(line, seen)
             if ready is not None:
                 return ready
         self.stop()
-        raise CopyFailed(f"the weights source on the head {self.head} did not listen within "
-                         f"{SOURCE_START_TIMEOUT_S:.0f}s:\n    {_tail(self.stderr)}")
+        raise CopyFailed(
+            f"the weights source on the head {self.head} did not listen within "
+            f"{SOURCE_START_TIMEOUT_S:.0f}s:\n    {_tail(self.stderr)}"
+        )
 
     def stop(self) -> None:
         self._stopped.set()
@@ -185,13 +222,24 @@ def run_copy(props: Mapping[str, Any], log: Any = log_progress) -> dict[str, Any
     try:
         ready = source.wait_listening()
         command = lc.render_copy_command(
-            node=worker, copy_root=str(props["copy_root"]), source=f"http://{props['head_fabric_ip']}:{ready.port}",
-            source_ident=ready.ident, bind=str(props["worker_fabric_ip"]), image=str(props["worker_image"]),
-            container=lc.copier_container(str(props["stack_prefix"])), streams=int(props["streams"]),
+            node=worker,
+            copy_root=str(props["copy_root"]),
+            source=f"http://{props['head_fabric_ip']}:{ready.port}",
+            source_ident=ready.ident,
+            bind=str(props["worker_fabric_ip"]),
+            image=str(props["worker_image"]),
+            container=lc.copier_container(str(props["stack_prefix"])),
+            streams=int(props["streams"]),
             expected=lc.expected_json(unwrap_secret(props["files"]), unwrap_secret(props["sha256"])),
-            timeout_s=int(props["timeout_s"]))
-        proc = subprocess.Popen(ssh_argv(_target(props, "worker"), command), stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            timeout_s=int(props["timeout_s"]),
+        )
+        proc = subprocess.Popen(
+            ssh_argv(_target(props, "worker"), command),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         assert proc.stdin and proc.stdout and proc.stderr
         out: list[str] = []
         threading.Thread(target=lambda: out.extend(proc.stdout or ()), daemon=True).start()
@@ -212,8 +260,10 @@ def run_copy(props: Mapping[str, Any], log: Any = log_progress) -> dict[str, Any
     finally:
         source.stop()
     report = lc.parse_copy_report("".join(out))
-    log(f"weights copy: {worker}: {len(report.copied)} of {report.files} files copied "
-        f"({report.bytes / 2**30:.2f} GiB in {report.seconds:.1f}s)")
+    log(
+        f"weights copy: {worker}: {len(report.copied)} of {report.files} files copied "
+        f"({report.bytes / 2**30:.2f} GiB in {report.seconds:.1f}s)"
+    )
     return {
         **plain(INPUT_KEYS, props),
         "root": report.root,
@@ -227,10 +277,17 @@ def run_copy(props: Mapping[str, Any], log: Any = log_progress) -> dict[str, Any
 
 def check_copy(props: Mapping[str, Any]) -> dict[str, str]:
     """{path: why} for every file of the worker's copy that is not the verified one (copy_check.sh)."""
-    command = lc.render_copy_check(copy_root=str(props["copy_root"]), files=unwrap_secret(props["files"]),
-                                   sha256=unwrap_secret(props["sha256"]))
-    done = subprocess.run(ssh_argv(_target(props, "worker"), command), capture_output=True, text=True,
-                          timeout=CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL, check=False)
+    command = lc.render_copy_check(
+        copy_root=str(props["copy_root"]), files=unwrap_secret(props["files"]), sha256=unwrap_secret(props["sha256"])
+    )
+    done = subprocess.run(
+        ssh_argv(_target(props, "worker"), command),
+        capture_output=True,
+        text=True,
+        timeout=CHECK_TIMEOUT_S,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
     if done.returncode != 0:
         raise CopyFailed(f"exit {done.returncode}: {done.stderr.strip()[-300:]}")
     return lc.parse_copy_check(done.stdout)
@@ -257,8 +314,10 @@ class WorkerCopyProvider(pulumi.dynamic.ResourceProvider):
         if stale:
             shown = ", ".join(f"{p} ({why})" for p, why in sorted(stale.items())[:5])
             more = f" and {len(stale) - 5} more" if len(stale) > 5 else ""
-            pulumi.log.warn(f"weights copy: on {news.get('worker')}, {len(stale)} file(s) are not the verified "
-                            f"ones: {shown}{more}; `pulumi up` copies them again")
+            pulumi.log.warn(
+                f"weights copy: on {news.get('worker')}, {len(stale)} file(s) are not the verified "
+                f"ones: {shown}{more}; `pulumi up` copies them again"
+            )
             return pulumi.dynamic.DiffResult(changes=True, replaces=[], delete_before_replace=False)
         return pulumi.dynamic.DiffResult(changes=bool(changed_inputs(INPUT_KEYS, olds, news)))
 
@@ -289,16 +348,33 @@ class WorkerCopy(pulumi.dynamic.Resource, module="weights", name="WorkerCopy"):
 
     def __init__(self, name: str, args: WorkerCopyArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         props: dict[str, Any] = {
-            "worker": args.worker, "worker_host": args.worker_host, "worker_port": args.worker_port,
-            "worker_user": args.worker_user, "worker_fabric_ip": args.worker_fabric_ip,
-            "head": args.head, "head_host": args.head_host, "head_port": args.head_port,
-            "head_user": args.head_user, "head_fabric_ip": args.head_fabric_ip,
+            "worker": args.worker,
+            "worker_host": args.worker_host,
+            "worker_port": args.worker_port,
+            "worker_user": args.worker_user,
+            "worker_fabric_ip": args.worker_fabric_ip,
+            "head": args.head,
+            "head_host": args.head_host,
+            "head_port": args.head_port,
+            "head_user": args.head_user,
+            "head_fabric_ip": args.head_fabric_ip,
             "ssh_private_key": secret_or_none(args.ssh_private_key),
-            "ssh_agent_socket": args.ssh_agent_socket, "ssh_known_hosts_file": args.ssh_known_hosts_file,
-            "head_root": args.head_root, "head_image": args.head_image, "worker_image": args.worker_image,
-            "copy_root": args.copy_root, "files": args.files, "sha256": args.sha256, "streams": args.streams,
-            "timeout_s": args.timeout_s, "stack_prefix": args.stack_prefix,
-            "root": None, "copied_files": None, "copied_bytes": None, "copy_seconds": None, "elapsed_s": None,
+            "ssh_agent_socket": args.ssh_agent_socket,
+            "ssh_known_hosts_file": args.ssh_known_hosts_file,
+            "head_root": args.head_root,
+            "head_image": args.head_image,
+            "worker_image": args.worker_image,
+            "copy_root": args.copy_root,
+            "files": args.files,
+            "sha256": args.sha256,
+            "streams": args.streams,
+            "timeout_s": args.timeout_s,
+            "stack_prefix": args.stack_prefix,
+            "root": None,
+            "copied_files": None,
+            "copied_bytes": None,
+            "copy_seconds": None,
+            "elapsed_s": None,
             "verified_at": None,
         }
         secret = pulumi.ResourceOptions(additional_secret_outputs=list(SECRET_KEYS))

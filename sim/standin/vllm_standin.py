@@ -387,18 +387,14 @@ class SimEnv:
 
         fault = environ.get("SIM_FAULT", "").strip() or None
         if fault is not None and fault not in FAULTS:
-            raise ValueError(
-                f"SIM_FAULT={fault!r} is not a known fault; use one of {', '.join(FAULTS)} or unset it"
-            )
+            raise ValueError(f"SIM_FAULT={fault!r} is not a known fault; use one of {', '.join(FAULTS)} or unset it")
         return cls(
             fault=fault,
             load_seconds=number("SIM_LOAD_SECONDS", 5.0, minimum=0, inclusive=True),
             graph_seconds=number("SIM_GRAPH_SECONDS", 3.0, minimum=0, inclusive=True),
             decode_tokens_per_second=number("SIM_DECODE_TOKENS_PER_SECOND", 23.0, minimum=0, inclusive=False),
             rendezvous_timeout_s=number("SIM_RENDEZVOUS_TIMEOUT_S", 600.0, minimum=0, inclusive=False),
-            execute_model_timeout_s=number(
-                "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", 300.0, minimum=0, inclusive=False
-            ),
+            execute_model_timeout_s=number("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", 300.0, minimum=0, inclusive=False),
             host_ip=environ.get("VLLM_HOST_IP") or None,
             api_key=environ.get("VLLM_API_KEY") or None,
             fault_file=environ.get("SIM_FAULT_FILE", "").strip() or DEFAULT_FAULT_FILE,
@@ -934,9 +930,7 @@ def join_rendezvous(args: ServeArgs, env: SimEnv) -> tuple[socket.socket, Binary
         message = {}
     if message.get("op") != "go":
         reason = message.get("reason") or "the master closed the connection before the group formed"
-        LOG.traceback(
-            [], f"torch.distributed.DistStoreError: rendezvous with {_tcp_address(*master)} failed: {reason}"
-        )
+        LOG.traceback([], f"torch.distributed.DistStoreError: rendezvous with {_tcp_address(*master)} failed: {reason}")
         die(EXIT_FAILURE)
     return sock, reader
 
@@ -1040,9 +1034,7 @@ class Engine:
             for link in self.links:
                 link.request(step_id, key)
             for rank in self.local_ranks:
-                total = [
-                    a + b for a, b in zip(total, partial_logits(self.weights, rank, key, nan), strict=True)
-                ]
+                total = [a + b for a, b in zip(total, partial_logits(self.weights, rank, key, nan), strict=True)]
             deadline = time.monotonic() + self.env.execute_model_timeout_s
             for link in self.links:
                 part = link.result(step_id, deadline)
@@ -1093,8 +1085,12 @@ class Engine:
         def shut_down() -> None:
             time.sleep(0.2)  # the failing request gets its 500 first
             pid = os.getpid()
-            for text in ("Shutting down", "Waiting for application shutdown.", "Application shutdown complete.",
-                         f"Finished server process [{pid}]"):
+            for text in (
+                "Shutting down",
+                "Waiting for application shutdown.",
+                "Application shutdown complete.",
+                f"Finished server process [{pid}]",
+            ):
                 LOG.raw(f"INFO:     {text}")
             die(0)
 
@@ -1183,14 +1179,10 @@ def _message_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return " ".join(
-            str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text"
-        )
+        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text")
     if content is None:
         return ""
-    raise ApiError(
-        400, "messages[].content must be a string or a list of content parts", "BadRequestError", "messages"
-    )
+    raise ApiError(400, "messages[].content must be a string or a list of content parts", "BadRequestError", "messages")
 
 
 def _validation_error(name: str, value: Any, kind: str, msg: str) -> ApiError:
@@ -1209,15 +1201,20 @@ def _number(body: Mapping[str, Any], name: str, default: Any, kind: type) -> Any
         try:
             return kind(value.strip())
         except ValueError:
-            raise _validation_error(name, value, f"{kind.__name__}_parsing",
-                                    f"Input should be a valid {word[3:] if kind is int else word[2:]}, unable to "
-                                    f"parse string as {word}") from None
+            raise _validation_error(
+                name,
+                value,
+                f"{kind.__name__}_parsing",
+                f"Input should be a valid {word[3:] if kind is int else word[2:]}, unable to parse string as {word}",
+            ) from None
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise _validation_error(name, value, f"{kind.__name__}_type", f"Input should be a valid "
-                                f"{'integer' if kind is int else 'number'}")
+        raise _validation_error(
+            name, value, f"{kind.__name__}_type", f"Input should be a valid {'integer' if kind is int else 'number'}"
+        )
     if kind is int and isinstance(value, float) and not value.is_integer():
-        raise _validation_error(name, value, "int_from_float",
-                                "Input should be a valid integer, got a number with a fractional part")
+        raise _validation_error(
+            name, value, "int_from_float", "Input should be a valid integer, got a number with a fractional part"
+        )
     return kind(value)
 
 
@@ -1234,8 +1231,9 @@ def parse_chat(
         raise ApiError(400, "the request body must be a JSON object", "BadRequestError")
     model = body.get("model") or served[0]
     if model not in served:
-        raise ApiError(404, f"The model `{model}` does not exist. Valid aliases: {', '.join(served)}.",
-                       "NotFoundError", "model")
+        raise ApiError(
+            404, f"The model `{model}` does not exist. Valid aliases: {', '.join(served)}.", "NotFoundError", "model"
+        )
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
         raise ApiError(
@@ -1248,9 +1246,7 @@ def parse_chat(
     if max_tokens is None:
         max_tokens = _number(body, "max_tokens", max_model_len - prompt_tokens, int)
     if max_tokens < 1:
-        raise ApiError(
-            400, f"max_tokens must be at least 1, got {max_tokens}.", "BadRequestError", "max_tokens"
-        )
+        raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}.", "BadRequestError", "max_tokens")
     if max_tokens > max_model_len:  # checked first, as in vLLM 0.32 (fixtures/real-vllm/http)
         raise ApiError(
             400,
@@ -1315,11 +1311,15 @@ def _tool_to_call(
     if tools is None:
         return None
     if not isinstance(tools, list) or not all(
-        isinstance(x, dict) and x.get("type") == "function" and isinstance(x.get("function"), dict)
-        and isinstance(x["function"].get("name"), str) for x in tools
+        isinstance(x, dict)
+        and x.get("type") == "function"
+        and isinstance(x.get("function"), dict)
+        and isinstance(x["function"].get("name"), str)
+        for x in tools
     ):
-        raise ApiError(400, "tools must be a list of {type: function, function: {name, ...}}", "BadRequestError",
-                       "tools")
+        raise ApiError(
+            400, "tools must be a list of {type: function, function: {name, ...}}", "BadRequestError", "tools"
+        )
     choice = body.get("tool_choice", "auto" if tools else "none")
     if choice == "none" or not tools:
         return None
@@ -1443,8 +1443,10 @@ class Api:
         with e.stats_lock:
             running, steps = e.running_reported, e.steps
             out = [
-                "# TYPE vllm:num_requests_running gauge", f"vllm:num_requests_running{{{labels}}} {float(running)}",
-                "# TYPE vllm:num_requests_waiting gauge", f"vllm:num_requests_waiting{{{labels}}} 0.0",
+                "# TYPE vllm:num_requests_running gauge",
+                f"vllm:num_requests_running{{{labels}}} {float(running)}",
+                "# TYPE vllm:num_requests_waiting gauge",
+                f"vllm:num_requests_waiting{{{labels}}} 0.0",
                 # a sequence's KV blocks held while it runs: a tiny share of a GB10's cache per request
                 "# TYPE vllm:kv_cache_usage_perc gauge",
                 f"vllm:kv_cache_usage_perc{{{labels}}} {min(running * 0.001, 1.0)}",
@@ -1480,10 +1482,7 @@ def make_handler(api: Api) -> type[BaseHTTPRequestHandler]:
         def _access(self, status: int) -> None:
             host, port = self.client_address[:2]
             phrase = self.responses.get(status, ("",))[0]
-            LOG.raw(
-                f"INFO:     {host}:{port} - "
-                f'"{self.command} {self.path} {self.request_version}" {status} {phrase}'
-            )
+            LOG.raw(f'INFO:     {host}:{port} - "{self.command} {self.path} {self.request_version}" {status} {phrase}')
 
         def _send(self, status: int, body: bytes, content_type: str = "application/json") -> None:
             self.send_response(status)
@@ -1541,11 +1540,7 @@ def make_handler(api: Api) -> type[BaseHTTPRequestHandler]:
             if self._route() != "/v1/chat/completions":
                 self._json(
                     404 if self._route() not in ("/health", "/v1/models") else 405,
-                    {
-                        "detail": "Not Found"
-                        if self._route() not in ("/health", "/v1/models")
-                        else "Method Not Allowed"
-                    },
+                    {"detail": "Not Found" if self._route() not in ("/health", "/v1/models") else "Method Not Allowed"},
                 )
                 return
             if not self._authorized():
@@ -1617,9 +1612,7 @@ def make_handler(api: Api) -> type[BaseHTTPRequestHandler]:
             }
             try:
                 # Starlette's JSONResponse renders with allow_nan=False: a NaN logprob becomes this 400.
-                body = json.dumps(
-                    payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False
-                ).encode()
+                body = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
             except ValueError:
                 self._json(400, ApiError(400, NAN_MESSAGE, "BadRequestError").body)
                 return
@@ -1631,9 +1624,7 @@ def make_handler(api: Api) -> type[BaseHTTPRequestHandler]:
 
         def _event(self, payload: Any) -> None:
             self._chunk(
-                b"data: "
-                + json.dumps(json_safe(payload), ensure_ascii=False, separators=(",", ":")).encode()
-                + b"\n\n"
+                b"data: " + json.dumps(json_safe(payload), ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
             )
 
         def _stream(self, req: ChatRequest) -> None:
@@ -1655,8 +1646,20 @@ def make_handler(api: Api) -> type[BaseHTTPRequestHandler]:
             completion = 0
             # The role chunk goes out with the first step's output, as in vLLM: a step that fails first leaves
             # the error event alone in the stream (fixtures/real-vllm/killed-worker-streamed).
-            pending = [{**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                             "logprobs": None, "finish_reason": None}], **usage}]
+            pending = [
+                {
+                    **head,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None,
+                            "finish_reason": None,
+                        }
+                    ],
+                    **usage,
+                }
+            ]
 
             def emit(payload: Any) -> None:
                 while pending:
@@ -1668,16 +1671,35 @@ def make_handler(api: Api) -> type[BaseHTTPRequestHandler]:
                     if req.tool is not None:
                         completion = sum(1 for _ in api.engine.generate(_for_engine(req)))
                         call = tool_call(req.tool, req.prompt)
-                        emit({**head, "choices": [{
-                            "index": 0,
-                            "delta": {"tool_calls": [{"index": 0, **call}]},
-                            "logprobs": None,
-                            "finish_reason": None,
-                        }], **usage})
-                        emit({**head, "choices": [{
-                            "index": 0, "delta": {}, "logprobs": None, "finish_reason": "tool_calls",
-                            "stop_reason": None,
-                        }], **usage})
+                        emit(
+                            {
+                                **head,
+                                "choices": [
+                                    {
+                                        "index": 0,
+                                        "delta": {"tool_calls": [{"index": 0, **call}]},
+                                        "logprobs": None,
+                                        "finish_reason": None,
+                                    }
+                                ],
+                                **usage,
+                            }
+                        )
+                        emit(
+                            {
+                                **head,
+                                "choices": [
+                                    {
+                                        "index": 0,
+                                        "delta": {},
+                                        "logprobs": None,
+                                        "finish_reason": "tool_calls",
+                                        "stop_reason": None,
+                                    }
+                                ],
+                                **usage,
+                            }
+                        )
                     for token in [] if req.tool is not None else api.engine.generate(req):
                         completion += 1
                         emit(
@@ -1687,9 +1709,7 @@ def make_handler(api: Api) -> type[BaseHTTPRequestHandler]:
                                     {
                                         "index": 0,
                                         "delta": {"content": token.text},
-                                        "logprobs": {"content": logprobs_content([token])}
-                                        if req.logprobs
-                                        else None,
+                                        "logprobs": {"content": logprobs_content([token])} if req.logprobs else None,
                                         "finish_reason": token.finish_reason,
                                         # only on the last chunk, as vLLM 0.32 sends it
                                         **({"stop_reason": None} if token.finish_reason else {}),
@@ -1699,8 +1719,11 @@ def make_handler(api: Api) -> type[BaseHTTPRequestHandler]:
                             }
                         )
                 except EngineDead:  # sent as vLLM does, with json.dumps' default separators
-                    self._chunk(b"data: " + json.dumps(ApiError(500, ENGINE_DEAD_MESSAGE,
-                                                                "InternalServerError").body).encode() + b"\n\n")
+                    self._chunk(
+                        b"data: "
+                        + json.dumps(ApiError(500, ENGINE_DEAD_MESSAGE, "InternalServerError").body).encode()
+                        + b"\n\n"
+                    )
                 if req.include_usage:
                     self._event(
                         {
@@ -1815,8 +1838,10 @@ def _validate(args: ServeArgs) -> str | None:
                 f.read()
         except OSError as err:
             if not any(c in template for c in "{}\n"):
-                return (f"ValueError: The supplied chat template ({template}) looks like a file path, but it "
-                        f"failed to be opened. Reason: {err}")
+                return (
+                    f"ValueError: The supplied chat template ({template}) looks like a file path, but it "
+                    f"failed to be opened. Reason: {err}"
+                )
     return None
 
 
@@ -1926,8 +1951,7 @@ def serve(args: ServeArgs, env: SimEnv) -> NoReturn:
             LOG("EngineCore_DP0", "core.py:708", "EngineCore failed to start.", "ERROR")
             LOG.traceback(
                 [],
-                "RuntimeError: Engine core initialization failed. See root cause above. "
-                "Failed core proc(s): {}",
+                "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
             )
         die(EXIT_FAILURE)
     _ROLE["loading"] = False

@@ -27,7 +27,7 @@ from components.gates.gates import (
     RendezvousGateArgs,
     RendezvousGateProvider,
 )
-from components.gates.rank_watch import GateFailure
+from components.gates.observations import GateFailure
 from tests.support import recording
 from tests.support.fake_ssh import KEY, canned, install_fake_ssh, serve_models
 
@@ -43,19 +43,36 @@ RANKS = [
 
 def _rdv_args(**over: Any) -> RendezvousGateArgs:
     """What the program wires, with config's default timeout."""
-    args: dict[str, Any] = {"ranks": RANKS, "rerun_on": [], "ssh_private_key": None, "ssh_agent_socket": None,
-                            "ssh_known_hosts_file": None, "rendezvous_timeout_s": 720.0,
-                            "poll_interval_s": gates.POLL_INTERVAL_S, "progress_interval_s": gates.PROGRESS_INTERVAL_S}
+    args: dict[str, Any] = {
+        "ranks": RANKS,
+        "rerun_on": [],
+        "ssh_private_key": None,
+        "ssh_agent_socket": None,
+        "ssh_known_hosts_file": None,
+        "rendezvous_timeout_s": 720.0,
+        "poll_interval_s": gates.POLL_INTERVAL_S,
+        "progress_interval_s": gates.PROGRESS_INTERVAL_S,
+    }
     return RendezvousGateArgs(**{**args, **over})
 
 
 def _ready_args(**over: Any) -> ReadyGateArgs:
     """What the program wires, with config's default timeouts."""
-    args: dict[str, Any] = {"ranks": RANKS, "rerun_on": [], "api_base": "http://127.0.0.1:8888", "model_name": MODEL,
-                            "api_key": None, "ssh_private_key": None, "ssh_agent_socket": None,
-                            "ssh_known_hosts_file": None, "ready_timeout_s": 2700.0, "stall_s": 600.0,
-                            "poll_interval_s": gates.POLL_INTERVAL_S, "progress_interval_s": gates.PROGRESS_INTERVAL_S,
-                            "models_timeout_s": gates.MODELS_TIMEOUT_S}
+    args: dict[str, Any] = {
+        "ranks": RANKS,
+        "rerun_on": [],
+        "api_base": "http://127.0.0.1:8888",
+        "model_name": MODEL,
+        "api_key": None,
+        "ssh_private_key": None,
+        "ssh_agent_socket": None,
+        "ssh_known_hosts_file": None,
+        "ready_timeout_s": 2700.0,
+        "stall_s": 600.0,
+        "poll_interval_s": gates.POLL_INTERVAL_S,
+        "progress_interval_s": gates.PROGRESS_INTERVAL_S,
+        "models_timeout_s": gates.MODELS_TIMEOUT_S,
+    }
     return ReadyGateArgs(**{**args, **over})
 
 
@@ -76,12 +93,21 @@ def _rdv_props(**over: Any) -> dict[str, Any]:
 def _ready_props(api_base: str, **over: Any) -> dict[str, Any]:
     props = _rdv_props()
     del props["rendezvous_timeout_s"]
-    props.update({"api_base": api_base, "model_name": MODEL, "api_key": API_KEY, "ready_timeout_s": 5,
-                  "stall_s": 5, "models_timeout_s": 2})
+    props.update(
+        {
+            "api_base": api_base,
+            "model_name": MODEL,
+            "api_key": API_KEY,
+            "ready_timeout_s": 5,
+            "stall_s": 5,
+            "models_timeout_s": 2,
+        }
+    )
     return {**props, **over}
 
 
 # --- args -----------------------------------------------------------------------------------------------
+
 
 class TestArgs:
     def test_ranks_must_be_0_to_n_minus_1(self) -> None:
@@ -112,6 +138,7 @@ class TestArgs:
 
 # --- diff -----------------------------------------------------------------------------------------------
 
+
 class TestDiff:
     def test_equal_inputs_are_no_change_even_when_the_provider_code_changed(self) -> None:
         olds = {**_rdv_props(), "passed_at": "2026-09-22T10:00:00Z", "elapsed_s": 3.2}
@@ -119,18 +146,22 @@ class TestDiff:
         assert RendezvousGateProvider().diff("id", olds, news).changes is False
 
     def test_numbers_round_tripped_as_floats_and_rerun_order_are_no_change(self) -> None:
-        olds = _rdv_props(rendezvous_timeout_s=5.0, ranks=[{**r.to_prop(), "port": 2222.0, "rank": float(r.rank)}
-                                                           for r in RANKS])
+        olds = _rdv_props(
+            rendezvous_timeout_s=5.0, ranks=[{**r.to_prop(), "port": 2222.0, "rank": float(r.rank)} for r in RANKS]
+        )
         news = _rdv_props(rerun_on=["cid-worker-1", "cid-head-1"])
         assert RendezvousGateProvider().diff("id", olds, news).changes is False
 
-    @pytest.mark.parametrize(("key", "value"), [
-        ("rerun_on", ["cid-head-2", "cid-worker-1"]),
-        ("rerun_on", rpc.UNKNOWN),  # a container being replaced, seen in preview
-        ("rendezvous_timeout_s", 900),
-        ("ssh_private_key", "another key"),
-        ("ranks", [RANKS[0].to_prop(), {**RANKS[1].to_prop(), "host": "127.0.0.9"}]),
-    ])
+    @pytest.mark.parametrize(
+        ("key", "value"),
+        [
+            ("rerun_on", ["cid-head-2", "cid-worker-1"]),
+            ("rerun_on", rpc.UNKNOWN),  # a container being replaced, seen in preview
+            ("rendezvous_timeout_s", 900),
+            ("ssh_private_key", "another key"),
+            ("ranks", [RANKS[0].to_prop(), {**RANKS[1].to_prop(), "host": "127.0.0.9"}]),
+        ],
+    )
     def test_any_input_change_is_an_update_never_a_replace(self, key: str, value: Any) -> None:
         diff = RendezvousGateProvider().diff("id", _rdv_props(), _rdv_props(**{key: value}))
         assert diff.changes is True and diff.replaces == []
@@ -138,17 +169,23 @@ class TestDiff:
     def test_ready_gate_diff_covers_its_own_inputs(self) -> None:
         base = _ready_props("http://127.0.0.1:8888")
         assert ReadyGateProvider().diff("id", base, {**base, "__provider": "x"}).changes is False
-        for key, value in (("api_base", "http://127.0.0.1:9999"), ("model_name", "other"), ("api_key", "k2"),
-                           ("stall_s", 900)):
+        for key, value in (
+            ("api_base", "http://127.0.0.1:9999"),
+            ("model_name", "other"),
+            ("api_key", "k2"),
+            ("stall_s", 900),
+        ):
             assert ReadyGateProvider().diff("id", base, {**base, key: value}).changes is True, key
 
 
 # --- create / update through the fake ssh --------------------------------------------------------------
 
-JOINED_HEAD = ("2026-09-22T10:00:01Z (Worker_TP0 pid=1) INFO [parallel_state.py:1] world_size=2 rank=0 local_rank=0 "
-               "distributed_init_method=tcp://127.0.0.2:29521 backend=nccl\n"
-               "2026-09-22T10:00:30Z (Worker_TP0 pid=1) INFO [parallel_state.py:2] rank 0 in world size 2 is "
-               "assigned as DP rank 0, PP rank 0, TP rank 0, EP rank 0\n")
+JOINED_HEAD = (
+    "2026-09-22T10:00:01Z (Worker_TP0 pid=1) INFO [parallel_state.py:1] world_size=2 rank=0 local_rank=0 "
+    "distributed_init_method=tcp://127.0.0.2:29521 backend=nccl\n"
+    "2026-09-22T10:00:30Z (Worker_TP0 pid=1) INFO [parallel_state.py:2] rank 0 in world size 2 is "
+    "assigned as DP rank 0, PP rank 0, TP rank 0, EP rank 0\n"
+)
 BOOTED_HEAD = JOINED_HEAD + (
     f"2026-09-22T10:00:31Z (APIServer pid=1) INFO non-default args: {{'api_key': '{API_KEY}'}}\n"
     "2026-09-22T10:01:00Z (Worker_TP0 pid=1) INFO [gpu_model_runner.py:1] Starting to load model /model...\n"
@@ -156,17 +193,22 @@ BOOTED_HEAD = JOINED_HEAD + (
     "2026-09-22T10:06:00Z (APIServer pid=1) INFO [api_server.py:1] Starting vLLM server on http://0.0.0.0:8888\n"
     "2026-09-22T10:06:01Z (APIServer pid=1) INFO:     Application startup complete.\n"
 )
-JOINED_WORKER = ("2026-09-22T10:00:02Z (Worker_TP1 pid=1) INFO [parallel_state.py:1] world_size=2 rank=1 "
-                 "local_rank=0 distributed_init_method=tcp://127.0.0.2:29521 backend=nccl\n"
-                 "2026-09-22T10:00:30Z (Worker_TP1 pid=1) INFO [pynccl.py:1] vLLM is using nccl==2.27.7\n")
+JOINED_WORKER = (
+    "2026-09-22T10:00:02Z (Worker_TP1 pid=1) INFO [parallel_state.py:1] world_size=2 rank=1 "
+    "local_rank=0 distributed_init_method=tcp://127.0.0.2:29521 backend=nccl\n"
+    "2026-09-22T10:00:30Z (Worker_TP1 pid=1) INFO [pynccl.py:1] vLLM is using nccl==2.27.7\n"
+)
 
 
 def _cluster(d: Path, head: str, worker: str, worker_state: str = "running 0 2026-09-22T10:00:00Z") -> None:
     """Canned answers keyed by the container name in the remote command."""
     script = d.parent / "bin" / "ssh"
     # route by container: answers live in per-container subdirectories
-    text = script.read_text().replace('d="$FAKE_SSH_DIR"', 'd="$FAKE_SSH_DIR"; for a in "$@"; do :; done; '
-                                      'case "$a" in *dsv41-rank1*) d="$d/rank1";; *) d="$d/rank0";; esac')
+    text = script.read_text().replace(
+        'd="$FAKE_SSH_DIR"',
+        'd="$FAKE_SSH_DIR"; for a in "$@"; do :; done; '
+        'case "$a" in *dsv41-rank1*) d="$d/rank1";; *) d="$d/rank0";; esac',
+    )
     script.write_text(text)
     for sub, logs, state in (("rank0", head, "running 0 2026-09-22T10:00:00Z"), ("rank1", worker, worker_state)):
         (d / sub).mkdir(exist_ok=True)
@@ -186,8 +228,10 @@ class TestRendezvousProvider:
         res = RendezvousGateProvider().create(_rdv_props())
         assert res.id.startswith("rendezvous-")
         outs = res.outs or {}
-        assert outs["world_size"] == 2 and outs["joined_at"] == {"0": "2026-09-22T10:00:30Z",
-                                                                 "1": "2026-09-22T10:00:30Z"}
+        assert outs["world_size"] == 2 and outs["joined_at"] == {
+            "0": "2026-09-22T10:00:30Z",
+            "1": "2026-09-22T10:00:30Z",
+        }
         assert outs["rerun_on"] == ["cid-head-1", "cid-worker-1"] and outs["ranks"] == [r.to_prop() for r in RANKS]
         assert outs["elapsed_s"] < 2 and outs["passed_at"].endswith("Z")
         assert "__provider" not in outs
@@ -201,13 +245,22 @@ class TestRendezvousProvider:
         news = _rdv_props(rerun_on=["cid-head-2", "cid-worker-1"])
         outs = RendezvousGateProvider().update("id", olds, news).outs or {}
         assert outs["rerun_on"] == ["cid-head-2", "cid-worker-1"]
-        assert outs["passed_at"] != "old" and set(outs) >= {*gates.RENDEZVOUS_INPUT_KEYS, "passed_at", "elapsed_s",
-                                                             "world_size", "joined_at"}
+        assert outs["passed_at"] != "old" and set(outs) >= {
+            *gates.RENDEZVOUS_INPUT_KEYS,
+            "passed_at",
+            "elapsed_s",
+            "world_size",
+            "joined_at",
+        }
         assert (ssh_dir / "rank1" / "logs.n").read_text().strip() == "1"  # the worker was read again
 
     def test_exited_worker_fails_create_at_once(self, ssh_dir: Path) -> None:
-        _cluster(ssh_dir, JOINED_HEAD, "2026-09-22T10:00:02Z RuntimeError: NCCL error\n",
-                 worker_state="exited 1 2026-09-22T10:00:00Z")
+        _cluster(
+            ssh_dir,
+            JOINED_HEAD,
+            "2026-09-22T10:00:02Z RuntimeError: NCCL error\n",
+            worker_state="exited 1 2026-09-22T10:00:00Z",
+        )
         t0 = time.monotonic()
         with pytest.raises(GateFailure) as err:
             RendezvousGateProvider().create(_rdv_props(rendezvous_timeout_s=60))
@@ -258,6 +311,7 @@ class TestReadyProvider:
 
 # --- pickling and import ------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("provider", [RendezvousGateProvider(), ReadyGateProvider()])
 def test_providers_pickle_by_reference(provider: pulumi.dynamic.ResourceProvider) -> None:
     blob = base64.b64decode(serialize_provider(provider))
@@ -268,12 +322,14 @@ def test_providers_pickle_by_reference(provider: pulumi.dynamic.ResourceProvider
 
 def test_module_imports_without_side_effects() -> None:
     code = "import components.gates.gates, components.gates.rank_watch; print('ok')"
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
-                          check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60, check=False
+    )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
 
 # --- what the program registers ------------------------------------------------------------------------
+
 
 class _SecretOutputsMonitor(recording.RecordingMonitor):
     seen: dict[str, list[str]] = {}
@@ -288,8 +344,9 @@ def test_gates_register_with_secrets_marked(monkeypatch: pytest.MonkeyPatch) -> 
 
     def program() -> None:
         rdv = RendezvousGate("rdv", _rdv_args(rerun_on=["c0", "c1"], ssh_private_key="KEYTEXT"))
-        ReadyGate("ready", _ready_args(rerun_on=["c0", "c1"], api_key="APIKEY"),
-                  pulumi.ResourceOptions(depends_on=[rdv]))
+        ReadyGate(
+            "ready", _ready_args(rerun_on=["c0", "c1"], api_key="APIKEY"), pulumi.ResourceOptions(depends_on=[rdv])
+        )
 
     rec = recording.run(program)
     rdv, ready = rec.named("rdv"), rec.named("ready")

@@ -12,7 +12,8 @@ import pytest
 
 from components.gates import live_ranks
 from components.gates.gates import GateRank
-from components.gates.rank_watch import ContainerState, SourceError, SshRankSource
+from components.gates.observations import ContainerState, SourceError
+from components.gates.poll_source import SshRankSource
 from components.verify import client as verify
 from tests.support.fake_ssh import install_fake_ssh
 from tests.support.fake_vllm import (
@@ -26,10 +27,17 @@ from tests.support.fake_vllm import (
     logprob_item,
 )
 
-RANKS = [GateRank(rank=0, node="head", host="10.0.0.1", port=22, user="me", container="c-head"),
-         GateRank(rank=1, node="worker", host="10.0.0.2", port=22, user="me", container="c-worker")]
-PROPS: dict[str, Any] = {"ranks": [r.to_prop() for r in RANKS], "ssh_private_key": None, "ssh_agent_socket": None,
-                         "ssh_known_hosts_file": None, "observed": {}}
+RANKS = [
+    GateRank(rank=0, node="head", host="10.0.0.1", port=22, user="me", container="c-head"),
+    GateRank(rank=1, node="worker", host="10.0.0.2", port=22, user="me", container="c-worker"),
+]
+PROPS: dict[str, Any] = {
+    "ranks": [r.to_prop() for r in RANKS],
+    "ssh_private_key": None,
+    "ssh_agent_socket": None,
+    "ssh_known_hosts_file": None,
+    "observed": {},
+}
 
 
 class FakeSource:
@@ -46,8 +54,10 @@ class FakeSource:
 
 @pytest.fixture
 def world(monkeypatch: pytest.MonkeyPatch) -> dict[int, ContainerState | Exception]:
-    states: dict[int, ContainerState | Exception] = {0: ContainerState(status="running"),
-                                                     1: ContainerState(status="running")}
+    states: dict[int, ContainerState | Exception] = {
+        0: ContainerState(status="running"),
+        1: ContainerState(status="running"),
+    }
     monkeypatch.setattr(live_ranks, "rank_source", lambda _props: FakeSource(states))
     return states
 
@@ -114,8 +124,9 @@ def warnings(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return said
 
 
-def test_a_healthy_endpoint_costs_one_tiny_completion_and_changes_nothing(world: dict[int, Any],
-                                                                           warnings: list[str]) -> None:
+def test_a_healthy_endpoint_costs_one_tiny_completion_and_changes_nothing(
+    world: dict[int, Any], warnings: list[str]
+) -> None:
     with FakeVllm(Reply(body=chat_body(good_items()).encode())) as fake:
         props = probed(fake, KEY)
         diff = live_ranks.LiveRanksProvider().diff("live-1", props, props)
@@ -127,15 +138,26 @@ def test_a_healthy_endpoint_costs_one_tiny_completion_and_changes_nothing(world:
     assert sent[0].headers.get("Authorization") == f"Bearer {KEY}"
 
 
-@pytest.mark.parametrize(("reply", "seen"), [
-    (Reply(status=400, body=json.dumps({"error": {"message": NAN_STREAM_ERROR, "type": "BadRequestError",
-                                                  "code": 400}}).encode()), "NaN"),
-    (Reply(body=chat_body([logprob_item("Paris", -9999.0)]).encode()), "-9999.0"),
-    (Reply(body=chat_body([logprob_item("Paris", None)]).encode()), "null"),
-    (Reply(status=500, body=b'{"error":{"message":"EngineCore encountered an issue"}}'), "HTTP 500"),
-])
-def test_an_endpoint_without_real_logprobs_replaces_every_rank(world: dict[int, Any], warnings: list[str],
-                                                               reply: Reply, seen: str) -> None:
+@pytest.mark.parametrize(
+    ("reply", "seen"),
+    [
+        (
+            Reply(
+                status=400,
+                body=json.dumps(
+                    {"error": {"message": NAN_STREAM_ERROR, "type": "BadRequestError", "code": 400}}
+                ).encode(),
+            ),
+            "NaN",
+        ),
+        (Reply(body=chat_body([logprob_item("Paris", -9999.0)]).encode()), "-9999.0"),
+        (Reply(body=chat_body([logprob_item("Paris", None)]).encode()), "null"),
+        (Reply(status=500, body=b'{"error":{"message":"EngineCore encountered an issue"}}'), "HTTP 500"),
+    ],
+)
+def test_an_endpoint_without_real_logprobs_replaces_every_rank(
+    world: dict[int, Any], warnings: list[str], reply: Reply, seen: str
+) -> None:
     with FakeVllm(reply) as fake:
         props = probed(fake)
         diff = live_ranks.LiveRanksProvider().diff("live-1", props, props)
@@ -143,8 +165,9 @@ def test_an_endpoint_without_real_logprobs_replaces_every_rank(world: dict[int, 
     assert any(seen in w and "every rank is replaced" in w for w in warnings), warnings
 
 
-def test_a_refused_connection_while_every_rank_runs_is_drift(world: dict[int, Any], warnings: list[str],
-                                                              head: Path) -> None:
+def test_a_refused_connection_while_every_rank_runs_is_drift(
+    world: dict[int, Any], warnings: list[str], head: Path
+) -> None:
     props = {**PROPS, "endpoint": f"http://127.0.0.1:{free_port()}/v1", "model": MODEL, "api_key": None}
     diff = live_ranks.LiveRanksProvider().diff("live-1", props, props)
     assert diff.replaces == ["observed"], warnings
@@ -159,8 +182,9 @@ def short_probe(monkeypatch: pytest.MonkeyPatch) -> float:
     return 0.5
 
 
-def test_a_hung_endpoint_with_a_frozen_engine_is_drift_within_the_bound(world: dict[int, Any], warnings: list[str],
-                                                                         short_probe: float, head: Path) -> None:
+def test_a_hung_endpoint_with_a_frozen_engine_is_drift_within_the_bound(
+    world: dict[int, Any], warnings: list[str], short_probe: float, head: Path
+) -> None:
     frozen = 'vllm:iteration_tokens_total_count{engine="0"} 42.0\n'
     with FakeVllm(Reply(hang_s=30), metrics=lambda: frozen) as fake:
         props = probed(fake)
@@ -168,8 +192,9 @@ def test_a_hung_endpoint_with_a_frozen_engine_is_drift_within_the_bound(world: d
         diff = live_ranks.LiveRanksProvider().diff("live-1", props, props)
         took = time.monotonic() - started
     assert diff.replaces == ["observed"], warnings
-    assert any("a rank is dead or hung" in w and "stayed at 42" in w and "from the head itself too" in w
-               for w in warnings), warnings
+    assert any(
+        "a rank is dead or hung" in w and "stayed at 42" in w and "from the head itself too" in w for w in warnings
+    ), warnings
     assert took < verify.probe_worst_case_seconds(short_probe), f"the probe must be bounded, took {took:.1f} s"
 
 
@@ -179,24 +204,37 @@ def _working(kv: list[float], running: list[int], tokens: list[int]) -> Any:
 
     def metrics() -> str:
         i = next(reads)
-        return (f'vllm:iteration_tokens_total_count{{engine="0"}} 40\n'
-                f'vllm:prompt_tokens_total{{engine="0"}} 601000\n'
-                f'vllm:generation_tokens_total{{engine="0"}} {tokens[i]}\n'
-                f'vllm:kv_cache_usage_perc{{engine="0"}} {kv[i]}\n'
-                f'vllm:num_requests_running{{engine="0"}} {running[i]}\n')
+        return (
+            f'vllm:iteration_tokens_total_count{{engine="0"}} 40\n'
+            f'vllm:prompt_tokens_total{{engine="0"}} 601000\n'
+            f'vllm:generation_tokens_total{{engine="0"}} {tokens[i]}\n'
+            f'vllm:kv_cache_usage_perc{{engine="0"}} {kv[i]}\n'
+            f'vllm:num_requests_running{{engine="0"}} {running[i]}\n'
+        )
+
     return metrics
 
 
-@pytest.mark.parametrize(("kv", "running", "tokens", "busy"), [
-    # both slots in long partial prefills: no step with output moves a counter, the KV cache fills
-    ([0.41, 0.43], [2, 2], [33, 33], "KV cache usage 41.00% -> 43.00%"),
-    # a prefill step longer than the gap: nothing moves between the reads, but requests run
-    ([0.43, 0.43], [1, 1], [33, 33], "1 request(s) running"),
-    # a token counter moves (the last decode of a request that just ended)
-    ([0.0, 0.0], [0, 0], [33, 34], "tokens 601033 -> 601034"),
-])
-def test_a_busy_engine_is_not_drift(world: dict[int, Any], warnings: list[str], short_probe: float,
-                                    kv: list[float], running: list[int], tokens: list[int], busy: str) -> None:
+@pytest.mark.parametrize(
+    ("kv", "running", "tokens", "busy"),
+    [
+        # both slots in long partial prefills: no step with output moves a counter, the KV cache fills
+        ([0.41, 0.43], [2, 2], [33, 33], "KV cache usage 41.00% -> 43.00%"),
+        # a prefill step longer than the gap: nothing moves between the reads, but requests run
+        ([0.43, 0.43], [1, 1], [33, 33], "1 request(s) running"),
+        # a token counter moves (the last decode of a request that just ended)
+        ([0.0, 0.0], [0, 0], [33, 34], "tokens 601033 -> 601034"),
+    ],
+)
+def test_a_busy_engine_is_not_drift(
+    world: dict[int, Any],
+    warnings: list[str],
+    short_probe: float,
+    kv: list[float],
+    running: list[int],
+    tokens: list[int],
+    busy: str,
+) -> None:
     with FakeVllm(Reply(hang_s=30), metrics=_working(kv, running, tokens)) as fake:
         props = probed(fake)
         diff = live_ranks.LiveRanksProvider().diff("live-1", props, props)
@@ -204,8 +242,9 @@ def test_a_busy_engine_is_not_drift(world: dict[int, Any], warnings: list[str], 
     assert any(f"busy ({busy}" in w and "not treated as drift" in w for w in warnings), warnings
 
 
-def test_a_busy_engine_that_keeps_stepping_is_not_drift(world: dict[int, Any], warnings: list[str],
-                                                        short_probe: float) -> None:
+def test_a_busy_engine_that_keeps_stepping_is_not_drift(
+    world: dict[int, Any], warnings: list[str], short_probe: float
+) -> None:
     steps = iter(range(100, 10_000, 7))
     with FakeVllm(Reply(hang_s=30), metrics=lambda: f"vllm:iteration_tokens_total_count {next(steps)}\n") as fake:
         props = probed(fake)
@@ -247,9 +286,9 @@ def test_refresh_reports_what_the_endpoint_answers(world: dict[int, Any]) -> Non
     assert "NaN" in read.outs["endpoint_observed"], read.outs
 
 
-def test_no_answer_and_no_tcp_connection_is_unreachable_not_drift(world: dict[int, Any], warnings: list[str],
-                                                                  short_probe: float, head: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_answer_and_no_tcp_connection_is_unreachable_not_drift(
+    world: dict[int, Any], warnings: list[str], short_probe: float, head: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with FakeVllm(Reply(hang_s=30)) as fake:  # no /metrics either
         props = probed(fake)
         hung = live_ranks.LiveRanksProvider().diff("live-1", props, props)
@@ -262,6 +301,7 @@ def test_no_answer_and_no_tcp_connection_is_unreachable_not_drift(world: dict[in
 # ---------------------------------------------------------------------------------------------
 # What the network between could cause is confirmed from the head itself before anything is replaced.
 
+
 def test_http_429_is_busy_not_drift(world: dict[int, Any], warnings: list[str], head: Path) -> None:
     with FakeVllm(Reply(status=429, body=b'{"detail":"rate limited"}')) as fake:
         props = probed(fake)
@@ -271,13 +311,19 @@ def test_http_429_is_busy_not_drift(world: dict[int, Any], warnings: list[str], 
 
 
 @pytest.mark.parametrize("status", [403, 404, 502, 504])
-def test_an_http_error_seen_only_from_this_machine_is_a_warning(world: dict[int, Any], warnings: list[str],
-                                                                head: Path, status: int) -> None:
+def test_an_http_error_seen_only_from_this_machine_is_a_warning(
+    world: dict[int, Any], warnings: list[str], head: Path, status: int
+) -> None:
     # A proxy in front of the head answers `status` (127.0.0.2); the head itself serves real logprobs on the
     # same port of its own loopback (127.0.0.1).
-    with FakeVllm(Reply(body=chat_body(good_items()).encode())) as served, \
-            FakeVllm(Reply(status=status, body=b'{"detail":"from the proxy"}'), host="127.0.0.2",
-                     port=int(served.url.split(":")[2].split("/")[0])) as proxy:
+    with (
+        FakeVllm(Reply(body=chat_body(good_items()).encode())) as served,
+        FakeVllm(
+            Reply(status=status, body=b'{"detail":"from the proxy"}'),
+            host="127.0.0.2",
+            port=int(served.url.split(":")[2].split("/")[0]),
+        ) as proxy,
+    ):
         props = probed(proxy, KEY)
         diff = live_ranks.LiveRanksProvider().diff("live-1", props, props)
         (asked,) = served.completion_requests()
@@ -291,13 +337,15 @@ def test_an_http_error_seen_only_from_this_machine_is_a_warning(world: dict[int,
 
 
 @pytest.mark.parametrize("proxy", ["refused", "hang"])
-def test_a_refused_or_hung_route_with_a_healthy_head_is_a_warning(world: dict[int, Any], warnings: list[str],
-                                                                  head: Path, short_probe: float, proxy: str) -> None:
+def test_a_refused_or_hung_route_with_a_healthy_head_is_a_warning(
+    world: dict[int, Any], warnings: list[str], head: Path, short_probe: float, proxy: str
+) -> None:
     with FakeVllm(Reply(body=chat_body(good_items()).encode())) as served:
         port = int(served.url.split(":")[2].split("/")[0])
         if proxy == "refused":  # nothing listens on 127.0.0.2 (a firewall's reject)
-            diff = live_ranks.LiveRanksProvider().diff("live-1", *[{**PROPS, "endpoint": f"http://127.0.0.2:{port}/v1",
-                                                                     "model": MODEL, "api_key": None}] * 2)
+            diff = live_ranks.LiveRanksProvider().diff(
+                "live-1", *[{**PROPS, "endpoint": f"http://127.0.0.2:{port}/v1", "model": MODEL, "api_key": None}] * 2
+            )
         else:
             with FakeVllm(Reply(hang_s=30), host="127.0.0.2", port=port) as hung:
                 diff = live_ranks.LiveRanksProvider().diff("live-1", probed(hung), probed(hung))
@@ -314,8 +362,9 @@ def test_drift_the_head_cannot_confirm_is_a_warning(world: dict[int, Any], warni
     assert "the head could not confirm it" in warning and "container c-head is not running" in warning, warning
 
 
-def test_what_the_server_proves_is_drift_without_asking_the_head(world: dict[int, Any], warnings: list[str],
-                                                                 head: Path) -> None:
+def test_what_the_server_proves_is_drift_without_asking_the_head(
+    world: dict[int, Any], warnings: list[str], head: Path
+) -> None:
     nan = Reply(body=chat_body([logprob_item("Paris", None)]).encode())
     for reply in (Reply(status=500, body=ENGINE_DEAD_BODY), nan):
         with FakeVllm(reply) as fake:

@@ -17,28 +17,29 @@ from typing import Any
 import pytest
 
 from components import scripts
-from components.gates import rank_watch as rw
-from components.gates.rank_watch import (
+from components.gates import decisions, observations, stream_source
+from components.gates.decisions import ModelsProbeResult, ReadySettings
+from components.gates.observations import (
     ContainerState,
     GateFailure,
     LineSeen,
     LogEnded,
-    ModelsProbeResult,
     Notice,
     RankSpec,
-    ReadySettings,
     StateSeen,
-    StreamRankSource,
     SystemClock,
     Unobservable,
     UsageSeen,
 )
+from components.gates.stream_source import StreamRankSource
 from tests.support.fake_ssh import KEY, install_fake_ssh
 
 HEAD = RankSpec(rank=0, node="spark-a", host="127.0.0.2", port=2222, user="root", container="dsv41-rank0")
 STARTED = "2026-09-22T10:00:00Z"
-STATS = ('{"BlockIO":"1.1GB / 0B","CPUPerc":"98.2%","Container":"dsv41-rank0","ID":"4f1c","MemPerc":"10.4%",'
-         '"MemUsage":"12.5GiB / 119.7GiB","Name":"dsv41-rank0","NetIO":"0B / 0B","PIDs":"212"}')
+STATS = (
+    '{"BlockIO":"1.1GB / 0B","CPUPerc":"98.2%","Container":"dsv41-rank0","ID":"4f1c","MemPerc":"10.4%",'
+    '"MemUsage":"12.5GiB / 119.7GiB","Name":"dsv41-rank0","NetIO":"0B / 0B","PIDs":"212"}'
+)
 LISTED = ModelsProbeResult("listed", ids=("m",))
 
 
@@ -95,15 +96,21 @@ def log(d: Path, *lines: str) -> None:
 
 
 def event(d: Path, action: str, **attrs: str) -> None:
-    ev = {"Type": "container", "Action": action, "status": action, "time": 1790000000,
-          "timeNano": 1790000000123456789, "Actor": {"ID": "abc", "Attributes": {"name": HEAD.container, **attrs}}}
+    ev = {
+        "Type": "container",
+        "Action": action,
+        "status": action,
+        "time": 1790000000,
+        "timeNano": 1790000000123456789,
+        "Actor": {"ID": "abc", "Attributes": {"name": HEAD.container, **attrs}},
+    }
     with open(d / "events", "a") as f:
         f.write(json.dumps(ev) + "\n")
 
 
-def collect(src: StreamRankSource, until: Any, timeout_s: float = 10.0) -> list[rw.Observation]:
+def collect(src: StreamRankSource, until: Any, timeout_s: float = 10.0) -> list[observations.Observation]:
     """Items until `until(items)` holds, within `timeout_s` (real time)."""
-    got: list[rw.Observation] = []
+    got: list[observations.Observation] = []
     deadline = time.monotonic() + timeout_s
     while not until(got):
         left = deadline - time.monotonic()
@@ -112,7 +119,7 @@ def collect(src: StreamRankSource, until: Any, timeout_s: float = 10.0) -> list[
     return got
 
 
-def texts(items: list[rw.Observation]) -> list[str]:
+def texts(items: list[observations.Observation]) -> list[str]:
     return [i.line.text for i in items if isinstance(i, LineSeen)]
 
 
@@ -125,8 +132,9 @@ def _wait_for(cond: Any, timeout_s: float = 10.0, what: Any = "") -> None:
 
 # --- the node script ---------------------------------------------------------------------------------------
 
+
 def _run_script(d: Path, watch: str) -> subprocess.Popen[bytes]:
-    text = scripts.render("gates/rank_stream.sh", {"WATCH": watch, "MAX_LINE": rw.STREAM_MAX_LINE})
+    text = scripts.render("gates/rank_stream.sh", {"WATCH": watch, "MAX_LINE": stream_source.STREAM_MAX_LINE})
     env = {**os.environ, "PATH": f"{os.environ['FAKE_DOCKER_BIN']}:{os.environ['PATH']}", "FAKE_DOCKER_DIR": str(d)}
     return subprocess.Popen(["sh", "-c", text], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
 
@@ -138,8 +146,9 @@ class _Records:
         self.got: list[str] = []
         assert proc.stdout is not None
         out = proc.stdout
-        self.thread = threading.Thread(target=lambda: self.got.extend(r.decode().rstrip("\n") for r in out),
-                                       daemon=True)
+        self.thread = threading.Thread(
+            target=lambda: self.got.extend(r.decode().rstrip("\n") for r in out), daemon=True
+        )
         self.thread.start()
 
     def until(self, cond: Any) -> list[str]:
@@ -149,8 +158,13 @@ class _Records:
 
 class TestScript:
     def test_state_then_resumed_log_then_events_each_one_record(self, fake: Path) -> None:
-        log(fake, f"{stamp(1)} before", f"{stamp(2)} at the resume point", f"{stamp(3)} after",
-            f"{stamp(4)} " + "x" * 5000)
+        log(
+            fake,
+            f"{stamp(1)} before",
+            f"{stamp(2)} at the resume point",
+            f"{stamp(3)} after",
+            f"{stamp(4)} " + "x" * 5000,
+        )
         proc = _run_script(fake, f"{HEAD.container}={stamp(2)}")
         records = _Records(proc)
         try:
@@ -159,11 +173,13 @@ class TestScript:
             lines = [r for r in got if r.startswith("L ")]
             assert lines[0] == f"L {HEAD.container} {stamp(2)} at the resume point"  # --since is inclusive
             assert lines[1] == f"L {HEAD.container} {stamp(3)} after"
-            assert len(lines[2].encode()) == len(f"L {HEAD.container} ") + rw.STREAM_MAX_LINE  # cut: one write
+            assert (
+                len(lines[2].encode()) == len(f"L {HEAD.container} ") + stream_source.STREAM_MAX_LINE
+            )  # cut: one write
             _wait_for(lambda: (fake / "events.ready").exists())
             event(fake, "die", exitCode="137")
             (fake / "state").write_text(f"exited 137 {STARTED} false\n")
-            after = records.until(lambda g: len(g) == len(got) + 3)[len(got):]
+            after = records.until(lambda g: len(g) == len(got) + 3)[len(got) :]
             die = next(r for r in after if r.startswith("E "))
             assert json.loads(die[2:])["Action"] == "die"
             ended = [r for r in after if not r.startswith("E ")]  # the log's end, then the state read after it
@@ -229,12 +245,14 @@ class TestScript:
         (bare / "docker").symlink_to(Path(os.environ["FAKE_DOCKER_BIN"]) / "docker")
         text = scripts.render("gates/rank_stream.sh", {"WATCH": "c=", "MAX_LINE": 10})
         sh = subprocess.run(["sh", "-c", "command -v sh"], capture_output=True, text=True, check=True).stdout.strip()
-        done = subprocess.run([sh, "-c", text], env={"PATH": str(bare)}, capture_output=True, text=True, timeout=10,
-                              check=False)
+        done = subprocess.run(
+            [sh, "-c", text], env={"PATH": str(bare)}, capture_output=True, text=True, timeout=10, check=False
+        )
         assert done.returncode == 0 and done.stdout.startswith("F awk is not installed on "), done
 
 
 # --- the source through a fake ssh ---------------------------------------------------------------------------
+
 
 class TestStreamRankSource:
     def test_one_session_per_node_with_the_master_options_and_no_key_in_argv(self, fake: Path) -> None:
@@ -285,9 +303,10 @@ class TestStreamRankSource:
         remote = (fake / "remote.log").read_text().splitlines()
         assert len(remote) == 2 and remote[1].endswith(f"WATCH={HEAD.container}={stamp(50)}; MAX_LINE=2000;")
 
-    def test_a_die_missed_while_disconnected_is_recovered_from_the_state_read(self, fake: Path,
-                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-        monkeypatch.setattr(rw, "RECONNECT_BACKOFF_S", (1.0,))
+    def test_a_die_missed_while_disconnected_is_recovered_from_the_state_read(
+        self, fake: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(stream_source, "RECONNECT_BACKOFF_S", (1.0,))
         log(fake, f"{stamp(1)} loading")
         src = StreamRankSource([HEAD])
         try:
@@ -323,7 +342,7 @@ class TestStreamRankSource:
         killer = threading.Thread(target=die_soon)
         killer.start()
         with pytest.raises(GateFailure) as err:
-            rw.wait_for_ready([HEAD], src, settings, SystemClock(), lambda _: None, lambda: LISTED, "m")
+            decisions.wait_for_ready([HEAD], src, settings, SystemClock(), lambda _: None, lambda: LISTED, "m")
         killer.join()
         msg = str(err.value)
         assert msg.startswith("rank 0 (node spark-a, container dsv41-rank0) is exited with exit code 137")
@@ -343,7 +362,7 @@ class TestStreamRankSource:
 
         booter = threading.Thread(target=boot)
         booter.start()
-        res = rw.wait_for_ready([HEAD], src, settings, SystemClock(), said.append, lambda: LISTED, "m")
+        res = decisions.wait_for_ready([HEAD], src, settings, SystemClock(), said.append, lambda: LISTED, "m")
         booter.join()
         assert res.phases["ready"] == stamp(2)
         assert any("reconnecting" in m for m in said)
@@ -354,20 +373,29 @@ class TestStreamRankSource:
             src = StreamRankSource([HEAD])
             collect(src, lambda g: bool(texts(g)))
             src.close()
-        _wait_for(lambda: not any(_alive(p) for p in _pids(fake)),
-                  what=lambda: f"still running: {[p for p in _pids(fake) if _alive(p)]}")
+        _wait_for(
+            lambda: not any(_alive(p) for p in _pids(fake)),
+            what=lambda: f"still running: {[p for p in _pids(fake) if _alive(p)]}",
+        )
 
-    def test_three_refused_connections_in_a_row_fail_the_gate(self, fake: Path,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-        monkeypatch.setattr(rw, "RECONNECT_BACKOFF_S", (0.1,))
+    def test_three_refused_connections_in_a_row_fail_the_gate(
+        self, fake: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(stream_source, "RECONNECT_BACKOFF_S", (0.1,))
         (fake / "refuse").write_text("3")
         with pytest.raises(GateFailure, match=r"cannot observe rank 0 .* 3 failures in a row.*Connection refused"):
-            rw.wait_for_rendezvous([HEAD], StreamRankSource([HEAD]),
-                                   rw.RendezvousSettings(rendezvous_timeout_s=20), SystemClock(), lambda _: None)
+            decisions.wait_for_rendezvous(
+                [HEAD],
+                StreamRankSource([HEAD]),
+                decisions.RendezvousSettings(rendezvous_timeout_s=20),
+                SystemClock(),
+                lambda _: None,
+            )
 
-    def test_a_log_that_keeps_ending_while_the_rank_runs_falls_back_to_polling(self, fake: Path,
-                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-        monkeypatch.setattr(rw, "RECONNECT_BACKOFF_S", (0.1,))
+    def test_a_log_that_keeps_ending_while_the_rank_runs_falls_back_to_polling(
+        self, fake: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(stream_source, "RECONNECT_BACKOFF_S", (0.1,))
         (fake / "logs.end").touch()  # e.g. a log driver docker cannot follow
         log(fake, f"{stamp(1)} one line")
         src = StreamRankSource([HEAD])
@@ -377,7 +405,7 @@ class TestStreamRankSource:
             src.close()
         notice = next(i.text for i in got if isinstance(i, Notice) and "polling" in i.text)
         assert "ended within 5 s (the log of dsv41-rank0 ended while it runs)" in notice
-        assert (fake / "stream.n").read_text().strip() == str(rw.STREAM_START_FAILURES)
+        assert (fake / "stream.n").read_text().strip() == str(stream_source.STREAM_START_FAILURES)
         assert texts(got).count("one line") == 1, "resumed, not read again"
 
     def test_a_node_that_cannot_stream_is_polled_and_the_progress_says_so(self, fake: Path) -> None:
@@ -386,13 +414,18 @@ class TestStreamRankSource:
             (fake / name).unlink()
         (fake / "inspect.out").write_text(f"running 0 {STARTED}\n")
         (fake / "inspect.rc").write_text("0")
-        (fake / "logs.1.out").write_text(f"{stamp(1)} (Worker_TP0 pid=1) rank 0 in world size 1 is assigned as DP "
-                                         "rank 0, PP rank 0, TP rank 0\n")
+        (fake / "logs.1.out").write_text(
+            f"{stamp(1)} (Worker_TP0 pid=1) rank 0 in world size 1 is assigned as DP rank 0, PP rank 0, TP rank 0\n"
+        )
         (fake / "logs.1.rc").write_text("0")
         said: list[str] = []
-        res = rw.wait_for_rendezvous([HEAD], StreamRankSource([HEAD]),
-                                     rw.RendezvousSettings(rendezvous_timeout_s=20, poll_interval_s=0.1),
-                                     SystemClock(), said.append)
+        res = decisions.wait_for_rendezvous(
+            [HEAD],
+            StreamRankSource([HEAD]),
+            decisions.RendezvousSettings(rendezvous_timeout_s=20, poll_interval_s=0.1),
+            SystemClock(),
+            said.append,
+        )
         assert res.world_size == 1
         assert any("cannot stream: awk is not installed" in m and "polling node spark-a instead" in m for m in said)
         remote = (fake / "remote.log").read_text()
@@ -420,6 +453,7 @@ class TestStreamRankSource:
 
 
 # --- a flood of lines ------------------------------------------------------------------------------------------
+
 
 class _FloodProc:
     """A Popen stand-in whose stdout is the stream script's records: `n` log lines, then a die. `at_die` is
@@ -458,11 +492,9 @@ class _FloodProc:
         return self.returncode or 0
 
 
-def test_a_flood_of_100k_lines_keeps_memory_bounded_and_does_not_delay_the_die(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_flood_of_100k_lines_keeps_memory_bounded_and_does_not_delay_the_die(monkeypatch: pytest.MonkeyPatch) -> None:
     n = 100_000
-    seen = {"lines": 0, "max_batch": 0, "max_queued": 0, "die_read": -1, "die_decided": -1, "calls": 0,
-            "max_alive": 0}
+    seen = {"lines": 0, "max_batch": 0, "max_queued": 0, "die_read": -1, "die_decided": -1, "calls": 0, "max_alive": 0}
     procs: list[_FloodProc] = []
 
     def die_read() -> None:
@@ -475,7 +507,7 @@ def test_a_flood_of_100k_lines_keeps_memory_bounded_and_does_not_delay_the_die(
     src = StreamRankSource([HEAD], popen=popen)  # type: ignore[arg-type]
     real_next = src.next_items
 
-    def counting(timeout_s: float, pace_s: float) -> list[rw.Observation]:
+    def counting(timeout_s: float, pace_s: float) -> list[observations.Observation]:
         items = real_next(timeout_s, pace_s)
         if seen["die_decided"] < 0 and any(isinstance(i, StateSeen) and not i.state.running for i in items):
             seen["die_decided"] = seen["lines"]
@@ -484,23 +516,32 @@ def test_a_flood_of_100k_lines_keeps_memory_bounded_and_does_not_delay_the_die(
         seen["max_queued"] = max(seen["max_queued"], src._queue.qsize())
         seen["calls"] += 1
         if seen["calls"] % 20 == 0 or seen["die_decided"] >= 0:  # log lines alive anywhere in the process
-            seen["max_alive"] = max(seen["max_alive"], sum(isinstance(o, rw.LogLine) for o in gc.get_objects()))
+            seen["max_alive"] = max(
+                seen["max_alive"], sum(isinstance(o, observations.LogLine) for o in gc.get_objects())
+            )
         return items
 
     monkeypatch.setattr(src, "next_items", counting)
     settings = ReadySettings(ready_timeout_s=120, stall_s=60)
     with pytest.raises(GateFailure) as err:
-        rw.wait_for_ready([HEAD], src, settings, SystemClock(), lambda _: None, lambda: LISTED, "m")
+        decisions.wait_for_ready([HEAD], src, settings, SystemClock(), lambda _: None, lambda: LISTED, "m")
     msg = str(err.value)
     assert msg.startswith("rank 0 (node spark-a, container dsv41-rank0) is exited with exit code 1")
     assert seen["lines"] == n, "every line reached the gate, none dropped"
     assert f"flood line {n - 1} " in msg and f"flood line {n - 21} " not in msg  # the tail: the last 20 only
     # Detection: once the reader has the die, the gate decides on it with the next batch it takes, however many
     # lines are still queued behind (bounded by the queue): the flood never stands between the two.
-    assert 0 <= seen["die_decided"] - seen["die_read"] <= rw.STREAM_BATCH_ITEMS
-    assert n - seen["die_read"] <= rw.STREAM_QUEUE_ITEMS + rw.STREAM_BATCH_ITEMS + 1
-    assert seen["max_batch"] <= rw.STREAM_BATCH_ITEMS + 10 and seen["max_queued"] <= rw.STREAM_QUEUE_ITEMS
+    assert 0 <= seen["die_decided"] - seen["die_read"] <= stream_source.STREAM_BATCH_ITEMS
+    assert n - seen["die_read"] <= stream_source.STREAM_QUEUE_ITEMS + stream_source.STREAM_BATCH_ITEMS + 1
+    assert (
+        seen["max_batch"] <= stream_source.STREAM_BATCH_ITEMS + 10
+        and seen["max_queued"] <= stream_source.STREAM_QUEUE_ITEMS
+    )
     # Memory: what is held at any time is the queue, one batch and the tails, never the flood (counted: the log
     # lines alive in the whole process, sampled while it ran).
-    assert 0 < seen["max_alive"] <= rw.STREAM_QUEUE_ITEMS + 2 * rw.STREAM_BATCH_ITEMS + settings.tail_lines
+    assert (
+        0
+        < seen["max_alive"]
+        <= stream_source.STREAM_QUEUE_ITEMS + 2 * stream_source.STREAM_BATCH_ITEMS + settings.tail_lines
+    )
     assert len(procs) == 1

@@ -45,8 +45,9 @@ def test_same_ids_and_unknown_ids_pass() -> None:
 
 def test_checked_ids_resolve_per_node_when_they_agree() -> None:
     def program() -> dict[str, Any]:
-        ids = checked_image_ids(IMAGE, {"a": pulumi.Output.from_input("sha256:1"), "b": "sha256:1"},
-                                {"a": "r@sha256:d", "b": "r@sha256:d"})
+        ids = checked_image_ids(
+            IMAGE, {"a": pulumi.Output.from_input("sha256:1"), "b": "sha256:1"}, {"a": "r@sha256:d", "b": "r@sha256:d"}
+        )
         return {"a": ids["a"], "b": ids["b"]}
 
     assert recording.run(program).outputs == {"a": "sha256:1", "b": "sha256:1"}

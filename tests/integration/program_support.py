@@ -16,5 +16,13 @@ from sim.deploy import (
     remove_deployment,
 )
 
-__all__ = ["REPO", "STEP_TIMEOUT", "Deployment", "assert_verified", "docker_on", "install_plugins",
-           "new_deployment", "remove_deployment"]
+__all__ = [
+    "REPO",
+    "STEP_TIMEOUT",
+    "Deployment",
+    "assert_verified",
+    "docker_on",
+    "install_plugins",
+    "new_deployment",
+    "remove_deployment",
+]

@@ -145,7 +145,8 @@ def test_language_host_runs_the_program_in_the_configured_virtualenv(
     _write_project(project, 'import sys\nimport pulumi\npulumi.export("prefix", sys.prefix)\n')
     venv = _layered_venv(project / "program-venv")
     (project / "Pulumi.yaml").write_text(
-        "name: standin-probe\nruntime:\n  name: python\n  options:\n    virtualenv: program-venv\n")
+        "name: standin-probe\nruntime:\n  name: python\n  options:\n    virtualenv: program-venv\n"
+    )
     _pulumi(pulumi_root, engine_env, "stack", "init", f"venv-{uuid.uuid4().hex[:8]}", cwd=project)
     _pulumi(pulumi_root, engine_env, "up", "--yes", "--skip-preview", cwd=project)
     outputs = json.loads(_pulumi(pulumi_root, engine_env, "stack", "output", "--json", cwd=project))
@@ -153,9 +154,16 @@ def test_language_host_runs_the_program_in_the_configured_virtualenv(
 
     # A virtualenv option that names no venv fails with the fix, before anything runs.
     (project / "Pulumi.yaml").write_text(
-        "name: standin-probe\nruntime:\n  name: python\n  options:\n    virtualenv: no-such-venv\n")
-    proc = subprocess.run([str(pulumi_root / "bin" / "pulumi"), "preview", "--non-interactive"], cwd=project,
-                          env=engine_env, capture_output=True, text=True, timeout=180)
+        "name: standin-probe\nruntime:\n  name: python\n  options:\n    virtualenv: no-such-venv\n"
+    )
+    proc = subprocess.run(
+        [str(pulumi_root / "bin" / "pulumi"), "preview", "--non-interactive"],
+        cwd=project,
+        env=engine_env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert proc.returncode != 0
     assert "no-such-venv" in proc.stdout + proc.stderr and "not a virtual environment" in proc.stdout + proc.stderr
 
@@ -166,16 +174,24 @@ def test_language_host_type_checks_before_running(
 ) -> None:
     project = tmp_path / "project"
     marker = tmp_path / "program-ran"
-    _write_project(project, f'import pathlib\npathlib.Path({str(marker)!r}).write_text("ran")\n'
-                            'count: int = "not a number"\n')
+    _write_project(
+        project, f'import pathlib\npathlib.Path({str(marker)!r}).write_text("ran")\ncount: int = "not a number"\n'
+    )
     _layered_venv(project / "program-venv")
     (project / "Pulumi.yaml").write_text(
         "name: standin-probe\nruntime:\n  name: python\n  options:\n    virtualenv: program-venv\n"
-        "    typechecker: mypy\n")
+        "    typechecker: mypy\n"
+    )
     (project / "mypy.ini").write_text("[mypy]\nfiles = __main__.py\n")
     _pulumi(pulumi_root, engine_env, "stack", "init", f"tc-{uuid.uuid4().hex[:8]}", cwd=project)
-    proc = subprocess.run([str(pulumi_root / "bin" / "pulumi"), "preview", "--non-interactive"], cwd=project,
-                          env=engine_env, capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(
+        [str(pulumi_root / "bin" / "pulumi"), "preview", "--non-interactive"],
+        cwd=project,
+        env=engine_env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert proc.returncode != 0, "a type error must fail the preview"
     assert "mypy type checking failed" in proc.stdout + proc.stderr
     assert "Incompatible types in assignment" in proc.stdout + proc.stderr

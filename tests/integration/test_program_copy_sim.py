@@ -34,12 +34,21 @@ def roots() -> Iterator[tuple[Path, Path]]:
 
 
 @pytest.fixture(scope="module")
-def deployed(sim: dict[str, Any], program_env: dict[str, str], pulumi_root: Path,
-             roots: tuple[Path, Path]) -> Iterator[Deployment]:
+def deployed(
+    sim: dict[str, Any], program_env: dict[str, str], pulumi_root: Path, roots: tuple[Path, Path]
+) -> Iterator[Deployment]:
     head_root, copies = roots
     head_root.mkdir(parents=True)
-    d = new_deployment(sim, f"e2e-copy-{uuid.uuid4().hex[:6]}", program_env, pulumi_root, weights_root=head_root,
-                       port=18988, master_port=29721, copy_root=f"{copies}/{{node}}")
+    d = new_deployment(
+        sim,
+        f"e2e-copy-{uuid.uuid4().hex[:6]}",
+        program_env,
+        pulumi_root,
+        weights_root=head_root,
+        port=18988,
+        master_port=29721,
+        copy_root=f"{copies}/{{node}}",
+    )
     try:
         yield d
     finally:
@@ -47,7 +56,8 @@ def deployed(sim: dict[str, Any], program_env: dict[str, str], pulumi_root: Path
         # Destroy keeps every copy, as it keeps the head's weights.
         worker_copy = copies / "node-2"
         assert (worker_copy / RECORD_FILE).exists() and list(worker_copy.rglob("*.safetensors")), (
-            "destroy must not delete a worker's copy")
+            "destroy must not delete a worker's copy"
+        )
 
 
 def worker_copy_outputs(d: Deployment) -> dict[str, Any]:
@@ -58,8 +68,11 @@ def worker_copy_outputs(d: Deployment) -> dict[str, Any]:
 
 
 def staged(head_root: Path) -> dict[str, bytes]:
-    return {p.relative_to(head_root).as_posix(): p.read_bytes() for p in sorted(head_root.rglob("*"))
-            if p.is_file() and p.relative_to(head_root).parts[0] in ("model", "engram-src")}
+    return {
+        p.relative_to(head_root).as_posix(): p.read_bytes()
+        for p in sorted(head_root.rglob("*"))
+        if p.is_file() and p.relative_to(head_root).parts[0] in ("model", "engram-src")
+    }
 
 
 def rank_id(d: Deployment, node: dict[str, Any]) -> str:
@@ -67,14 +80,16 @@ def rank_id(d: Deployment, node: dict[str, Any]) -> str:
 
 
 @pytest.mark.timeout(900)
-def test_a_copy_mode_up_verifies_with_the_worker_loading_its_own_copy(deployed: Deployment,
-                                                                      roots: tuple[Path, Path]) -> None:
+def test_a_copy_mode_up_verifies_with_the_worker_loading_its_own_copy(
+    deployed: Deployment, roots: tuple[Path, Path]
+) -> None:
     head_root, copies = roots
     up = deployed.up()
     assert_verified(deployed, up.outputs)
     worker = deployed.sim["nodes"][1]
-    mounts = json.loads(docker_on(worker["index"], "inspect", "-f", "{{json .Mounts}}",
-                                  deployed.container(worker)).stdout)
+    mounts = json.loads(
+        docker_on(worker["index"], "inspect", "-f", "{{json .Mounts}}", deployed.container(worker)).stdout
+    )
     model = next(m for m in mounts if m["Destination"] == "/model")
     assert (model["Type"], model["Source"], model["RW"]) == ("bind", f"{copies}/node-2/model", False), model
     files = staged(head_root)
@@ -82,8 +97,10 @@ def test_a_copy_mode_up_verifies_with_the_worker_loading_its_own_copy(deployed: 
     outs = worker_copy_outputs(deployed)
     assert outs["copied_files"] == len(files) and outs["copied_bytes"] == sum(len(b) for b in files.values())
     assert not list((copies / "node-2").rglob(f"*{PARTIAL_SUFFIX}"))
-    print(f"\ncopy e2e: first up copied {outs['copied_files']} files, {outs['copied_bytes']} bytes in "
-          f"{outs['copy_seconds']}s (provider {outs['elapsed_s']}s)")
+    print(
+        f"\ncopy e2e: first up copied {outs['copied_files']} files, {outs['copied_bytes']} bytes in "
+        f"{outs['copy_seconds']}s (provider {outs['elapsed_s']}s)"
+    )
 
 
 @pytest.mark.timeout(600)
@@ -96,8 +113,9 @@ def test_a_second_up_copies_nothing(deployed: Deployment) -> None:
 
 
 @pytest.mark.timeout(600)
-def test_a_corrupted_file_on_the_worker_is_seen_by_preview_and_copied_again_by_up(deployed: Deployment,
-                                                                                  roots: tuple[Path, Path]) -> None:
+def test_a_corrupted_file_on_the_worker_is_seen_by_preview_and_copied_again_by_up(
+    deployed: Deployment, roots: tuple[Path, Path]
+) -> None:
     head_root, copies = roots
     shard = next(p for p in staged(head_root) if p.startswith("model/") and p.endswith(".safetensors"))
     target = copies / "node-2" / shard
@@ -117,13 +135,15 @@ def test_a_corrupted_file_on_the_worker_is_seen_by_preview_and_copied_again_by_u
     assert outs["copied_files"] == 1 and outs["copied_bytes"] == len(data), outs
     assert target.read_bytes() == (head_root / shard).read_bytes()
     assert {n["index"]: rank_id(deployed, n) for n in deployed.sim["nodes"]} == ranks, (
-        "a repaired copy does not restart the running ranks (they loaded their weights at boot)")
+        "a repaired copy does not restart the running ranks (they loaded their weights at boot)"
+    )
     assert set(deployed.up().summary.resource_changes or {}) == {"same"}
 
 
 @pytest.mark.timeout(600)
-def test_an_interrupted_copy_resumes_without_copying_finished_files_again(deployed: Deployment,
-                                                                          roots: tuple[Path, Path]) -> None:
+def test_an_interrupted_copy_resumes_without_copying_finished_files_again(
+    deployed: Deployment, roots: tuple[Path, Path]
+) -> None:
     head_root, copies = roots
     worker_root = copies / "node-2"
     files = staged(head_root)
@@ -148,8 +168,9 @@ def test_an_interrupted_copy_resumes_without_copying_finished_files_again(deploy
 
 
 @pytest.mark.timeout(900)
-def test_leaving_copy_mode_replaces_every_rank_and_keeps_the_copy(deployed: Deployment,
-                                                                  roots: tuple[Path, Path]) -> None:
+def test_leaving_copy_mode_replaces_every_rank_and_keeps_the_copy(
+    deployed: Deployment, roots: tuple[Path, Path]
+) -> None:
     head_root, copies = roots
     worker_root = copies / "node-2"
     kept = {p: (worker_root / p).read_bytes() for p in staged(head_root)}

@@ -55,12 +55,24 @@ def test_unfilled_dev_preview_fails_fast_naming_every_missing_key(
     env = dict(engine_env)
     ssh_log = fake_ssh_on_path(tmp_path, env)
     pulumi = str(pulumi_root / "bin" / "pulumi")
-    init = subprocess.run([pulumi, "stack", "init", "dev", "--non-interactive"], cwd=project, env=env,
-                          capture_output=True, text=True, timeout=60)
+    init = subprocess.run(
+        [pulumi, "stack", "init", "dev", "--non-interactive"],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert init.returncode == 0, init.stdout + init.stderr
     start = time.monotonic()
-    proc = subprocess.run([pulumi, "preview", "--stack", "dev", "--non-interactive"], cwd=project, env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [pulumi, "preview", "--stack", "dev", "--non-interactive"],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     elapsed = time.monotonic() - start
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out
@@ -75,9 +87,20 @@ def test_unfilled_dev_preview_fails_fast_naming_every_missing_key(
 
 def verifier_stack(pulumi_root: Path, env: dict[str, str], tmp_path: Path, endpoint: str, rerun: list[str]) -> Any:
     def program() -> None:
-        v = Verifier("verify", VerifierArgs(endpoint=endpoint, model="fake-model", rerun_on=rerun, api_key=None,
-                                            timeout_s=5, retry_window_s=5, min_decode_tokens_per_second=None,
-                                            warmup_timeout_s=None, expected_answer="Paris"))
+        v = Verifier(
+            "verify",
+            VerifierArgs(
+                endpoint=endpoint,
+                model="fake-model",
+                rerun_on=rerun,
+                api_key=None,
+                timeout_s=5,
+                retry_window_s=5,
+                min_decode_tokens_per_second=None,
+                warmup_timeout_s=None,
+                expected_answer="Paris",
+            ),
+        )
         pulumi.export("answer", v.answer)
         pulumi.export("logprobs", v.logprobs)
 

@@ -39,10 +39,18 @@ def weights_root() -> Iterator[Path]:
 
 
 @pytest.fixture(scope="module")
-def fresh(sim: dict[str, Any], program_env: dict[str, str], pulumi_root: Path,
-          weights_root: Path) -> Iterator[Deployment]:
-    d = new_deployment(sim, f"life-{uuid.uuid4().hex[:6]}", program_env, pulumi_root, weights_root=weights_root,
-                       port=18889, master_port=29622)
+def fresh(
+    sim: dict[str, Any], program_env: dict[str, str], pulumi_root: Path, weights_root: Path
+) -> Iterator[Deployment]:
+    d = new_deployment(
+        sim,
+        f"life-{uuid.uuid4().hex[:6]}",
+        program_env,
+        pulumi_root,
+        weights_root=weights_root,
+        port=18889,
+        master_port=29622,
+    )
     try:
         yield d
     finally:
@@ -51,13 +59,19 @@ def fresh(sim: dict[str, Any], program_env: dict[str, str], pulumi_root: Path,
 
 def stack_containers(d: Deployment) -> dict[int, list[str]]:
     """Per node index, the names of every container carrying this stack's label (running or not)."""
-    return {n["index"]: docker_on(n["index"], "ps", "-a", "--format", "{{.Names}}", "--filter",
-                                  f"label=dsv41-exl3.stack={d.name}").stdout.split() for n in d.sim["nodes"]}
+    return {
+        n["index"]: docker_on(
+            n["index"], "ps", "-a", "--format", "{{.Names}}", "--filter", f"label=dsv41-exl3.stack={d.name}"
+        ).stdout.split()
+        for n in d.sim["nodes"]
+    }
 
 
 def stack_volumes(d: Deployment) -> dict[int, list[str]]:
-    return {n["index"]: [v for v in docker_on(n["index"], "volume", "ls", "-q").stdout.split() if d.name in v]
-            for n in d.sim["nodes"]}
+    return {
+        n["index"]: [v for v in docker_on(n["index"], "volume", "ls", "-q").stdout.split() if d.name in v]
+        for n in d.sim["nodes"]
+    }
 
 
 def log_count(path: Path, pattern: str) -> int:
@@ -91,7 +105,8 @@ def test_shard_missing_from_the_hub_fails_in_the_weights_layer_with_no_container
 
 
 def test_up_verifies_then_destroy_keeps_weights_and_images_and_the_next_up_reuses_them(
-        fresh: Deployment, weights_root: Path) -> None:
+    fresh: Deployment, weights_root: Path
+) -> None:
     assert_verified(fresh, fresh.up().outputs)
     state = Path(fresh.sim["state"])
     staged = {p: p.stat().st_mtime_ns for p in weights_root.rglob("*") if p.is_file()}
@@ -102,7 +117,8 @@ def test_up_verifies_then_destroy_keeps_weights_and_images_and_the_next_up_reuse
     assert all(not vols for vols in stack_volumes(fresh).values()), "and every volume of the stack"
     for n in fresh.sim["nodes"]:
         assert docker_on(n["index"], "image", "inspect", fresh.config["image"]).returncode == 0, (
-            f"destroy must keep the image on node {n['index']}")
+            f"destroy must keep the image on node {n['index']}"
+        )
     assert {p: p.stat().st_mtime_ns for p in staged if p.exists()} == staged, "destroy must keep the weights"
 
     downloads = log_count(state / "hub" / "hub.log", r"GET /[^ ]+/resolve/")
@@ -183,14 +199,27 @@ def _secret(value: str) -> Any:
 
 
 @pytest.mark.timeout(900)
-def test_four_nodes_verify_with_tensor_parallel_four(sim: dict[str, Any], program_env: dict[str, str],
-                                                     pulumi_root: Path, weights_root: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "sim.cluster", "up", "--nodes", "4"], cwd=REPO,
-                          capture_output=True, text=True, timeout=600)
+def test_four_nodes_verify_with_tensor_parallel_four(
+    sim: dict[str, Any], program_env: dict[str, str], pulumi_root: Path, weights_root: Path
+) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "sim.cluster", "up", "--nodes", "4"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     four = json.loads((cluster.default_layout().state / "sim.json").read_text())
-    d = new_deployment(four, f"tp4-{uuid.uuid4().hex[:6]}", program_env, pulumi_root, weights_root=weights_root,
-                       port=18890, master_port=29623)
+    d = new_deployment(
+        four,
+        f"tp4-{uuid.uuid4().hex[:6]}",
+        program_env,
+        pulumi_root,
+        weights_root=weights_root,
+        port=18890,
+        master_port=29623,
+    )
     try:
         up = d.up()
         assert_verified(d, up.outputs)

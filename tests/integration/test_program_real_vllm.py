@@ -35,10 +35,19 @@ def weights_root() -> Iterator[Path]:
 
 
 @pytest.fixture(scope="module")
-def real(sim: dict[str, Any], program_env: dict[str, str], pulumi_root: Path,
-         weights_root: Path) -> Iterator[Deployment]:
-    d = new_deployment(sim, f"real-{uuid.uuid4().hex[:6]}", program_env, pulumi_root, weights_root=weights_root,
-                       port=18887, master_port=29623, server="real")
+def real(
+    sim: dict[str, Any], program_env: dict[str, str], pulumi_root: Path, weights_root: Path
+) -> Iterator[Deployment]:
+    d = new_deployment(
+        sim,
+        f"real-{uuid.uuid4().hex[:6]}",
+        program_env,
+        pulumi_root,
+        weights_root=weights_root,
+        port=18887,
+        master_port=29623,
+        server="real",
+    )
     try:
         yield d
     finally:
@@ -46,8 +55,10 @@ def real(sim: dict[str, Any], program_env: dict[str, str], pulumi_root: Path,
 
 
 def rank_ids(d: Deployment) -> dict[int, str]:
-    return {n["index"]: docker_on(n["index"], "inspect", "-f", "{{.Id}}", d.container(n)).stdout.strip()
-            for n in d.sim["nodes"]}
+    return {
+        n["index"]: docker_on(n["index"], "inspect", "-f", "{{.Id}}", d.container(n)).stdout.strip()
+        for n in d.sim["nodes"]
+    }
 
 
 def assert_every_rank_replaced_by_preview(d: Deployment, why: str) -> str:
@@ -55,7 +66,8 @@ def assert_every_rank_replaced_by_preview(d: Deployment, why: str) -> str:
     out = "\n".join(d.lines) + preview.stderr  # with --diff the CLI writes warnings to stderr
     for n in d.sim["nodes"]:
         assert "replace" in d.ops.get(f"serving-node-{n['index']}", set()), (
-            f"the preview must replace every rank after {why}: {d.ops}\n{out}")
+            f"the preview must replace every rank after {why}: {d.ops}\n{out}"
+        )
     assert "verify" in d.ops, d.ops
     return out
 
@@ -66,8 +78,14 @@ def test_real_vllm_serves_verified_logprobs_and_a_second_up_changes_nothing(real
     assert_verified(real, up.outputs)
     head, worker = real.sim["nodes"][0], real.sim["nodes"][1]
     # The real package, not the stand-in: its banner and its distribution's version in the head container.
-    version = docker_on(head["index"], "exec", real.container(head), "python3", "-c",
-                        "import importlib.metadata as m; print(m.version('vllm'))")
+    version = docker_on(
+        head["index"],
+        "exec",
+        real.container(head),
+        "python3",
+        "-c",
+        "import importlib.metadata as m; print(m.version('vllm'))",
+    )
     assert version.stdout.strip() == "0.32.0+cpu", version
     assert docker_on(head["index"], "exec", real.container(head), "test", "-e", "/opt/standin").returncode != 0
     args = json.loads(docker_on(worker["index"], "inspect", "-f", "{{json .Args}}", real.container(worker)).stdout)
@@ -76,18 +94,27 @@ def test_real_vllm_serves_verified_logprobs_and_a_second_up_changes_nothing(real
     assert "Application startup complete" in head_log.stdout + head_log.stderr
     verification = up.outputs["verification"].value
     assert verification["logprobs"] and all(-9999.0 < x["logprob"] <= 0 for x in verification["logprobs"])
-    print(f"\n[real vLLM] answer {verification['answer']!r} logprobs "
-          f"{[round(x['logprob'], 3) for x in verification['logprobs']][:8]}")
+    print(
+        f"\n[real vLLM] answer {verification['answer']!r} logprobs "
+        f"{[round(x['logprob'], 3) for x in verification['logprobs']][:8]}"
+    )
 
     again = real.up()
     assert set(again.summary.resource_changes or {}) == {"same"}, "a second up with nothing changed is a no-op"
 
 
 def stream_long_request(url: str, model: str, done: threading.Event, tokens: list[int]) -> None:
-    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Tell a very long story."}],
-                       "max_tokens": 1200, "temperature": 1.0, "ignore_eos": True, "stream": True}).encode()
-    request = urllib.request.Request(f"{url}/chat/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
+    body = json.dumps(
+        {
+            "model": model,
+            "messages": [{"role": "user", "content": "Tell a very long story."}],
+            "max_tokens": 1200,
+            "temperature": 1.0,
+            "ignore_eos": True,
+            "stream": True,
+        }
+    ).encode()
+    request = urllib.request.Request(f"{url}/chat/completions", data=body, headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=600) as resp:
             for line in resp:
@@ -106,8 +133,11 @@ def test_a_busy_real_engine_is_not_drift(real: Deployment) -> None:
     done = [threading.Event(), threading.Event()]
     counts: list[list[int]] = [[], []]
     for i in range(2):
-        threading.Thread(target=stream_long_request, args=(url, real.config["serve"].get(
-            "servedModelName", "DeepSeek-v4.1-Flash-EXL3"), done[i], counts[i]), daemon=True).start()
+        threading.Thread(
+            target=stream_long_request,
+            args=(url, real.config["serve"].get("servedModelName", "DeepSeek-v4.1-Flash-EXL3"), done[i], counts[i]),
+            daemon=True,
+        ).start()
     deadline = time.monotonic() + 60
     while not all(counts) and time.monotonic() < deadline:
         time.sleep(0.5)
@@ -115,7 +145,8 @@ def test_a_busy_real_engine_is_not_drift(real: Deployment) -> None:
     real.preview()
     busy_during_preview = not any(e.is_set() for e in done)
     assert not any("replace" in ops for ops in real.ops.values()), (
-        f"a busy engine must not be replaced: {real.ops}\n" + "\n".join(real.lines))
+        f"a busy engine must not be replaced: {real.ops}\n" + "\n".join(real.lines)
+    )
     assert busy_during_preview, "the long requests ended before the preview did: the test proved nothing"
     # The generations are left to finish (or to the next test's killed worker): waiting adds minutes, no proof.
 
@@ -163,8 +194,10 @@ def test_the_supervisor_heals_a_real_killed_worker_with_no_pulumi_command(real: 
     assert docker_on(worker["index"], "kill", real.container(worker)).returncode == 0
     after = wait_for(real, "a restart of the real group", restarted(before), 900)
     last = restarts(after)[-1]
-    print(f"\n[real vLLM] supervisor: worker killed -> verified again in {time.monotonic() - killed:.1f} s "
-          f"(restart {last['seconds']} s)")
+    print(
+        f"\n[real vLLM] supervisor: worker killed -> verified again in {time.monotonic() - killed:.1f} s "
+        f"(restart {last['seconds']} s)"
+    )
     assert last["result"] == "verified" and "node-2" in last["cause"], last
     assert rank_ids(real) == before_ids, "the same containers, started again"
     real.preview()

@@ -32,10 +32,18 @@ def weights_root() -> Iterator[Path]:
 
 
 @pytest.fixture(scope="module")
-def deployed(sim: dict[str, Any], program_env: dict[str, str], pulumi_root: Path,
-             weights_root: Path) -> Iterator[Deployment]:
-    d = new_deployment(sim, f"e2e-{uuid.uuid4().hex[:6]}", program_env, pulumi_root, weights_root=weights_root,
-                       port=18888, master_port=29621)
+def deployed(
+    sim: dict[str, Any], program_env: dict[str, str], pulumi_root: Path, weights_root: Path
+) -> Iterator[Deployment]:
+    d = new_deployment(
+        sim,
+        f"e2e-{uuid.uuid4().hex[:6]}",
+        program_env,
+        pulumi_root,
+        weights_root=weights_root,
+        port=18888,
+        master_port=29621,
+    )
     try:
         yield d
     finally:
@@ -54,7 +62,8 @@ def test_healthy_up_verifies_and_a_second_up_changes_nothing(deployed: Deploymen
     changes = again.summary.resource_changes or {}
     assert set(changes) == {"same"}, f"a second up with nothing changed must change nothing: {changes}"
     assert json.dumps(again.outputs["verification"].value) == json.dumps(up.outputs["verification"].value), (
-        "no gate or verifier re-ran")
+        "no gate or verifier re-ran"
+    )
 
 
 def preview_of(d: Deployment, config: dict[str, Any]) -> Any:
@@ -109,8 +118,10 @@ def test_preview_of_an_image_change_replaces_every_rank(deployed: Deployment) ->
 
 
 def container_ids(d: Deployment) -> dict[int, str]:
-    return {n["index"]: docker_on(n["index"], "inspect", "-f", "{{.Id}} {{.State.Status}}", d.container(n)).stdout
-            for n in d.sim["nodes"]}
+    return {
+        n["index"]: docker_on(n["index"], "inspect", "-f", "{{.Id}} {{.State.Status}}", d.container(n)).stdout
+        for n in d.sim["nodes"]
+    }
 
 
 @pytest.mark.timeout(600)
@@ -145,7 +156,8 @@ def fail_then_recover(d: Deployment, fault_env: dict[str, str]) -> tuple[str, fl
             assert_verified(d, d.up().outputs)
         except Exception as err:
             raise AssertionError(
-                f"the up after the fault failed: {err}\n=== the fault's up ===\n{fault_output}") from err
+                f"the up after the fault failed: {err}\n=== the fault's up ===\n{fault_output}"
+            ) from err
 
 
 def assert_both_ranks_tails(message: str, d: Deployment) -> None:
@@ -197,7 +209,8 @@ def test_watchdog_floor_above_memavailable_stops_the_rank_and_records_why(deploy
         # Real vLLM exits 0 on SIGTERM (a loading worker ignores it: 137 after docker's grace); either way the
         # gates' hint points at the watchdog's log.
         assert re.search(r"exit(?: code)? (?:0|137)\b", message) and "watchdog" in message, (
-            f"the gates must see the stopped rank and name the watchdog:\n{message}")
+            f"the gates must see the stopped rank and name the watchdog:\n{message}"
+        )
         # The sim's nodes share this machine's home directory, where each node's watchdog logs (per stack).
         path = Path.home() / ".local" / "state" / f"dsv41-exl3-{deployed.name}" / "watchdog.log"
 
@@ -207,36 +220,42 @@ def test_watchdog_floor_above_memavailable_stops_the_rank_and_records_why(deploy
         # The gates fail on the stopped rank's die event, which can be before the tripped watchdog has finished
         # asking its peer (its ssh to the other node): wait for the watchdog's lines, within a bound.
         deadline = time.monotonic() + 30
-        while (not any("STOP requested by the watchdog of node-" in line for line in mine())
-               and time.monotonic() < deadline):
+        while (
+            not any("STOP requested by the watchdog of node-" in line for line in mine())
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.5)
         log = path.read_text()
         assert any("STOP: MemAvailable below" in line for line in mine()), f"the watchdog logs why:\n{log[-3000:]}"
         assert any("holder (pid rss_kib command)" in line for line in mine()), "and which processes held the memory"
         # Every rank is stopped, not one: each tripped watchdog asked its peer over ssh with its own key.
         assert any("STOP requested by the watchdog of node-" in line for line in mine()), (
-            f"a peer's rank must be stopped at the tripped watchdog's request:\n{log[-3000:]}")
+            f"a peer's rank must be stopped at the tripped watchdog's request:\n{log[-3000:]}"
+        )
     finally:
         deployed.write_config(healthy)
         assert_verified(deployed, deployed.up().outputs)
 
 
 @pytest.mark.timeout(900)
-def test_a_rank_stopped_after_a_verified_up_is_seen_and_the_next_up_restores_every_rank(
-        deployed: Deployment) -> None:
+def test_a_rank_stopped_after_a_verified_up_is_seen_and_the_next_up_restores_every_rank(deployed: Deployment) -> None:
     assert_verified(deployed, deployed.up().outputs)
     worker = deployed.sim["nodes"][1]
-    before = {n["index"]: docker_on(n["index"], "inspect", "-f", "{{.Id}}", deployed.container(n)).stdout.strip()
-              for n in deployed.sim["nodes"]}
+    before = {
+        n["index"]: docker_on(n["index"], "inspect", "-f", "{{.Id}}", deployed.container(n)).stdout.strip()
+        for n in deployed.sim["nodes"]
+    }
     assert docker_on(worker["index"], "stop", "-t", "5", deployed.container(worker)).returncode == 0
 
     preview = deployed.preview()
     for n in deployed.sim["nodes"]:
         assert "replace" in deployed.ops.get(f"serving-node-{n['index']}", set()), (
-            f"the preview must show every rank replaced after one stopped: {deployed.ops}")
+            f"the preview must show every rank replaced after one stopped: {deployed.ops}"
+        )
     # With --diff the CLI writes warnings to stderr.
     assert f"node-{worker['index']} is exited" in preview.stderr, (
-        f"the preview names the stopped rank:\n{preview.stderr}")
+        f"the preview names the stopped rank:\n{preview.stderr}"
+    )
     assert "verify" in deployed.ops, deployed.ops
 
     assert_verified(deployed, deployed.up().outputs)
@@ -249,8 +268,10 @@ def test_a_rank_stopped_after_a_verified_up_is_seen_and_the_next_up_restores_eve
 
 
 def rank_ids(d: Deployment) -> dict[int, str]:
-    return {n["index"]: docker_on(n["index"], "inspect", "-f", "{{.Id}}", d.container(n)).stdout.strip()
-            for n in d.sim["nodes"]}
+    return {
+        n["index"]: docker_on(n["index"], "inspect", "-f", "{{.Id}}", d.container(n)).stdout.strip()
+        for n in d.sim["nodes"]
+    }
 
 
 # What LiveRanks' probe says about each runtime fault of the stand-in (sim/standin, SIM_FAULT_FILE).
@@ -260,7 +281,8 @@ DRIFT_SEEN = {"nan-logits": "the model produced NaN", "hang": "a rank is dead or
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("fault", sorted(DRIFT_SEEN))
 def test_an_endpoint_that_stops_answering_with_real_logprobs_is_seen_and_the_next_up_restores_it(
-        deployed: Deployment, fault: str) -> None:
+    deployed: Deployment, fault: str
+) -> None:
     assert_verified(deployed, deployed.up().outputs)
     before = rank_ids(deployed)
     head = deployed.sim["nodes"][0]
@@ -274,14 +296,16 @@ def test_an_endpoint_that_stops_answering_with_real_logprobs_is_seen_and_the_nex
     out = "\n".join(deployed.lines) + preview.stderr  # with --diff the CLI writes warnings to stderr
     for n in deployed.sim["nodes"]:
         assert "replace" in deployed.ops.get(f"serving-node-{n['index']}", set()), (
-            f"the preview must show every rank replaced when the endpoint {fault}s: {deployed.ops}\n{out}")
+            f"the preview must show every rank replaced when the endpoint {fault}s: {deployed.ops}\n{out}"
+        )
     assert "verify" in deployed.ops, deployed.ops
     assert DRIFT_SEEN[fault] in out, f"the preview must say what the probe saw:\n{out}"
     print(f"\n[drift {fault}] preview that saw it: {detected_s:.1f} s")
 
     # `pulumi refresh` reports it too (LiveRanks alone: the other resources' reads are not under test here).
-    live = next(r["urn"] for r in deployed.stack.export_stack().deployment["resources"]
-                if r["urn"].endswith("::live-ranks"))
+    live = next(
+        r["urn"] for r in deployed.stack.export_stack().deployment["resources"] if r["urn"].endswith("::live-ranks")
+    )
     deployed.stack.refresh(target=[live], on_output=lambda _line: None, color="never")
     state = next(r for r in deployed.stack.export_stack().deployment["resources"] if r["urn"] == live)
     assert DRIFT_SEEN[fault] in (state["outputs"].get("endpoint_observed") or ""), state["outputs"]
@@ -314,9 +338,14 @@ def test_a_rank_that_exits_at_once_shows_vllms_own_error_then_the_stack_recovers
         assert_verified(deployed, deployed.up().outputs)
 
 
-WEATHER_TOOL = {"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 
 
 @pytest.mark.timeout(300)
@@ -326,8 +355,11 @@ def test_the_official_openai_client_gets_a_tool_call_from_the_deployed_endpoint(
     outputs = deployed.up().outputs
     client = openai.OpenAI(base_url=outputs["endpoint"].value, api_key="not-set", timeout=60, max_retries=0)
     reply = client.chat.completions.create(
-        model=outputs["model"].value, messages=[{"role": "user", "content": "What is the weather in Paris?"}],
-        tools=[WEATHER_TOOL], max_tokens=64)  # type: ignore[list-item]
+        model=outputs["model"].value,
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        tools=[WEATHER_TOOL],
+        max_tokens=64,
+    )  # type: ignore[list-item]
     choice = reply.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.tool_calls, choice
     assert json.loads(choice.message.tool_calls[0].function.arguments) == {"city": "Paris"}

@@ -32,9 +32,23 @@ DESTRUCTIVE = {"replace", "create-replacement", "delete-replaced", "delete", "di
 
 def old_program(dest: Path) -> Path:
     """The program files at OLD_LAYOUT, with this checkout's venv (the dependencies did not change)."""
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", OLD_LAYOUT,
-                              "__main__.py", "components", "Pulumi.yaml", "pyproject.toml"],
-                             capture_output=True, check=True, timeout=60).stdout
+    archive = subprocess.run(
+        [
+            "git",
+            "-C",
+            str(REPO),
+            "archive",
+            "--format=tar",
+            OLD_LAYOUT,
+            "__main__.py",
+            "components",
+            "Pulumi.yaml",
+            "pyproject.toml",
+        ],
+        capture_output=True,
+        check=True,
+        timeout=60,
+    ).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(dest, filter="data")
     (dest / "venv").symlink_to(REPO / "venv")
@@ -49,24 +63,38 @@ def weights_root() -> Iterator[Path]:
 
 
 def container_ids(d: Deployment) -> dict[int, str]:
-    return {n["index"]: docker_on(n["index"], "inspect", "--format", "{{.Id}}", d.container(n)).stdout.strip()
-            for n in d.sim["nodes"]}
+    return {
+        n["index"]: docker_on(n["index"], "inspect", "--format", "{{.Id}}", d.container(n)).stdout.strip()
+        for n in d.sim["nodes"]
+    }
 
 
 @pytest.mark.timeout(1500)
 def test_a_stack_deployed_before_the_layout_move_upgrades_without_replacing_anything(
-        sim: dict[str, Any], program_env: dict[str, str], pulumi_root: Path, weights_root: Path,
-        tmp_path: Path) -> None:
-    d = new_deployment(sim, f"upg-{uuid.uuid4().hex[:6]}", program_env, pulumi_root, weights_root=weights_root,
-                       port=18891, master_port=29624)
+    sim: dict[str, Any], program_env: dict[str, str], pulumi_root: Path, weights_root: Path, tmp_path: Path
+) -> None:
+    d = new_deployment(
+        sim,
+        f"upg-{uuid.uuid4().hex[:6]}",
+        program_env,
+        pulumi_root,
+        weights_root=weights_root,
+        port=18891,
+        master_port=29624,
+    )
     try:
         old_dir = old_program(tmp_path / "old")
         # The old program knows no `supervisor` key (the sim's tests set it off; off is the old behaviour).
         stack_file = yaml.safe_load((REPO / f"Pulumi.{d.name}.yaml").read_text())
         del stack_file["config"]["dsv41-exl3:supervisor"]
         (old_dir / f"Pulumi.{d.name}.yaml").write_text(yaml.safe_dump(stack_file))
-        old = auto.select_stack(d.name, work_dir=str(old_dir), opts=auto.LocalWorkspaceOptions(
-            work_dir=str(old_dir), pulumi_command=auto.PulumiCommand(root=str(pulumi_root)), env_vars=d.env))
+        old = auto.select_stack(
+            d.name,
+            work_dir=str(old_dir),
+            opts=auto.LocalWorkspaceOptions(
+                work_dir=str(old_dir), pulumi_command=auto.PulumiCommand(root=str(pulumi_root)), env_vars=d.env
+            ),
+        )
         lines: list[str] = []
         assert_verified(d, old.up(on_output=lines.append, color="never").outputs)
         assert "dsv41-exl3:index:Deployment" not in "\n".join(lines), "the old program has no root component"
@@ -83,7 +111,8 @@ def test_a_stack_deployed_before_the_layout_move_upgrades_without_replacing_anyt
         assert container_ids(d) == before, "the same rank containers keep serving"
         again = d.preview()
         assert again.change_summary.get("same") and not {k for k in again.change_summary if k != "same"}, (
-            f"after the upgrade a preview is a no-op: {again.change_summary}")
+            f"after the upgrade a preview is a no-op: {again.change_summary}"
+        )
         # Resources unchanged by the upgrade keep their providers pickled under the old module paths.
         d.stack.destroy(on_output=lambda _l: None, color="never")
         assert all(not ids for ids in container_ids(d).values()), "destroy after the upgrade removes every rank"

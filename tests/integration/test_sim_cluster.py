@@ -56,16 +56,29 @@ def local_hub(tmp_path: Path) -> Iterator[tuple[str, Path]]:
 
 def client_env(url: str, home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower() and k != "HF_TOKEN"}
-    env.update({"HF_ENDPOINT": url, "HF_HOME": str(home), "HF_HUB_DISABLE_TELEMETRY": "1",
-                "HF_HUB_DISABLE_PROGRESS_BARS": "1", "NO_PROXY": "*", "HF_HUB_ETAG_TIMEOUT": "5",
-                "HF_HUB_DOWNLOAD_TIMEOUT": "10"})
+    env.update(
+        {
+            "HF_ENDPOINT": url,
+            "HF_HOME": str(home),
+            "HF_HUB_DISABLE_TELEMETRY": "1",
+            "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+            "NO_PROXY": "*",
+            "HF_HUB_ETAG_TIMEOUT": "5",
+            "HF_HUB_DOWNLOAD_TIMEOUT": "10",
+        }
+    )
     return env
 
 
 def run_client(url: str, tmp_path: Path, code: str) -> Any:
     """Run `code` with the real huggingface_hub client (fresh process, so HF_ENDPOINT applies); JSON result."""
-    proc = subprocess.run([sys.executable, "-c", code], env=client_env(url, tmp_path / "hf-home"),
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env=client_env(url, tmp_path / "hf-home"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -74,7 +87,8 @@ def test_checkpoint_has_the_names_and_counts_staging_expects() -> None:
     repos = checkpoint.build()
     model, base = repos[MODEL_REPO], repos[BASE_REPO]
     assert sorted(n for n in model if n.endswith(".safetensors")) == [
-        f"model-{i:05d}-of-00039.safetensors" for i in range(1, 40)]
+        f"model-{i:05d}-of-00039.safetensors" for i in range(1, 40)
+    ]
     assert sorted(n for n in base if n.endswith(".safetensors")) == [wm.engram_shard_name(i) for i in range(1, 49)]
     index = json.loads(base[wm.ENGRAM_INDEX])
     assert set(index["weight_map"].values()) == {wm.engram_shard_name(i) for i in range(1, 49)}
@@ -83,7 +97,7 @@ def test_checkpoint_has_the_names_and_counts_staging_expects() -> None:
     assert checkpoint.build() == repos, "the checkpoint must be the same on every build"
     # Each shard is a parseable safetensors file: u64 header length, then a JSON header.
     shard = base["model-00001-of-00048.safetensors"]
-    header = json.loads(shard[8:8 + int.from_bytes(shard[:8], "little")])
+    header = json.loads(shard[8 : 8 + int.from_bytes(shard[:8], "little")])
     assert header["model.layers.0.weight"]["data_offsets"][1] == len(shard) - 8 - int.from_bytes(shard[:8], "little")
 
 
@@ -99,7 +113,7 @@ def test_the_model_repo_is_a_real_tiny_llama_one_tensor_per_shard() -> None:
     for tensor, name in index.items():
         shard = model[name]
         size = int.from_bytes(shard[:8], "little")
-        header = json.loads(shard[8:8 + size])
+        header = json.loads(shard[8 : 8 + size])
         entry = header[tensor]
         count = 1
         for d in entry["shape"]:
@@ -114,7 +128,10 @@ def test_the_model_repo_is_a_real_tiny_llama_one_tensor_per_shard() -> None:
 
 def test_hub_listing_and_download_with_the_real_client(local_hub: tuple[str, Path], tmp_path: Path) -> None:
     url, _ = local_hub
-    got = run_client(url, tmp_path, f"""
+    got = run_client(
+        url,
+        tmp_path,
+        f"""
 import json
 from huggingface_hub import HfApi, hf_hub_download
 api = HfApi()
@@ -122,7 +139,8 @@ tree = {{f.path: f.size for f in api.list_repo_tree({BASE_REPO!r}, recursive=Tru
 path = hf_hub_download({MODEL_REPO!r}, "model-00007-of-00039.safetensors", local_dir={str(tmp_path / "d")!r})
 info = api.model_info({MODEL_REPO!r})
 print(json.dumps({{"tree": tree, "path": path, "sha": info.sha}}))
-""")
+""",
+    )
     base = checkpoint.build()[BASE_REPO]
     assert got["tree"] == {n: len(d) for n, d in base.items()}
     assert Path(got["path"]).read_bytes() == checkpoint.build()[MODEL_REPO]["model-00007-of-00039.safetensors"]
@@ -133,7 +151,10 @@ def test_hub_lists_lfs_sha256_and_blob_ids_the_real_client_reads(local_hub: tupl
     """The content ids staging verifies against, served in the real API's shape (tree: `lfs.oid`; model info
     with files_metadata: `lfs.sha256`, `blobId`) and read through the real client's own objects."""
     url, _ = local_hub
-    got = run_client(url, tmp_path, f"""
+    got = run_client(
+        url,
+        tmp_path,
+        f"""
 import json
 from huggingface_hub import HfApi
 api = HfApi()
@@ -142,7 +163,8 @@ tree = {{f.path: [f.size, f.blob_id, f.lfs.sha256 if f.lfs else None]
 info = api.model_info({MODEL_REPO!r}, files_metadata=True)
 sib = {{s.rfilename: [s.size, s.blob_id, s.lfs.sha256 if s.lfs else None] for s in info.siblings}}
 print(json.dumps({{"tree": tree, "siblings": sib}}))
-""")
+""",
+    )
     files = checkpoint.build()[MODEL_REPO]
     for name, data in files.items():
         if name.endswith(".safetensors"):
@@ -152,16 +174,21 @@ print(json.dumps({{"tree": tree, "siblings": sib}}))
         assert got["tree"][name] == expected == got["siblings"][name], name
 
 
-def test_staging_script_verifies_every_file_against_the_hub_stand_in(local_hub: tuple[str, Path],
-                                                                     tmp_path: Path) -> None:
+def test_staging_script_verifies_every_file_against_the_hub_stand_in(
+    local_hub: tuple[str, Path], tmp_path: Path
+) -> None:
     """The program's staging script with the real client against the stand-in the simulated cluster uses."""
     url, _ = local_hub
     plan = wm.staging_plan(model_repo=MODEL_REPO, engram_repo=BASE_REPO, revision="main")
     root = tmp_path / "root"
     script = REPO / "components" / "weights" / "stage_weights.py"
-    proc = subprocess.run([sys.executable, str(script), "--plan", json.dumps(plan),
-                           "--dest-root", str(root), "--host-root", str(root)],
-                          env=client_env(url, tmp_path / "hf-home"), capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(script), "--plan", json.dumps(plan), "--dest-root", str(root), "--host-root", str(root)],
+        env=client_env(url, tmp_path / "hf-home"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     staged = wm.parse_stage_output(proc.stdout)
     record = json.loads((root / "dsv41-weights-manifest.json").read_text())["files"]
@@ -175,7 +202,10 @@ def test_hub_fault_file_hides_a_file_and_listed_fault_404s(local_hub: tuple[str,
     url, faults = local_hub
     shard47, shard3 = wm.engram_shard_name(47), "model-00003-of-00039.safetensors"
     faults.write_text(f"{BASE_REPO}/{shard47}\nlisted:{MODEL_REPO}/{shard3}\n")
-    got = run_client(url, tmp_path, f"""
+    got = run_client(
+        url,
+        tmp_path,
+        f"""
 import json
 from huggingface_hub import HfApi, hf_hub_download
 from huggingface_hub.errors import EntryNotFoundError
@@ -189,20 +219,23 @@ for repo, name in (({BASE_REPO!r}, {shard47!r}), ({MODEL_REPO!r}, {shard3!r})):
     except EntryNotFoundError:
         out[name] = "EntryNotFound"
 print(json.dumps(out))
-""")
+""",
+    )
     assert shard47 not in got["base"] and shard3 in got["model"]
     assert got[shard47] == got[shard3] == "EntryNotFound"
     faults.write_text("")  # re-read on every request: the fault is gone at once
     with OPENER.open(f"{url}/{BASE_REPO}/resolve/main/{shard47}", timeout=5) as resp:
         assert resp.status == 200 and resp.headers["X-Repo-Commit"] == checkpoint.repo_commit(
-            checkpoint.build()[BASE_REPO])
+            checkpoint.build()[BASE_REPO]
+        )
 
 
 def test_hub_resolve_headers_range_and_errors(local_hub: tuple[str, Path]) -> None:
     url, _ = local_hub
     data = checkpoint.build()[MODEL_REPO]["config.json"]
-    with OPENER.open(urllib.request.Request(f"{url}/{MODEL_REPO}/resolve/main/config.json",
-                                                       method="HEAD"), timeout=5) as resp:
+    with OPENER.open(
+        urllib.request.Request(f"{url}/{MODEL_REPO}/resolve/main/config.json", method="HEAD"), timeout=5
+    ) as resp:
         assert resp.headers["Content-Length"] == str(len(data))
         assert resp.headers["ETag"] == f'"{checkpoint.blob_oid(data)}"'
         assert len(resp.headers["X-Repo-Commit"]) == 40
@@ -210,9 +243,11 @@ def test_hub_resolve_headers_range_and_errors(local_hub: tuple[str, Path]) -> No
     with OPENER.open(req, timeout=5) as resp:
         assert resp.status == 206 and resp.read() == data[10:]
         assert resp.headers["Content-Range"] == f"bytes 10-{len(data) - 1}/{len(data)}"
-    for path, code in ((f"/{MODEL_REPO}/resolve/main/nope.bin", "EntryNotFound"),
-                       (f"/{MODEL_REPO}/resolve/v9/config.json", "RevisionNotFound"),
-                       ("/org/none/resolve/main/config.json", "RepoNotFound")):
+    for path, code in (
+        (f"/{MODEL_REPO}/resolve/main/nope.bin", "EntryNotFound"),
+        (f"/{MODEL_REPO}/resolve/v9/config.json", "RevisionNotFound"),
+        ("/org/none/resolve/main/config.json", "RepoNotFound"),
+    ):
         with pytest.raises(urllib.error.HTTPError) as err:
             OPENER.open(f"{url}{path}", timeout=5)
         assert err.value.code == 404 and err.value.headers["X-Error-Code"] == code, path
@@ -235,8 +270,14 @@ def test_sshd_config_points_sessions_at_the_nodes_own_daemon(tmp_path: Path) -> 
     text = cluster.sshd_config(layout, 3)
     assert f"ListenAddress 127.0.0.4:{cluster.SSH_PORT}\n" in text
     assert f"SetEnv DOCKER_HOST=unix://{tmp_path}/node-3/docker.sock {cluster.NODE_TAG}={tmp_path}/node-3\n" in text
-    for line in ("PasswordAuthentication no", "UsePAM no", "PermitRootLogin prohibit-password",
-                 "Subsystem sftp internal-sftp", "MaxStartups 100:30:200", f"AuthorizedKeysFile {tmp_path}/ssh/"):
+    for line in (
+        "PasswordAuthentication no",
+        "UsePAM no",
+        "PermitRootLogin prohibit-password",
+        "Subsystem sftp internal-sftp",
+        "MaxStartups 100:30:200",
+        f"AuthorizedKeysFile {tmp_path}/ssh/",
+    ):
         assert line in text
 
 
@@ -290,8 +331,13 @@ def docker_over_ssh(sim: dict[str, Any], ip: str, *args: str) -> subprocess.Comp
     """The docker CLI with `-H ssh://` (what pulumi_docker's provider does), through the sim's ssh config."""
     env = {**os.environ, "PATH": f"{sim['ssh']['bin']}:{os.environ['PATH']}"}
     env.pop("DOCKER_HOST", None)
-    return subprocess.run(["docker", "-H", f"ssh://root@{ip}:{sim['ssh']['port']}", *args], env=env,
-                          capture_output=True, text=True, timeout=STEP_TIMEOUT)
+    return subprocess.run(
+        ["docker", "-H", f"ssh://root@{ip}:{sim['ssh']['port']}", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=STEP_TIMEOUT,
+    )
 
 
 def ips(sim: dict[str, Any]) -> list[str]:
@@ -324,8 +370,13 @@ def test_sshd_takes_many_parallel_connections_and_sftp(sim: dict[str, Any], tmp_
     src = tmp_path / "payload"
     src.write_text("over sftp\n")
     dest = f"/tmp/dsv41-sim-sftp-{uuid.uuid4().hex[:8]}"
-    proc = subprocess.run(["sftp", "-F", sim["ssh"]["config"], "-b", "-", f"root@{ip}"],
-                          input=f"put {src} {dest}\n", capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        ["sftp", "-F", sim["ssh"]["config"], "-b", "-", f"root@{ip}"],
+        input=f"put {src} {dest}\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     try:
         assert proc.returncode == 0, proc.stderr
         assert Path(dest).read_text() == "over sftp\n", "a node's filesystem is the host's"
@@ -338,21 +389,34 @@ def test_sshd_takes_many_parallel_connections_and_sftp(sim: dict[str, Any], tmp_
 def test_image_pulls_from_the_registry_on_every_node(sim: dict[str, Any]) -> None:
     image = sim["image"]
     registry = sim["registry"]
-    name, tag = image[len(registry) + 1:].rsplit(":", 1)
-    req = urllib.request.Request(f"http://{registry}/v2/{name}/manifests/{tag}", method="HEAD", headers={
-        "Accept": "application/vnd.docker.distribution.manifest.v2+json"})
+    name, tag = image[len(registry) + 1 :].rsplit(":", 1)
+    req = urllib.request.Request(
+        f"http://{registry}/v2/{name}/manifests/{tag}",
+        method="HEAD",
+        headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"},
+    )
     with OPENER.open(req, timeout=10) as resp:
         digest = resp.headers["Docker-Content-Digest"]
     for ip in ips(sim):
-        proc = on_node(sim, ip, f"docker image rm {image} >/dev/null 2>&1 || true; docker pull -q {image} && "
-                                f"docker image inspect --format '{{{{json .RepoDigests}}}}' {image}", timeout=300)
+        proc = on_node(
+            sim,
+            ip,
+            f"docker image rm {image} >/dev/null 2>&1 || true; docker pull -q {image} && "
+            f"docker image inspect --format '{{{{json .RepoDigests}}}}' {image}",
+            timeout=300,
+        )
         assert proc.returncode == 0, f"{ip}: {proc.stderr[-1000:]}"
         assert f"{registry}/{name}@{digest}" in json.loads(proc.stdout.strip().splitlines()[-1]), ip
-        run = on_node(sim, ip, f"docker run --rm --network host --entrypoint python3 {image} -c "
-                               "'import huggingface_hub, http.server; print(huggingface_hub.__version__)'")
+        run = on_node(
+            sim,
+            ip,
+            f"docker run --rm --network host --entrypoint python3 {image} -c "
+            "'import huggingface_hub, http.server; print(huggingface_hub.__version__)'",
+        )
         assert run.returncode == 0 and run.stdout.strip() == "2.4.0", run.stderr[-1000:]
-        which = on_node(sim, ip, f"docker run --rm --network none --entrypoint sh {image} "
-                                 "-c 'command -v vllm; command -v ps'")
+        which = on_node(
+            sim, ip, f"docker run --rm --network none --entrypoint sh {image} -c 'command -v vllm; command -v ps'"
+        )
         assert which.stdout.split() == ["/usr/local/bin/vllm", "/usr/bin/ps"], which.stderr
     inspect = on_node(sim, ips(sim)[0], f"docker image inspect --format '{{{{json .Config.Entrypoint}}}}' {image}")
     assert json.loads(inspect.stdout) == ["vllm"]
@@ -364,8 +428,12 @@ def test_host_network_container_on_node_2_is_invisible_on_node_1(sim: dict[str, 
     node1, node2 = ips(sim)[:2]
     port = 18000 + uuid.uuid4().int % 2000
     name = f"dsv41-sim-test-{uuid.uuid4().hex[:8]}"
-    proc = on_node(sim, node2, f"docker run -d --name {name} --label {test_label} --network host "
-                               f"--entrypoint python3 {sim['image']} -m http.server --bind {node2} {port}")
+    proc = on_node(
+        sim,
+        node2,
+        f"docker run -d --name {name} --label {test_label} --network host "
+        f"--entrypoint python3 {sim['image']} -m http.server --bind {node2} {port}",
+    )
     assert proc.returncode == 0, proc.stderr[-1000:]
     deadline = time.monotonic() + 30
     body = b""
@@ -401,20 +469,26 @@ def test_hub_checkpoint_stages_fully_on_the_head(sim: dict[str, Any], stage_root
     assert staged.root == str(stage_root)
     repos = checkpoint.build()
     expected = {f"model/{n}": len(d) for n, d in repos[MODEL_REPO].items()}
-    expected.update({f"engram-src/{n}": len(repos[BASE_REPO][n]) for n in
-                     (wm.engram_shard_name(47), wm.engram_shard_name(48), wm.ENGRAM_INDEX, "config.json")})
+    expected.update(
+        {
+            f"engram-src/{n}": len(repos[BASE_REPO][n])
+            for n in (wm.engram_shard_name(47), wm.engram_shard_name(48), wm.ENGRAM_INDEX, "config.json")
+        }
+    )
     assert staged.files == expected
     assert len(list((stage_root / "model").glob("*.safetensors"))) == 39
     for rel, size in staged.files.items():
         assert (stage_root / rel).stat().st_size == size, rel
     assert (stage_root / "model" / "model-00039-of-00039.safetensors").read_bytes() == repos[MODEL_REPO][
-        "model-00039-of-00039.safetensors"]
+        "model-00039-of-00039.safetensors"
+    ]
 
 
 @pytest.mark.sim
 @pytest.mark.timeout(300)
-def test_the_hf_token_never_shows_in_the_staging_containers_docker_inspect(sim: dict[str, Any],
-                                                                           stage_root: Path) -> None:
+def test_the_hf_token_never_shows_in_the_staging_containers_docker_inspect(
+    sim: dict[str, Any], stage_root: Path
+) -> None:
     """Issue 22 item 1: the token reaches the staging program on stdin, so the container's Config.Env (what
     `docker inspect` shows to anyone with the docker socket, for the whole staging run) never holds it."""
     token = f"hf_SimStagingToken{uuid.uuid4().hex}"
@@ -425,8 +499,12 @@ def test_the_hf_token_never_shows_in_the_staging_containers_docker_inspect(sim: 
 
     def watch() -> None:
         while not stop.is_set():
-            done = subprocess.run(["docker", "-H", docker_host, "inspect", container], capture_output=True,
-                                  text=True, timeout=STEP_TIMEOUT)
+            done = subprocess.run(
+                ["docker", "-H", docker_host, "inspect", container],
+                capture_output=True,
+                text=True,
+                timeout=STEP_TIMEOUT,
+            )
             if done.returncode == 0:
                 seen.append(done.stdout)
             time.sleep(0.05)
@@ -472,8 +550,9 @@ def test_second_sim_up_starts_nothing(sim: dict[str, Any]) -> None:
         pidfiles += [layout.node_dir(node["index"]) / "dockerd.pid", layout.node_dir(node["index"]) / "sshd.pid"]
     before = {p: p.read_text() for p in pidfiles}
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "sim.cluster", "up"], cwd=REPO, capture_output=True, text=True,
-                          timeout=STEP_TIMEOUT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sim.cluster", "up"], cwd=REPO, capture_output=True, text=True, timeout=STEP_TIMEOUT
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "starting" not in proc.stderr and "pushed" not in proc.stderr, proc.stderr
     assert {p: p.read_text() for p in pidfiles} == before
@@ -485,16 +564,29 @@ def test_a_real_image_that_cannot_fit_fails_at_once_naming_the_shortfall(tmp_pat
     # download, naming how much is free and how much is needed, and touches no daemon (docker is never called).
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "df").write_text("#!/bin/sh\necho 'Filesystem 1024-blocks Used Available Capacity Mounted'\n"
-                                "echo '/dev/x 100000000 99000000 3145728 99% /'\n")
+    (bin_dir / "df").write_text(
+        "#!/bin/sh\necho 'Filesystem 1024-blocks Used Available Capacity Mounted'\n"
+        "echo '/dev/x 100000000 99000000 3145728 99% /'\n"
+    )
     (bin_dir / "docker").write_text("#!/bin/sh\necho docker was called >&2\nexit 99\n")
     for f in bin_dir.iterdir():
         f.chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SIM_DOCKER_HOST": "unix:///nonexistent",
-           "SIM_FLAVOR": "real", "SIM_STAMP_DIR": str(tmp_path / "stamps"), "DSV41_CACHE": str(tmp_path / "cache"),
-           "SIM_REGISTRY": "127.0.0.1:9"}
-    proc = subprocess.run(["bash", str(Path(__file__).resolve().parents[2] / "sim" / "image" / "build.sh")],
-                          env=env, capture_output=True, text=True, timeout=60)
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "SIM_DOCKER_HOST": "unix:///nonexistent",
+        "SIM_FLAVOR": "real",
+        "SIM_STAMP_DIR": str(tmp_path / "stamps"),
+        "DSV41_CACHE": str(tmp_path / "cache"),
+        "SIM_REGISTRY": "127.0.0.1:9",
+    }
+    proc = subprocess.run(
+        ["bash", str(Path(__file__).resolve().parents[2] / "sim" / "image" / "build.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 1, proc.stderr
     assert "needs 16 GiB free" in proc.stderr and "3 GiB free" in proc.stderr, proc.stderr
     assert "docker was called" not in proc.stderr
@@ -519,14 +611,24 @@ def reboot_node() -> Iterator[tuple[int, dict[str, Any]]]:
         pytest.fail(f"node {REBOOT_NODE} already runs; set DSV41_SIM_REBOOT_NODE to an index no one uses")
     if cluster.registry_digest() is None:  # no image to run yet: bring the whole sim up (builds and pushes it)
         sim_ready_or_skip()
-    started = subprocess.run([sys.executable, "-m", "sim.cluster", "up", "--node", str(REBOOT_NODE)], cwd=REPO,
-                             capture_output=True, text=True, timeout=STEP_TIMEOUT)
+    started = subprocess.run(
+        [sys.executable, "-m", "sim.cluster", "up", "--node", str(REBOOT_NODE)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=STEP_TIMEOUT,
+    )
     try:
         assert started.returncode == 0, started.stderr[-2000:]
         yield REBOOT_NODE, {"ssh": {"config": str(layout.ssh_config)}, "image": cluster.image_ref()}
     finally:
-        subprocess.run([sys.executable, "-m", "sim.cluster", "down", "--node", str(REBOOT_NODE)], cwd=REPO,
-                       capture_output=True, text=True, timeout=STEP_TIMEOUT)
+        subprocess.run(
+            [sys.executable, "-m", "sim.cluster", "down", "--node", str(REBOOT_NODE)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=STEP_TIMEOUT,
+        )
 
 
 def inspect_state(node: dict[str, Any], ip: str, name: str) -> dict[str, Any]:
@@ -556,21 +658,30 @@ def test_reboot_is_a_power_cut_then_docker_restart_policies(reboot_node: tuple[i
     pull = on_node(node, ip, f"docker pull -q {image}", timeout=300)
     assert pull.returncode == 0, pull.stderr[-1000:]
     for name, policy in (("dsv41-reboot-unless", "unless-stopped"), ("dsv41-reboot-no", "no")):
-        run = on_node(node, ip, f"docker run -d --name {name} --restart {policy} --network host "
-                                f"--entrypoint sleep {image} 1000")
+        run = on_node(
+            node, ip, f"docker run -d --name {name} --restart {policy} --network host --entrypoint sleep {image} 1000"
+        )
         assert run.returncode == 0, run.stderr[-1000:]
     before = inspect_state(node, ip, "dsv41-reboot-unless")
     # What a watchdog installed over ssh looks like: nohup'd, re-parented to init once the session ends; and one
     # that also left its session and its environment behind (only the node's cgroup still holds it).
-    spawned = on_node(node, ip, "nohup sleep 1000 >/dev/null 2>&1 & echo $!; "
-                                "setsid env -i sleep 1000 </dev/null >/dev/null 2>&1 & echo $!")
+    spawned = on_node(
+        node,
+        ip,
+        "nohup sleep 1000 >/dev/null 2>&1 & echo $!; setsid env -i sleep 1000 </dev/null >/dev/null 2>&1 & echo $!",
+    )
     assert spawned.returncode == 0, spawned.stderr
     nohup_pid, setsid_pid = map(int, spawned.stdout.split())
     starts = {pid: process_start(pid) for pid in (nohup_pid, setsid_pid)}
     assert None not in starts.values(), "the sleeps started over ssh must run before the reboot"
 
-    proc = subprocess.run([sys.executable, "-m", "sim.cluster", "reboot", f"node-{index}"], cwd=REPO,
-                          capture_output=True, text=True, timeout=STEP_TIMEOUT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sim.cluster", "reboot", f"node-{index}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=STEP_TIMEOUT,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert f"node {index} rebooted in" in proc.stdout and "2 running container(s)" in proc.stdout, proc.stdout
 

@@ -31,10 +31,16 @@ NOTIFY_LOG = "/var/lib/dsv41-supervisor/notify.log"  # inside the supervisor's s
 
 
 def configure(config: dict[str, Any]) -> None:
-    config["supervisor"].update({
-        "probeSeconds": 5, "maxRestarts": 2, "windowHours": 1, "backoffSeconds": 1, "memWaitSeconds": 30,
-        "notifyCommand": f"cat >> {NOTIFY_LOG}; echo >> {NOTIFY_LOG}",
-    })
+    config["supervisor"].update(
+        {
+            "probeSeconds": 5,
+            "maxRestarts": 2,
+            "windowHours": 1,
+            "backoffSeconds": 1,
+            "memWaitSeconds": 30,
+            "notifyCommand": f"cat >> {NOTIFY_LOG}; echo >> {NOTIFY_LOG}",
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -45,10 +51,20 @@ def weights_root() -> Iterator[Path]:
 
 
 @pytest.fixture(scope="module")
-def supervised(sim: dict[str, Any], program_env: dict[str, str], pulumi_root: Path,
-               weights_root: Path) -> Iterator[Deployment]:
-    d = new_deployment(sim, f"sup-{uuid.uuid4().hex[:6]}", program_env, pulumi_root, weights_root=weights_root,
-                       port=18895, master_port=29627, supervisor=True, configure=configure)
+def supervised(
+    sim: dict[str, Any], program_env: dict[str, str], pulumi_root: Path, weights_root: Path
+) -> Iterator[Deployment]:
+    d = new_deployment(
+        sim,
+        f"sup-{uuid.uuid4().hex[:6]}",
+        program_env,
+        pulumi_root,
+        weights_root=weights_root,
+        port=18895,
+        master_port=29627,
+        supervisor=True,
+        configure=configure,
+    )
     try:
         assert_verified(d, d.up().outputs)
         yield d
@@ -64,8 +80,14 @@ def rank_state(d: Deployment, node: dict[str, Any]) -> dict[str, Any]:
 
 def cli(d: Deployment, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, **d.env, "PATH": f"{d.pulumi_root / 'bin'}:{os.environ['PATH']}"}
-    return subprocess.run([sys.executable, "-m", "components.supervisor", *args, "--stack", d.name], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "components.supervisor", *args, "--stack", d.name],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def notify_events(d: Deployment) -> list[dict[str, Any]]:
@@ -85,8 +107,12 @@ def test_a_killed_worker_is_healed_with_no_pulumi_command_and_preview_stays_a_no
     ids = {n["index"]: rank_state(d, n)["Id"] for n in d.sim["nodes"]}
     killed_at = time.monotonic()
     assert docker_on(worker["index"], "kill", d.container(worker)).returncode == 0
-    after = wait_for(d, "a verified restart", lambda s: len(restarts(s)) > len(restarts(before))
-                     and restarts(s)[-1].get("result") not in (None, "running"), 300)
+    after = wait_for(
+        d,
+        "a verified restart",
+        lambda s: len(restarts(s)) > len(restarts(before)) and restarts(s)[-1].get("result") not in (None, "running"),
+        300,
+    )
     healed_s = time.monotonic() - killed_at
     last = restarts(after)[-1]
     assert last["result"] == "verified", last
@@ -108,8 +134,12 @@ def test_a_killed_head_is_healed_and_recorded_with_its_cause(supervised: Deploym
     before = armed(d)
     head = d.sim["nodes"][0]
     assert docker_on(head["index"], "kill", d.container(head)).returncode == 0
-    after = wait_for(d, "a verified restart", lambda s: len(restarts(s)) > len(restarts(before))
-                     and restarts(s)[-1].get("result") not in (None, "running"), 300)
+    after = wait_for(
+        d,
+        "a verified restart",
+        lambda s: len(restarts(s)) > len(restarts(before)) and restarts(s)[-1].get("result") not in (None, "running"),
+        300,
+    )
     last = restarts(after)[-1]
     assert last["result"] == "verified" and "node-1" in last["cause"], last
     out = cli(d, "status")
@@ -133,25 +163,30 @@ def test_pause_stops_every_action_and_resume_restores_it(supervised: Deployment)
     assert not rank_state(d, worker)["Running"]
     assert "paused" in held["doing"], held["doing"]
     assert cli(d, "resume").returncode == 0
-    after = wait_for(d, "a restart after resume", lambda s: len(restarts(s)) > len(restarts(before))
-                     and restarts(s)[-1].get("result") not in (None, "running"), 300)
+    after = wait_for(
+        d,
+        "a restart after resume",
+        lambda s: len(restarts(s)) > len(restarts(before)) and restarts(s)[-1].get("result") not in (None, "running"),
+        300,
+    )
     assert restarts(after)[-1]["result"] == "verified", restarts(after)[-1]
 
 
 @pytest.mark.timeout(900)
-def test_nan_after_ready_is_healed_within_the_budget_then_given_up_with_a_notification(
-        supervised: Deployment) -> None:
+def test_nan_after_ready_is_healed_within_the_budget_then_given_up_with_a_notification(supervised: Deployment) -> None:
     d = supervised
     assert cli(d, "resume").returncode == 0  # a fresh budget: the earlier tests' restarts count no more
     before = armed(d)
     head = d.sim["nodes"][0]
     # The stand-in's runtime fault lives in the container's /tmp: it outlasts every restart, a crash loop.
-    assert docker_on(head["index"], "exec", d.container(head), "sh", "-c",
-                     "echo nan-logits > /tmp/sim-fault").returncode == 0
+    assert (
+        docker_on(head["index"], "exec", d.container(head), "sh", "-c", "echo nan-logits > /tmp/sim-fault").returncode
+        == 0
+    )
     try:
         gave_up = wait_for(d, "a give-up", lambda s: bool(s.get("given_up")), 600)
         assert "supervisor.maxRestarts" in gave_up["given_up"], gave_up["given_up"]
-        new = restarts(gave_up)[len(restarts(before)):]
+        new = restarts(gave_up)[len(restarts(before)) :]
         assert len(new) == 2 and all(r["result"] != "verified" for r in new), new
         kinds = [e["event"] for e in notify_events(d)]
         assert "gave-up" in kinds, kinds
@@ -160,8 +195,15 @@ def test_nan_after_ready_is_healed_within_the_budget_then_given_up_with_a_notifi
     finally:
         docker_on(head["index"], "exec", d.container(head), "rm", "-f", "/tmp/sim-fault")
     assert cli(d, "resume").returncode == 0
-    healed = wait_for(d, "healthy after resume", lambda s: (s.get("last_probe") or {}).get("state") == "healthy"
-                      or (restarts(s) and restarts(s)[-1].get("result") == "verified"), 300)
+    healed = wait_for(
+        d,
+        "healthy after resume",
+        lambda s: (
+            (s.get("last_probe") or {}).get("state") == "healthy"
+            or (restarts(s) and restarts(s)[-1].get("result") == "verified")
+        ),
+        300,
+    )
     assert not healed.get("given_up"), healed
 
 
@@ -182,21 +224,29 @@ def test_a_rank_killed_during_an_up_is_left_to_the_up(supervised: Deployment) ->
         assert not rank_state(d, worker)["Running"]
     finally:
         requests.delete(f"{url}/lock", json={"holder": "test update"}, headers=headers, timeout=10)
-    after = wait_for(d, "a restart once the lock is gone", lambda s: len(restarts(s)) > len(restarts(before))
-                     and restarts(s)[-1].get("result") not in (None, "running"), 300)
+    after = wait_for(
+        d,
+        "a restart once the lock is gone",
+        lambda s: len(restarts(s)) > len(restarts(before)) and restarts(s)[-1].get("result") not in (None, "running"),
+        300,
+    )
     assert restarts(after)[-1]["result"] == "verified"
 
 
 def reboot(index: int) -> str:
-    done = subprocess.run([sys.executable, "-m", "sim.cluster", "reboot", str(index)], cwd=REPO, capture_output=True,
-                          text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "sim.cluster", "reboot", str(index)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout + done.stderr
 
 
 @pytest.mark.timeout(1200)
-def test_a_rebooted_worker_then_a_rebooted_head_are_served_again_with_no_pulumi_command(
-        supervised: Deployment) -> None:
+def test_a_rebooted_worker_then_a_rebooted_head_are_served_again_with_no_pulumi_command(supervised: Deployment) -> None:
     d = supervised
     assert cli(d, "resume").returncode == 0  # a fresh budget (maxRestarts 2 here): one restart per reboot
     for node in (d.sim["nodes"][1], d.sim["nodes"][0]):
@@ -212,22 +262,38 @@ def test_a_rebooted_worker_then_a_rebooted_head_are_served_again_with_no_pulumi_
     # The memory guard lives in the agents, which docker brought back on both nodes.
     prefix = labels.stack_prefix("dsv41-exl3", d.name)
     for n in d.sim["nodes"]:
-        ps = docker_on(n["index"], "ps", "--filter", f"name={prefix}-supervisor-node-{n['index']}",
-                       "--format", "{{.Status}}").stdout
+        ps = docker_on(
+            n["index"], "ps", "--filter", f"name={prefix}-supervisor-node-{n['index']}", "--format", "{{.Status}}"
+        ).stdout
         assert ps.startswith("Up"), (n, ps)
 
 
 @pytest.mark.timeout(900)
-def test_destroy_removes_the_supervisor_and_keeps_the_weights(sim: dict[str, Any], program_env: dict[str, str],
-                                                             pulumi_root: Path, weights_root: Path) -> None:
-    d = new_deployment(sim, f"sud-{uuid.uuid4().hex[:6]}", program_env, pulumi_root, weights_root=weights_root,
-                       port=18897, master_port=29629, supervisor=True)
+def test_destroy_removes_the_supervisor_and_keeps_the_weights(
+    sim: dict[str, Any], program_env: dict[str, str], pulumi_root: Path, weights_root: Path
+) -> None:
+    d = new_deployment(
+        sim,
+        f"sud-{uuid.uuid4().hex[:6]}",
+        program_env,
+        pulumi_root,
+        weights_root=weights_root,
+        port=18897,
+        master_port=29629,
+        supervisor=True,
+    )
     prefix = labels.stack_prefix("dsv41-exl3", d.name)
     try:
         assert_verified(d, d.up().outputs)
         for n in sim["nodes"]:
-            ps = docker_on(n["index"], "ps", "--filter", f"label=dsv41-exl3.supervisor={d.name}", "--format",
-                           "{{.Names}} {{.Status}}").stdout
+            ps = docker_on(
+                n["index"],
+                "ps",
+                "--filter",
+                f"label=dsv41-exl3.supervisor={d.name}",
+                "--format",
+                "{{.Names}} {{.Status}}",
+            ).stdout
             assert f"{prefix}-supervisor-node-{n['index']}" in ps and "Up" in ps, ps
     finally:
         remove_deployment(d)

@@ -30,8 +30,13 @@ def decide(case: str, hcas: list[str], wanted: int | str = "auto", fabric_ip: st
     root = FIXTURES / case
     assert root.is_dir(), f"fixture tree {root} is missing"
     script = render_gid_check(hcas=hcas, fabric_ip=fabric_ip, wanted=wanted)  # type: ignore[arg-type]
-    proc = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=20,
-                          env={**os.environ, "DSV41_SYSFS_ROOT": str(root)})
+    proc = subprocess.run(
+        ["sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        env={**os.environ, "DSV41_SYSFS_ROOT": str(root)},
+    )
     assert proc.returncode == 0, f"gid_check itself broke: {proc.stderr}"
     index = None
     failures = []
@@ -163,7 +168,12 @@ def test_a_fabric_ip_the_node_does_not_hold_is_refused() -> None:
 def test_missing_sysfs_root_fails_closed() -> None:
     # a node without any infiniband class: refused, not resolved
     script = render_gid_check(hcas=["rocep1s0f1"], fabric_ip=FABRIC_IP, wanted="auto")
-    proc = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=20,
-                          env={**os.environ, "DSV41_SYSFS_ROOT": str(FIXTURES / "no-such-tree")})
+    proc = subprocess.run(
+        ["sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        env={**os.environ, "DSV41_SYSFS_ROOT": str(FIXTURES / "no-such-tree")},
+    )
     assert proc.stdout.startswith("fail HCA rocep1s0f1 does not exist"), proc.stdout
     assert "ACTIVE HCAs: none" in proc.stdout

@@ -126,14 +126,29 @@ echo "/dev/nvme0n1p2  3907029168 100000000 $FAKE_DF_FREE_K      3% /"
 """
 
 
-def container(cid: str, name: str, *, stack: str | None = None, running: bool = True, gpu: bool = False,
-              devices: tuple[str, ...] = (), labels: dict[str, str] | None = None,
-              shape: str = "host -1") -> dict[str, Any]:
+def container(
+    cid: str,
+    name: str,
+    *,
+    stack: str | None = None,
+    running: bool = True,
+    gpu: bool = False,
+    devices: tuple[str, ...] = (),
+    labels: dict[str, str] | None = None,
+    shape: str = "host -1",
+) -> dict[str, Any]:
     all_labels = dict(labels or {})
     if stack is not None:
         all_labels["dsv41-exl3.stack"] = stack
-    return {"id": cid, "name": name, "labels": all_labels, "running": running,
-            "gpu_caps": ["gpu"] if gpu else [], "devices": list(devices), "shape": shape}
+    return {
+        "id": cid,
+        "name": name,
+        "labels": all_labels,
+        "running": running,
+        "gpu_caps": ["gpu"] if gpu else [],
+        "devices": list(devices),
+        "shape": shape,
+    }
 
 
 OWN_HEAD = container("a1a1a1", "dsv41-exl3-dev-head", stack="dev", gpu=True, devices=("/dev/infiniband",))
@@ -201,14 +216,23 @@ class FakeNode:
 
         meminfo = tmp / "meminfo"
         # MemFree is tiny on purpose: the check must read MemAvailable, never free/used.
-        meminfo.write_text(f"MemTotal:       127533396 kB\nMemFree:         2097152 kB\n"
-                           f"MemAvailable:   {self.mem_available_kib} kB\nCached:         90000000 kB\n")
+        meminfo.write_text(
+            f"MemTotal:       127533396 kB\nMemFree:         2097152 kB\n"
+            f"MemAvailable:   {self.mem_available_kib} kB\nCached:         90000000 kB\n"
+        )
         state = tmp / "docker-state.json"
-        state.write_text(json.dumps({
-            "containers": self.containers, "daemon_up": self.daemon_up,
-            "hang": self.docker_hangs, "stop_fails": self.stop_fails,
-            "mem_after_stop_kib": self.mem_after_stop_kib, "mem_after_stop_delay_s": self.mem_after_stop_delay_s,
-        }))
+        state.write_text(
+            json.dumps(
+                {
+                    "containers": self.containers,
+                    "daemon_up": self.daemon_up,
+                    "hang": self.docker_hangs,
+                    "stop_fails": self.stop_fails,
+                    "mem_after_stop_kib": self.mem_after_stop_kib,
+                    "mem_after_stop_delay_s": self.mem_after_stop_delay_s,
+                }
+            )
+        )
         units = tmp / "units.txt"
         units.write_text(self.units)
         dev = tmp / "dev"
@@ -236,11 +260,15 @@ class FakeNode:
             env["FAKE_SYSTEMCTL_FAIL"] = "1"
         start = time.monotonic()
         # the exact command text the remote.Command sends, timeout wrapper included
-        proc = subprocess.run(["/bin/sh", "-c", render_command(spec)], capture_output=True, text=True,
-                              env=env, timeout=60)
+        proc = subprocess.run(
+            ["/bin/sh", "-c", render_command(spec)], capture_output=True, text=True, env=env, timeout=60
+        )
         elapsed = time.monotonic() - start
         return Run(
-            rc=proc.returncode, stdout=proc.stdout, stderr=proc.stderr, elapsed=elapsed,
+            rc=proc.returncode,
+            stdout=proc.stdout,
+            stderr=proc.stderr,
+            elapsed=elapsed,
             docker_calls=[json.loads(line) for line in logs["docker"].read_text().splitlines()],
             systemctl_calls=logs["systemctl"].read_text().splitlines(),
             df_calls=logs["df"].read_text().splitlines(),
@@ -250,11 +278,22 @@ class FakeNode:
 
 def make_spec(**overrides: Any) -> PreflightSpec:
     base: dict[str, Any] = dict(
-        node_name="spark-1", fabric_ip="192.168.100.1", ib_hcas=("rocep1s0f1",), gid_index="auto",
-        check_rdma=True, min_mem_available_gib=111.5, weights_root=None, min_free_disk_gib=None,
-        stack_label="dev", generation="", container_shape="host -1", check_export_path=False,
-        command_timeout_s=40, stop_timeout_s=2,
-        mem_settle_s=3, docker_timeout_s=5,
+        node_name="spark-1",
+        fabric_ip="192.168.100.1",
+        ib_hcas=("rocep1s0f1",),
+        gid_index="auto",
+        check_rdma=True,
+        min_mem_available_gib=111.5,
+        weights_root=None,
+        min_free_disk_gib=None,
+        stack_label="dev",
+        generation="",
+        container_shape="host -1",
+        check_export_path=False,
+        command_timeout_s=40,
+        stop_timeout_s=2,
+        mem_settle_s=3,
+        docker_timeout_s=5,
     )
     base.update(overrides)
     return PreflightSpec(**base)
@@ -319,10 +358,12 @@ def test_a_container_of_another_shape_is_stopped_under_the_same_generation(node:
     """container.ipcMode or memlockBytes replace every rank without moving the generation: the old ranks must
     be stopped before any new one starts, or a new worker meets the old head on the master port."""
     node.containers = [
-        container("a1a1a1", "dsv41-exl3-dev-head", stack="dev", labels={"dsv41-exl3.config": "gen-new"},
-                  shape="host -1"),
-        container("c3c3c3", "dsv41-exl3-dev-worker", stack="dev", labels={"dsv41-exl3.config": "gen-new"},
-                  shape="private -1"),
+        container(
+            "a1a1a1", "dsv41-exl3-dev-head", stack="dev", labels={"dsv41-exl3.config": "gen-new"}, shape="host -1"
+        ),
+        container(
+            "c3c3c3", "dsv41-exl3-dev-worker", stack="dev", labels={"dsv41-exl3.config": "gen-new"}, shape="private -1"
+        ),
     ]
     node.mem_available_kib = 200 * GIB_KIB
     spec = make_spec(generation="gen-new", container_shape="private -1")
@@ -469,14 +510,17 @@ def test_head_checks_free_disk_at_the_nearest_existing_parent_with_numbers(node:
     run = node.run(make_spec(weights_root=str(weights), min_free_disk_gib=387))
     assert run.rc == 1
     (refusal,) = run.refusals
-    assert (f"disk at {tmp_path / 'disk'} has 100.0 GiB free + 0.0 GiB already staged in {weights} = 100.0 GiB, "
-            "below the required 387 GiB") in refusal
+    assert (
+        f"disk at {tmp_path / 'disk'} has 100.0 GiB free + 0.0 GiB already staged in {weights} = 100.0 GiB, "
+        "below the required 387 GiB"
+    ) in refusal
     assert "(short by 287.0 GiB)" in refusal and "weights.copyRoot (a worker, share: copy)" in refusal
     assert run.df_calls == [f"-Pk {tmp_path / 'disk'}"]
 
 
 def test_a_copy_mode_worker_is_refused_naming_the_node_its_copy_root_and_the_shortfall(
-        node: FakeNode, tmp_path: Path) -> None:
+    node: FakeNode, tmp_path: Path
+) -> None:
     """Issue 15: with `share: copy` a worker's preflight checks its own disk for the copy."""
     node.df_free_kib = 300 * GIB_KIB
     copy_root = tmp_path / "copies" / "spark-1"
@@ -486,8 +530,10 @@ def test_a_copy_mode_worker_is_refused_naming_the_node_its_copy_root_and_the_sho
     run = node.run(spec)
     assert run.rc == 1
     (refusal,) = [r for r in run.refusals if "disk at" in r]
-    assert (f"disk at {copy_root} has 300.0 GiB free + 0.5 GiB already staged in {copy_root} = 300.5 GiB, below "
-            "the required 387 GiB (short by 86.5 GiB)") in refusal
+    assert (
+        f"disk at {copy_root} has 300.0 GiB free + 0.5 GiB already staged in {copy_root} = 300.5 GiB, below "
+        "the required 387 GiB (short by 86.5 GiB)"
+    ) in refusal
     assert "preflight refused on node spark-1: " in run.stderr + run.stdout
 
 
@@ -534,7 +580,9 @@ def test_down_port_fails_the_command_naming_node_and_hca(node: FakeNode) -> None
     run = node.run(make_spec(ib_hcas=("rocep1s0f1", "roceP2p1s0f1")))
     assert run.rc == 1
     assert [r.split(": ", 1)[1].split(",")[0] for r in run.refusals] == [
-        "HCA rocep1s0f1 port 1 is DOWN", "HCA roceP2p1s0f1 port 1 is DOWN"]
+        "HCA rocep1s0f1 port 1 is DOWN",
+        "HCA roceP2p1s0f1 port 1 is DOWN",
+    ]
 
 
 def test_missing_dev_infiniband_is_refused(node: FakeNode) -> None:
@@ -587,8 +635,10 @@ def test_outer_timeout_bounds_a_hung_script() -> None:
 
 def test_script_is_posix_sh_and_uses_only_the_listed_tools() -> None:
     spec = make_spec(weights_root="/w", min_free_disk_gib=1)
-    for script in (render_script(spec), render_gid_check(hcas=spec.ib_hcas, fabric_ip=spec.fabric_ip,
-                                                         wanted=spec.gid_index)):
+    for script in (
+        render_script(spec),
+        render_gid_check(hcas=spec.ib_hcas, fabric_ip=spec.fabric_ip, wanted=spec.gid_index),
+    ):
         assert subprocess.run(["sh", "-n", "-c", script]).returncode == 0
         if shutil.which("bash"):
             assert subprocess.run(["bash", "--posix", "-n", "-c", script]).returncode == 0
@@ -598,23 +648,31 @@ def test_script_is_posix_sh_and_uses_only_the_listed_tools() -> None:
 
 
 def line(**fields: Any) -> str:
-    base: dict[str, Any] = {"node": "spark-1", "mem_available_gib": 118.25, "gid_index": 3,
-                            "stopped": [], "findings": []}
+    base: dict[str, Any] = {
+        "node": "spark-1",
+        "mem_available_gib": 118.25,
+        "gid_index": 3,
+        "stopped": [],
+        "findings": [],
+    }
     base.update(fields)
     return json.dumps(base)
 
 
-@pytest.mark.parametrize(("stdout", "message"), [
-    ("", "is empty"),
-    ("not json\n", "does not end in a JSON line"),
-    ("[1]", "expected a JSON object"),
-    (line(node="spark-2"), "names node 'spark-2'"),
-    (line(mem_available_gib="118"), "mem_available_gib is '118'"),
-    (line(mem_available_gib=True), "mem_available_gib is True"),
-    (line(gid_index=None), "no gid_index although check_rdma is true"),
-    (line(gid_index="3"), "gid_index is '3'"),
-    (line(findings="x"), "field 'findings'"),
-])
+@pytest.mark.parametrize(
+    ("stdout", "message"),
+    [
+        ("", "is empty"),
+        ("not json\n", "does not end in a JSON line"),
+        ("[1]", "expected a JSON object"),
+        (line(node="spark-2"), "names node 'spark-2'"),
+        (line(mem_available_gib="118"), "mem_available_gib is '118'"),
+        (line(mem_available_gib=True), "mem_available_gib is True"),
+        (line(gid_index=None), "no gid_index although check_rdma is true"),
+        (line(gid_index="3"), "gid_index is '3'"),
+        (line(findings="x"), "field 'findings'"),
+    ],
+)
 def test_malformed_output_is_refused_naming_the_node(stdout: str, message: str) -> None:
     with pytest.raises(ValueError, match="preflight output of node spark-1") as e:
         parse_output(stdout, make_spec())
@@ -631,8 +689,10 @@ def test_output_must_agree_with_a_configured_index_and_with_check_rdma() -> None
 def test_report_is_one_line_with_the_measurements() -> None:
     spec = make_spec()
     report = format_report(parse_output("progress\n" + line(stopped=["dsv41-exl3-dev-head"]), spec), spec)
-    assert report == ("preflight spark-1: ok: 118.2 GiB MemAvailable (need 111.5); RoCE v2 GID index 3 "
-                      "(resolved) on rocep1s0f1; stopped dsv41-exl3-dev-head")
+    assert report == (
+        "preflight spark-1: ok: 118.2 GiB MemAvailable (need 111.5); RoCE v2 GID index 3 "
+        "(resolved) on rocep1s0f1; stopped dsv41-exl3-dev-head"
+    )
 
 
 # --- argument validation --------------------------------------------------------------------------
@@ -643,20 +703,27 @@ def test_invalid_spec_reports_every_problem_at_once() -> None:
         make_spec(fabric_ip="fe80::1", ib_hcas=("bad name",), gid_index=-1, min_mem_available_gib=float("nan"))
     text = str(e.value)
     assert text.startswith("preflight for node 'spark-1': ")
-    for part in ("fabric_ip 'fe80::1'", "'bad name' is not an RDMA device name", "gid_index -1",
-                 "min_mem_available_gib nan"):
+    for part in (
+        "fabric_ip 'fe80::1'",
+        "'bad name' is not an RDMA device name",
+        "gid_index -1",
+        "min_mem_available_gib nan",
+    ):
         assert part in text, f"{part!r} missing from {text!r}"
 
 
-@pytest.mark.parametrize(("overrides", "message"), [
-    (dict(check_rdma=True, ib_hcas=()), "check_rdma is true but ib_hcas is empty"),
-    (dict(weights_root="/w"), "weights_root '/w' and min_free_disk_gib None go together"),
-    (dict(weights_root="dsv41", min_free_disk_gib=1), "must be an absolute path or start with ~/"),
-    (dict(weights_root="~other/x", min_free_disk_gib=1), "must be an absolute path or start with ~/"),
-    (dict(command_timeout_s=20), "command_timeout_s 20 is shorter than"),
-    (dict(stack_label=""), "stack_label is empty"),
-    (dict(node_name=" "), "node_name is empty"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (dict(check_rdma=True, ib_hcas=()), "check_rdma is true but ib_hcas is empty"),
+        (dict(weights_root="/w"), "weights_root '/w' and min_free_disk_gib None go together"),
+        (dict(weights_root="dsv41", min_free_disk_gib=1), "must be an absolute path or start with ~/"),
+        (dict(weights_root="~other/x", min_free_disk_gib=1), "must be an absolute path or start with ~/"),
+        (dict(command_timeout_s=20), "command_timeout_s 20 is shorter than"),
+        (dict(stack_label=""), "stack_label is empty"),
+        (dict(node_name=" "), "node_name is empty"),
+    ],
+)
 def test_invalid_spec_is_refused(overrides: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match="preflight for node") as e:
         make_spec(**overrides)
@@ -671,15 +738,25 @@ SECRET_KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nc2VjcmV0LWtleS1ieXRlcw==\n---
 def component_args(**spec_overrides: Any) -> PreflightArgs:
     """The component's args; `spec_overrides` change the spec (the script's values, real timeouts)."""
     spec: dict[str, Any] = dict(
-        node_name="spark-1", fabric_ip="192.168.100.1", ib_hcas=("rocep1s0f1",), gid_index="auto", check_rdma=True,
-        min_mem_available_gib=111.5, weights_root="/srv/dsv41-exl3", min_free_disk_gib=387.0,
-        stack_label="dev", generation="", container_shape="host -1", check_export_path=False,
+        node_name="spark-1",
+        fabric_ip="192.168.100.1",
+        ib_hcas=("rocep1s0f1",),
+        gid_index="auto",
+        check_rdma=True,
+        min_mem_available_gib=111.5,
+        weights_root="/srv/dsv41-exl3",
+        min_free_disk_gib=387.0,
+        stack_label="dev",
+        generation="",
+        container_shape="host -1",
+        check_export_path=False,
     )
     spec.update(spec_overrides)
     return PreflightArgs(
         spec=PreflightSpec(**spec),
-        connection=remote.ConnectionArgs(host="127.0.0.1", port=2222, user="root",
-                                         private_key=pulumi.Output.secret(SECRET_KEY)),
+        connection=remote.ConnectionArgs(
+            host="127.0.0.1", port=2222, user="root", private_key=pulumi.Output.secret(SECRET_KEY)
+        ),
         rerun_on=["generation-7", "node-spec-abc123"],
     )
 
@@ -710,7 +787,7 @@ def test_component_runs_one_timeout_wrapped_command_parented_and_triggered() -> 
         "gid_index": 3,
         "mem": 118.25,
         "report": "preflight spark-1: ok: 118.2 GiB MemAvailable (need 111.5); RoCE v2 GID index 3 (resolved) "
-                  "on rocep1s0f1; stopped dsv41-exl3-dev-head",
+        "on rocep1s0f1; stopped dsv41-exl3-dev-head",
     }
 
 
@@ -766,8 +843,9 @@ def test_nfs_export_path_traversable_by_others_passes(node: FakeNode) -> None:
     try:
         base.chmod(0o755)
         (base / "home").mkdir(mode=0o751)
-        run = node.run(make_spec(weights_root=str(base / "home" / "not-yet-staged"), min_free_disk_gib=1,
-                                 check_export_path=True))
+        run = node.run(
+            make_spec(weights_root=str(base / "home" / "not-yet-staged"), min_free_disk_gib=1, check_export_path=True)
+        )
         assert run.rc == 0, run.stderr
     finally:
         shutil.rmtree(base)

@@ -29,13 +29,20 @@ def build(s: Settings, *, gid: Any = 3) -> dict[str, Any]:
     ranks = []
     for n in s.nodes:
         provider = docker.Provider(f"p-{n.name}", host=f"ssh://{n.user}@{n.host}")
-        ranks.append(RankInputs(
-            node=n, provider=provider, image_id=f"sha256:{n.name}", gid_index=gid,
-            model_source="/w/model" if n is s.head else "vol-model", engram_source="/w/engram-src",
-            mount_type="bind",
-        ))
-    cluster = ServingCluster("serving", ServingClusterArgs(settings=s, stack="dev", generation="g1", ranks=ranks,
-                                                            replace_when="live-1"))
+        ranks.append(
+            RankInputs(
+                node=n,
+                provider=provider,
+                image_id=f"sha256:{n.name}",
+                gid_index=gid,
+                model_source="/w/model" if n is s.head else "vol-model",
+                engram_source="/w/engram-src",
+                mount_type="bind",
+            )
+        )
+    cluster = ServingCluster(
+        "serving", ServingClusterArgs(settings=s, stack="dev", generation="g1", ranks=ranks, replace_when="live-1")
+    )
     return {"ids": cluster.container_ids, "generation": cluster.generation}
 
 
@@ -92,14 +99,16 @@ def test_a_rank_that_exits_at_once_is_kept_for_the_gates_to_read() -> None:
     for c in run(nodes(2)).of_type(CONTAINER):
         assert c.inputs.get("mustRun") is False, (
             f"{c.name}: with must_run the docker provider deletes a container that exits at once, and vLLM's "
-            "own error (a bad flag) with it; kept, the rendezvous gate shows its exit code and last lines")
+            "own error (a bad flag) with it; kept, the rendezvous gate shows its exit code and last lines"
+        )
 
 
 def test_container_memlock_limit_comes_from_config() -> None:
     raw = {**nodes(2), "container": {"memlockBytes": 8_388_608}}
     for c in run(raw).of_type(CONTAINER):
         assert {"name": "memlock", "soft": 8_388_608, "hard": 8_388_608} in c.inputs["ulimits"], (
-            "a host whose hard memlock limit is lower than unlimited must be able to say so in config")
+            "a host whose hard memlock limit is lower than unlimited must be able to say so in config"
+        )
 
 
 def test_simulated_nodes_without_gpu_or_rdma_get_neither() -> None:
@@ -132,9 +141,7 @@ def test_api_key_reaches_only_the_head_by_secret_env_never_argv() -> None:
 
 def test_all_ranks_carry_the_same_generation_label() -> None:
     rec = run(nodes(2))
-    labels = [
-        {x["label"]: x["value"] for x in c.inputs["labels"]} for c in rec.of_type(CONTAINER)
-    ]
+    labels = [{x["label"]: x["value"] for x in c.inputs["labels"]} for c in rec.of_type(CONTAINER)]
     assert labels[0][GENERATION_LABEL] == labels[1][GENERATION_LABEL]
     assert labels[0][GENERATION_LABEL] == rec.outputs["generation"]
     assert {lab[RANK_LABEL] for lab in labels} == {"0", "1"}
@@ -156,8 +163,6 @@ def test_providers_are_the_nodes_own() -> None:
     for c in rec.of_type(CONTAINER):
         node = c.name.removeprefix("serving-")
         assert f"p-{node}" in c.provider, f"{c.name} must be created through its own node's docker provider"
-
-
 
 
 def test_head_and_worker_containers_render_the_launchers_command_env_and_labels() -> None:

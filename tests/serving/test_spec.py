@@ -115,16 +115,25 @@ def test_rotating_the_api_key_is_a_new_generation_but_nothing_rendered_reveals_i
     assert a != b, "a head replaced alone leaves the worker hanging at rendezvous"
     assert len(a) == 16 and a != serve_spec.cluster_generation(settings())
     # The key reaches the container by environment only: never argv, labels or the generation's inputs.
-    rendered = json.dumps([serve_spec.rank_command(s, r) for r in (0, 1)]
-                          + [labels.container_labels("dev", a, a, 0), serve_spec.node_env(s, s.head, 3)])
+    rendered = json.dumps(
+        [serve_spec.rank_command(s, r) for r in (0, 1)]
+        + [labels.container_labels("dev", a, a, 0), serve_spec.node_env(s, s.head, 3)]
+    )
     assert key not in rendered
 
 
 def test_per_node_values_win_over_extra_env_even_past_validation() -> None:
     # config.py refuses these names; the renderer does not rely on it.
     s = settings()
-    s = s.model_copy(update={"serve": s.serve.model_copy(update={"extra_env": {
-        "NCCL_IB_GID_INDEX": "0", "VLLM_HOST_IP": "10.9.9.9", "NCCL_SOCKET_IFNAME": "eth9"}})})
+    s = s.model_copy(
+        update={
+            "serve": s.serve.model_copy(
+                update={
+                    "extra_env": {"NCCL_IB_GID_INDEX": "0", "VLLM_HOST_IP": "10.9.9.9", "NCCL_SOCKET_IFNAME": "eth9"}
+                }
+            )
+        }
+    )
     env = serve_spec.node_env(s, s.workers[0], 3)
     assert env["NCCL_IB_GID_INDEX"] == "3" and env["VLLM_HOST_IP"] == "192.168.100.2"
     assert env["NCCL_SOCKET_IFNAME"] == "enp1s0f0np0"
@@ -164,8 +173,14 @@ def test_launcher_env_is_on_every_rank_with_the_launchers_values() -> None:
 
 
 def test_engram_and_allocator_settings_come_from_config() -> None:
-    s = settings(serve={"engramCacheGiB": 2.5, "engramResidentScales": True, "exl3TempRowsFused": 32,
-                        "pytorchCudaAllocConf": "expandable_segments:False"})
+    s = settings(
+        serve={
+            "engramCacheGiB": 2.5,
+            "engramResidentScales": True,
+            "exl3TempRowsFused": 32,
+            "pytorchCudaAllocConf": "expandable_segments:False",
+        }
+    )
     env = serve_spec.node_env(s, s.head, 3)
     assert env["DSV41_CACHE_GIB"] == "2.5" and env["DSV41_RESIDENT_SCALES"] == "1"
     assert env["EXL3_TEMP_ROWS_FUSED"] == "32" and env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:False"
@@ -173,8 +188,9 @@ def test_engram_and_allocator_settings_come_from_config() -> None:
 
 def test_nnodes_is_the_node_count() -> None:
     raw = two_sparks()
-    raw["nodes"] += [{"name": f"spark-{i}", "host": f"10.0.0.{i}", "user": "me", "fabricIp": f"192.168.100.{i}"}
-                     for i in (3, 4)]
+    raw["nodes"] += [
+        {"name": f"spark-{i}", "host": f"10.0.0.{i}", "user": "me", "fabricIp": f"192.168.100.{i}"} for i in (3, 4)
+    ]
     s = parse(raw).settings
     assert {serve_spec.node_env(s, n, None)["NNODES"] for n in s.nodes} == {"4"}
 
@@ -218,8 +234,14 @@ def test_container_entrypoint_sets_oom_score_adj_then_execs_vllm_with_the_comman
     fake.write_text('#!/bin/sh\necho "oom=$(cat /proc/self/oom_score_adj) pid=$$ args=$*"\n')
     fake.chmod(0o755)
     command = serve_spec.rank_command(settings(), 1)
-    done = subprocess.run([*entry, *command], capture_output=True, text=True, timeout=10, check=False,
-                          env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    done = subprocess.run(
+        [*entry, *command],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=False,
+        env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"},
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("oom=1000 ")
     assert done.stdout.strip().endswith("args=" + " ".join(command))
@@ -229,8 +251,14 @@ def test_container_entrypoint_refuses_to_start_vllm_when_the_score_cannot_be_set
     entry = serve_spec.container_entrypoint()
     # Same script against a path that cannot be written: it must stop, not run vLLM unprotected.
     script = entry[2].replace("/proc/self/oom_score_adj", str(tmp_path / "missing" / "oom_score_adj"))
-    done = subprocess.run(["/bin/sh", "-c", script, "vllm", "serve"], capture_output=True, text=True,
-                          timeout=10, check=False, env={"PATH": str(tmp_path)})
+    done = subprocess.run(
+        ["/bin/sh", "-c", script, "vllm", "serve"],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=False,
+        env={"PATH": str(tmp_path)},
+    )
     assert done.returncode == 1 and "refusing to start vLLM" in done.stderr
 
 
@@ -240,8 +268,9 @@ def test_image_specific_names_left_empty_leave_their_flags_out() -> None:
     recipe = serve_spec.rank_command(settings(), 0)
     for name in ("--quantization", "--tokenizer-mode", "--tool-call-parser", "--reasoning-parser"):
         assert flag(recipe, name) == ("exl3" if name == "--quantization" else "deepseek_v41")
-    other = serve_spec.rank_command(settings(serve={"quantization": "", "tokenizerMode": "", "reasoningParser": "",
-                                                    "toolCallParser": "hermes"}), 0)
+    other = serve_spec.rank_command(
+        settings(serve={"quantization": "", "tokenizerMode": "", "reasoningParser": "", "toolCallParser": "hermes"}), 0
+    )
     assert not {"--quantization", "--tokenizer-mode", "--reasoning-parser"} & set(other)
     assert flag(other, "--tool-call-parser") == "hermes"
 

@@ -30,17 +30,15 @@ from typing import Any
 import pytest
 
 from components.config import Settings, parse
-from components.gates import rank_watch
-from components.gates.rank_watch import (
-    PHASES,
+from components.gates import decisions, log_patterns, observations
+from components.gates.decisions import ModelsEndpoint, ReadySettings, RendezvousSettings
+from components.gates.log_patterns import PHASES
+from components.gates.observations import (
     ContainerState,
     ContainerUsage,
     GateFailure,
     LogLine,
-    ModelsEndpoint,
     RankSpec,
-    ReadySettings,
-    RendezvousSettings,
     SourceError,
     SystemClock,
 )
@@ -95,9 +93,7 @@ def write_checkpoint(root: Path, salt: str = "") -> Path:
         (model / name).write_bytes(f"exl3 shard {i}{salt}".encode())
         weight_map[f"model.layers.{i - 1}.weight"] = name
     (model / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
-    (model / "config.json").write_text(
-        json.dumps({"model_type": "deepseek_v4", "max_position_embeddings": 1048576})
-    )
+    (model / "config.json").write_text(json.dumps({"model_type": "deepseek_v4", "max_position_embeddings": 1048576}))
     engram_map = {f"model.layers.{i - 1}.engram": f"model-{i:05d}-of-00048.safetensors" for i in range(1, 49)}
     (engram / "model.safetensors.index.json").write_text(json.dumps({"weight_map": engram_map}))
     (engram / "config.json").write_text("{}")
@@ -145,9 +141,7 @@ class RankProcess:
                 if regex.search(line):
                     return line
             time.sleep(0.05)
-        raise AssertionError(
-            f"rank {self.rank} logged no line matching {pattern!r} in {timeout_s} s:\n{self.text()}"
-        )
+        raise AssertionError(f"rank {self.rank} logged no line matching {pattern!r} in {timeout_s} s:\n{self.text()}")
 
     def wait_exit(self, timeout_s: float) -> int:
         code = self.proc.wait(timeout=timeout_s)
@@ -156,7 +150,7 @@ class RankProcess:
 
 
 class LocalRanks:
-    """rank_watch.RankPoller over local processes: their merged stdout/stderr and liveness."""
+    """observations.RankPoller over local processes: their merged stdout/stderr and liveness."""
 
     def __init__(self, ranks: Sequence[RankProcess]) -> None:
         self.ranks = {r.rank: r for r in ranks}
@@ -205,8 +199,8 @@ class Cluster:
             for r in self.ranks
         ]
 
-    def source(self) -> rank_watch.PollingRankSource:
-        return rank_watch.PollingRankSource(LocalRanks(self.ranks), [r.rank for r in self.ranks], SystemClock())
+    def source(self) -> observations.PollingRankSource:
+        return observations.PollingRankSource(LocalRanks(self.ranks), [r.rank for r in self.ranks], SystemClock())
 
 
 def cluster_settings(
@@ -217,9 +211,7 @@ def cluster_settings(
 ) -> Settings:
     ips = [LOOPBACK, WORKER_IP]
     raw: dict[str, Any] = {
-        "nodes": [
-            {"name": f"spark-{i}", "host": ip, "user": "sim", "fabricIp": ip} for i, ip in enumerate(ips)
-        ],
+        "nodes": [{"name": f"spark-{i}", "host": ip, "user": "sim", "fabricIp": ip} for i, ip in enumerate(ips)],
         "ssh": {"agentSocket": "/nonexistent/agent.sock"},  # required by the config; never used here
         "serve": {
             "port": free_port(),
@@ -300,10 +292,10 @@ def launch(checkpoint: Path) -> Iterator[Callable[..., Cluster]]:
 
 def run_gates(
     cluster: Cluster, *, ready_timeout_s: float = 20.0, stall_s: float = 10.0
-) -> tuple[rank_watch.RendezvousResult, rank_watch.ReadyResult]:
+) -> tuple[decisions.RendezvousResult, decisions.ReadyResult]:
     # each gate reads the logs from the container's start, as the program's gates do
     clock = SystemClock()
-    joined = rank_watch.wait_for_rendezvous(
+    joined = decisions.wait_for_rendezvous(
         cluster.specs(),
         cluster.source(),
         RendezvousSettings(poll_interval_s=0.05, rendezvous_timeout_s=20),
@@ -311,7 +303,7 @@ def run_gates(
         lambda _: None,
     )
     probe = ModelsEndpoint(cluster.endpoint, cluster.model, cluster.api_key, timeout_s=2)
-    ready = rank_watch.wait_for_ready(
+    ready = decisions.wait_for_ready(
         cluster.specs(),
         cluster.source(),
         ReadySettings(poll_interval_s=0.05, ready_timeout_s=ready_timeout_s, stall_s=stall_s),
@@ -337,9 +329,7 @@ def post(
     if key:
         headers["Authorization"] = f"Bearer {key}"
     try:
-        conn.request(
-            method, path, body=json.dumps(body).encode() if method == "POST" else None, headers=headers
-        )
+        conn.request(method, path, body=json.dumps(body).encode() if method == "POST" else None, headers=headers)
         resp = conn.getresponse()
         return resp.status, resp.read()
     finally:
@@ -365,8 +355,8 @@ def refused(port: int) -> bool:
 @dataclass
 class Healthy:
     cluster: Cluster
-    joined: rank_watch.RendezvousResult
-    ready: rank_watch.ReadyResult
+    joined: decisions.RendezvousResult
+    ready: decisions.ReadyResult
 
 
 @pytest.fixture(scope="module")
@@ -400,14 +390,12 @@ class TestHealthyCluster:
             lines = list(r.lines)
             bad = [ln for ln in lines if not VLLM_LINE.match(ln)]
             assert not bad, f"rank {r.rank} lines not in vLLM's format: {bad[:3]}"
-            assert any(rank_watch.assigned_rank(ln) == (r.rank, 2) for ln in lines)
-            addresses = {rank_watch.init_method_address(ln) for ln in lines} - {None}
+            assert any(log_patterns.assigned_rank(ln) == (r.rank, 2) for ln in lines)
+            addresses = {log_patterns.init_method_address(ln) for ln in lines} - {None}
             assert addresses == {f"{LOOPBACK}:{c.settings.serve.master_port}"}
         worker = c.ranks[1].text()
         assert "headless multiproc executor, with head node address 127.0.0.1" in worker
-        assert not any(rank_watch.is_ready_line(ln) for ln in c.ranks[1].lines), (
-            "a headless worker serves no API"
-        )
+        assert not any(log_patterns.is_ready_line(ln) for ln in c.ranks[1].lines), "a headless worker serves no API"
         head = c.head.text()
         order = [
             "world_size=2 rank=0",
@@ -425,9 +413,7 @@ class TestHealthyCluster:
             "Application startup complete.",
         ]
         positions = [head.find(s) for s in order]
-        assert -1 not in positions and positions == sorted(positions), dict(
-            zip(order, positions, strict=True)
-        )
+        assert -1 not in positions and positions == sorted(positions), dict(zip(order, positions, strict=True))
 
     def test_api_key_never_reaches_the_logs(self, healthy: Healthy) -> None:
         for r in healthy.cluster.ranks:
@@ -470,9 +456,7 @@ class TestHealthyCluster:
         assert answer["choices"][0]["message"]["content"] == "".join(i["token"] for i in items)
         for item in items:
             top = item["top_logprobs"]
-            assert (
-                len(top) == 20 and top[0]["token"] == item["token"] and top[0]["logprob"] == item["logprob"]
-            )
+            assert len(top) == 20 and top[0]["token"] == item["token"] and top[0]["logprob"] == item["logprob"]
             real = [t["logprob"] for t in top if t["logprob"] > -9999.0]
             assert any(t["logprob"] == -9999.0 for t in top), "masked (-inf) tokens are reported as -9999.0"
             # every token with a real probability is listed, so they sum to 1: a true log-softmax
@@ -484,9 +468,7 @@ class TestHealthyCluster:
         request = chat("Summarize the history of the city.", max_tokens=5, temperature=0, logprobs=True)
         first, second = (post(healthy.cluster, request, key=API_KEY) for _ in range(2))
         assert first[0] == second[0] == 200
-        assert (
-            json.loads(first[1])["choices"][0]["logprobs"] == json.loads(second[1])["choices"][0]["logprobs"]
-        )
+        assert json.loads(first[1])["choices"][0]["logprobs"] == json.loads(second[1])["choices"][0]["logprobs"]
 
     def test_api_key_is_required_on_v1_routes_but_not_on_health(self, healthy: Healthy) -> None:
         c = healthy.cluster
@@ -519,9 +501,7 @@ class TestHealthyCluster:
         status, body = post(c, {}, key=API_KEY, path="/v1/models", method="GET")
         models = json.loads(body)
         assert status == 200 and models["object"] == "list"
-        assert [(m["id"], m["max_model_len"], m["owned_by"]) for m in models["data"]] == [
-            (c.model, 600000, "vllm")
-        ]
+        assert [(m["id"], m["max_model_len"], m["owned_by"]) for m in models["data"]] == [(c.model, 600000, "vllm")]
         status, body = post(c, {}, path="/version", method="GET")
         assert status == 200 and json.loads(body) == {"version": "0.33.0"}
 
@@ -544,8 +524,10 @@ class TestHealthyCluster:
         status, body = post(c, chat(VERIFY_PROMPT, top_logprobs=2), key=API_KEY)
         assert status == 400 and "`logprobs` must be set to true" in json.loads(body)["error"]["message"]
         status, body = post(c, chat(VERIFY_PROMPT, max_tokens=700000), key=API_KEY)
-        assert status == 400 and "max_tokens=700000 cannot be greater than max_model_len=600000" in json.loads(
-            body)["error"]["message"]
+        assert (
+            status == 400
+            and "max_tokens=700000 cannot be greater than max_model_len=600000" in json.loads(body)["error"]["message"]
+        )
         status, body = post(c, chat(VERIFY_PROMPT, max_tokens=599999), key=API_KEY)
         assert status == 400 and "maximum context length is 600000" in json.loads(body)["error"]["message"]
 
@@ -601,13 +583,9 @@ def test_logprobs_come_from_the_weight_files(launch: Callable[..., Cluster], tmp
 
 
 def test_nan_logits_answer_400_unstreamed_and_null_streamed(launch: Callable[..., Cluster]) -> None:
-    cluster = launch(
-        cluster_settings(extra_env={"SIM_FAULT": "nan-logits", "SIM_DECODE_TOKENS_PER_SECOND": "100"})
-    )
+    cluster = launch(cluster_settings(extra_env={"SIM_FAULT": "nan-logits", "SIM_DECODE_TOKENS_PER_SECOND": "100"}))
     run_gates(cluster)
-    status, body = post(
-        cluster, chat(VERIFY_PROMPT, max_tokens=3, temperature=0, logprobs=True, top_logprobs=1)
-    )
+    status, body = post(cluster, chat(VERIFY_PROMPT, max_tokens=3, temperature=0, logprobs=True, top_logprobs=1))
     assert status == 400
     assert json.loads(body) == {
         "error": {
@@ -665,9 +643,7 @@ def test_a_dead_worker_leaves_health_200_then_fails_the_next_request_and_the_hea
 
 def test_a_worker_alive_but_not_answering_times_the_step_out(launch: Callable[..., Cluster]) -> None:
     # A rank that hangs (not dead: its connection stays open) is what VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS is for.
-    cluster = launch(
-        cluster_settings(extra_env={"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "2"})
-    )
+    cluster = launch(cluster_settings(extra_env={"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "2"}))
     head, worker = cluster.ranks
     head.wait_for_line(r"Application startup complete", 15)
     os.kill(worker.proc.pid, signal.SIGSTOP)
@@ -709,26 +685,22 @@ def test_a_worker_whose_head_died_stays_alive_and_silent(launch: Callable[..., C
 def test_rank_that_never_joins_fails_the_rendezvous_with_dist_store_error(
     launch: Callable[..., Cluster],
 ) -> None:
-    cluster = launch(
-        cluster_settings(extra_env={"SIM_FAULT": "rank-never-joins", "SIM_RENDEZVOUS_TIMEOUT_S": "1.5"})
-    )
+    cluster = launch(cluster_settings(extra_env={"SIM_FAULT": "rank-never-joins", "SIM_RENDEZVOUS_TIMEOUT_S": "1.5"}))
     head, worker = cluster.ranks
     started = time.monotonic()
     with pytest.raises(GateFailure) as failure:
-        rank_watch.wait_for_rendezvous(
+        decisions.wait_for_rendezvous(
             cluster.specs(),
             cluster.source(),
             RendezvousSettings(poll_interval_s=0.05, rendezvous_timeout_s=15),
             SystemClock(),
             lambda _: None,
         )
-    assert "DistStoreError: Timed out after 2 seconds waiting for clients. 1/2 clients joined." in str(
-        failure.value
-    )
+    assert "DistStoreError: Timed out after 2 seconds waiting for clients. 1/2 clients joined." in str(failure.value)
     assert head.wait_exit(5) == 1 and time.monotonic() - started < 6
     assert worker.proc.poll() is None, "the rank that never joins stays alive"
-    assert any(rank_watch.is_reached_line(ln) for ln in worker.lines)
-    assert not any(rank_watch.is_join_line(ln) for ln in worker.lines)
+    assert any(log_patterns.is_reached_line(ln) for ln in worker.lines)
+    assert not any(log_patterns.is_join_line(ln) for ln in worker.lines)
 
 
 def test_stall_after_load_logs_no_ready_line_and_never_listens(launch: Callable[..., Cluster]) -> None:
@@ -815,9 +787,7 @@ def test_unknown_flag_is_rejected_like_argparse(checkpoint: Path) -> None:
         ),
     ],
 )
-def test_bad_flag_values_are_rejected_like_argparse(
-    checkpoint: Path, flag: str, value: str, message: str
-) -> None:
+def test_bad_flag_values_are_rejected_like_argparse(checkpoint: Path, flag: str, value: str, message: str) -> None:
     with pytest.raises(standin.UsageError, match=re.escape(message)):
         standin.parse_serve_args([*single_node_argv(checkpoint), flag, value])
     done = run_cli([*single_node_argv(checkpoint), f"{flag}={value}"])
@@ -833,9 +803,7 @@ def test_a_flag_missing_its_value_is_rejected() -> None:
 
 @pytest.mark.parametrize("eager", [False, True])
 def test_every_rendered_flag_parses_with_its_arity(eager: bool) -> None:
-    settings = cluster_settings(
-        serve={"enforceEager": eager, "extraArgs": ["--safetensors-load-strategy", "eager"]}
-    )
+    settings = cluster_settings(serve={"enforceEager": eager, "extraArgs": ["--safetensors-load-strategy", "eager"]})
     for rank in (0, 1):
         argv = serve_spec.rank_command(settings, rank)
         args = standin.parse_serve_args(argv[1:])
@@ -848,9 +816,7 @@ def test_every_rendered_flag_parses_with_its_arity(eager: bool) -> None:
             assert args.get("--speculative-config") == {"method": "dspark", "num_speculative_tokens": 3}
         assert args.switch("enable-prefix-caching") and args.switch("language-model-only")
         assert not args.switch("enable-flashinfer-autotune") and args.get("--no-enable-flashinfer-autotune")
-    equals_form = standin.parse_serve_args(
-        ["/m", "--max-model-len=600k", "--served_model_name=a", "b", "-tp", "2"]
-    )
+    equals_form = standin.parse_serve_args(["/m", "--max-model-len=600k", "--served_model_name=a", "b", "-tp", "2"])
     assert equals_form.get("--max-model-len") == 600_000
     assert equals_form.served_model_names == ("a", "b") and equals_form.world_size == 2
 
@@ -875,8 +841,9 @@ def test_missing_engram_shard_fails_loading_with_file_not_found(tmp_path: Path) 
 
 
 def test_graph_capture_takes_the_time_it_logs(tmp_path: Path) -> None:
-    rank = start_rank(single_node_argv(write_checkpoint(tmp_path / "w")),
-                      {"SIM_LOAD_SECONDS": "0.2", "SIM_GRAPH_SECONDS": "1.5"})
+    rank = start_rank(
+        single_node_argv(write_checkpoint(tmp_path / "w")), {"SIM_LOAD_SECONDS": "0.2", "SIM_GRAPH_SECONDS": "1.5"}
+    )
     try:
         rank.wait_for_line(r"Application startup complete", 20)
         start = next(t for t, ln in zip(rank.times, rank.lines, strict=False) if "Capturing CUDA graphs" in ln)
@@ -901,7 +868,7 @@ def test_load_progress_is_logged_at_least_every_two_seconds(tmp_path: Path) -> N
         assert times[-1] - times[0] >= 2.5
         gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
         assert max(gaps) <= 2.0, gaps
-        assert any(rank_watch.phase_of(ln) == "loading weights" for ln in rank.lines[first + 1 : last])
+        assert any(log_patterns.phase_of(ln) == "loading weights" for ln in rank.lines[first + 1 : last])
     finally:
         stop([rank])
 
@@ -950,8 +917,7 @@ class TestTools:
         assert status == 200
 
     def test_tools_with_the_rendered_flags_get_a_tool_call_in_vllms_shape(self, healthy: Healthy) -> None:
-        status, body = post(healthy.cluster, chat("What is the weather in Paris?", tools=[WEATHER_TOOL]),
-                            key=API_KEY)
+        status, body = post(healthy.cluster, chat("What is the weather in Paris?", tools=[WEATHER_TOOL]), key=API_KEY)
         assert status == 200
         choice = json.loads(body)["choices"][0]
         assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
@@ -963,9 +929,12 @@ class TestTools:
     def test_streamed_tool_call_arrives_as_a_delta(self, healthy: Healthy) -> None:
         conn = http.client.HTTPConnection(LOOPBACK, healthy.cluster.settings.serve.port, timeout=10)
         try:
-            conn.request("POST", "/v1/chat/completions", headers={
-                "Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"},
-                body=json.dumps(chat("Weather in Rome?", tools=[WEATHER_TOOL], stream=True)).encode())
+            conn.request(
+                "POST",
+                "/v1/chat/completions",
+                headers={"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"},
+                body=json.dumps(chat("Weather in Rome?", tools=[WEATHER_TOOL], stream=True)).encode(),
+            )
             text = conn.getresponse().read().decode()
         finally:
             conn.close()
@@ -979,16 +948,20 @@ class TestTools:
         openai = pytest.importorskip("openai")
         client = openai.OpenAI(base_url=healthy.cluster.endpoint, api_key=API_KEY, timeout=20, max_retries=0)
         messages: list[Any] = [{"role": "user", "content": "What is the weather in Paris?"}]
-        first = client.chat.completions.create(model=healthy.cluster.model, messages=messages,
-                                               tools=[WEATHER_TOOL], max_tokens=64)
+        first = client.chat.completions.create(
+            model=healthy.cluster.model, messages=messages, tools=[WEATHER_TOOL], max_tokens=64
+        )
         choice = first.choices[0]
         assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
         call = choice.message.tool_calls[0]
         assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
-        messages += [choice.message.model_dump(exclude_none=True),
-                     {"role": "tool", "tool_call_id": call.id, "content": '{"temperature_c": 21}'}]
-        second = client.chat.completions.create(model=healthy.cluster.model, messages=messages,
-                                                tools=[WEATHER_TOOL], max_tokens=8)
+        messages += [
+            choice.message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": '{"temperature_c": 21}'},
+        ]
+        second = client.chat.completions.create(
+            model=healthy.cluster.model, messages=messages, tools=[WEATHER_TOOL], max_tokens=8
+        )
         assert second.choices[0].message.content and not second.choices[0].message.tool_calls
         with pytest.raises(openai.NotFoundError, match="does not exist"):
             client.chat.completions.create(model="nope", messages=messages, max_tokens=2)
@@ -1001,8 +974,9 @@ def test_wrong_answer_fault_is_fluent_and_finite_and_the_verifier_fails_it(launc
     assert status == 200
     choice = json.loads(body)["choices"][0]
     assert choice["message"]["content"] == "Lyon"
-    assert all(math.isfinite(item["logprob"]) and -9999.0 < item["logprob"] <= 0
-               for item in choice["logprobs"]["content"])
+    assert all(
+        math.isfinite(item["logprob"]) and -9999.0 < item["logprob"] <= 0 for item in choice["logprobs"]["content"]
+    )
     outcome = verify_endpoint(cluster.endpoint, cluster.model, timeout_s=10)
     assert isinstance(outcome, Failed) and outcome.reason is Reason.WRONG_ANSWER and "'Lyon'" in outcome.message
 
@@ -1012,8 +986,10 @@ def test_a_chat_template_that_does_not_exist_stops_the_head_like_vllm(checkpoint
     argv[argv.index("--chat-template") + 1] = "/opt/dsv41/missing.jinja"
     done = run_cli(argv)
     assert done.returncode == 1
-    assert ("ValueError: The supplied chat template (/opt/dsv41/missing.jinja) looks like a file path, but it "
-            "failed to be opened") in done.stdout + done.stderr
+    assert (
+        "ValueError: The supplied chat template (/opt/dsv41/missing.jinja) looks like a file path, but it "
+        "failed to be opened"
+    ) in done.stdout + done.stderr
 
 
 def test_the_rendered_chat_template_is_what_the_sim_image_carries() -> None:
@@ -1024,8 +1000,9 @@ def test_the_rendered_chat_template_is_what_the_sim_image_carries() -> None:
     assert (REPO / "sim" / "image" / "chat_template.jinja").is_file()
 
 
-def test_a_runtime_fault_file_breaks_a_verified_head_and_clearing_it_heals(launch: Callable[..., Cluster],
-                                                                           tmp_path: Path) -> None:
+def test_a_runtime_fault_file_breaks_a_verified_head_and_clearing_it_heals(
+    launch: Callable[..., Cluster], tmp_path: Path
+) -> None:
     """What LiveRanks must catch: a deployment that verified, then answers NaN or hangs (SIM_FAULT_FILE)."""
     switch = tmp_path / "fault"
     cluster = launch(cluster_settings(extra_env={"SIM_FAULT_FILE": str(switch), "SIM_DECODE_TOKENS_PER_SECOND": "100"}))

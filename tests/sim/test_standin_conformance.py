@@ -26,43 +26,56 @@ from tests.support import recorded
 from tests.support.recorded import Line, normalized
 
 # The kinds of line the program's gates and hints read, by message.
-KINDS: dict[str, re.Pattern[str]] = {name: re.compile(p) for name, p in {
-    "api args": r"^non-default args: ",
-    "headless launch": r"^Launching vLLM \(v\S+\) headless multiproc executor",
-    "engine config": r"^Initializing a V1 LLM engine",
-    "dp leader": r"^DP group leader: ",
-    "init method": r"^world_size=\d+ rank=\d+ local_rank=\d+ distributed_init_method=",
-    "rank assigned": r"^rank \d+ in world size \d+ is assigned as ",
-    "load start": r"^Starting to load model ",
-    "load done": r"^Loading weights took ",
-    "kv size": r"^(?:GPU|CPU) KV cache size: ",
-    "init engine": r"^init engine \(profile, create kv cache, warmup model\) took ",
-    "server start": r"^Starting vLLM server on ",
-    "routes": r"^Available routes are",
-    "startup": r"^(?:Started server process|Waiting for application startup|Application startup complete)",
-    "worker exception": r"^WorkerProc hit an exception\.",
-    "peer closed": r"^RuntimeError: \S+ Connection closed by peer ",
-    "engine fatal": r"^EngineCore encountered a fatal error\.",
-    "worker failed": r"^RuntimeError: Worker failed with error ",
-    "engine dead": r"EngineDeadError: EngineCore encountered an issue",
-    "shutdown": r"^(?:Shutting down$|Waiting for application shutdown|Application shutdown complete|Finished server)",
-}.items()}
+KINDS: dict[str, re.Pattern[str]] = {
+    name: re.compile(p)
+    for name, p in {
+        "api args": r"^non-default args: ",
+        "headless launch": r"^Launching vLLM \(v\S+\) headless multiproc executor",
+        "engine config": r"^Initializing a V1 LLM engine",
+        "dp leader": r"^DP group leader: ",
+        "init method": r"^world_size=\d+ rank=\d+ local_rank=\d+ distributed_init_method=",
+        "rank assigned": r"^rank \d+ in world size \d+ is assigned as ",
+        "load start": r"^Starting to load model ",
+        "load done": r"^Loading weights took ",
+        "kv size": r"^(?:GPU|CPU) KV cache size: ",
+        "init engine": r"^init engine \(profile, create kv cache, warmup model\) took ",
+        "server start": r"^Starting vLLM server on ",
+        "routes": r"^Available routes are",
+        "startup": r"^(?:Started server process|Waiting for application startup|Application startup complete)",
+        "worker exception": r"^WorkerProc hit an exception\.",
+        "peer closed": r"^RuntimeError: \S+ Connection closed by peer ",
+        "engine fatal": r"^EngineCore encountered a fatal error\.",
+        "worker failed": r"^RuntimeError: Worker failed with error ",
+        "engine dead": r"EngineDeadError: EngineCore encountered an issue",
+        "shutdown": (
+            r"^(?:Shutting down$|Waiting for application shutdown|Application shutdown complete|Finished server)"
+        ),
+    }.items()
+}
 
 # Lines the stand-in prints for the recipe's hardware that vLLM's CPU build cannot show here, each with why
 # it is safe: the program reads none of them as a decision but the phase it names.
-HARDWARE_ONLY: dict[str, tuple[re.Pattern[str], str]] = {name: (re.compile(p), why) for name, (p, why) in {
-    "nccl": (r"^vLLM is using nccl==", "pynccl.py, CUDA builds only (rank 0); the CPU build runs gloo"),
-    "load progress": (r"Loading safetensors checkpoint shards", "tqdm over 39 shards on rank 0 (weight_utils.py); "
-                      "the recorded one-file model drew only empty lines, on the head alone"),
-    "gpu load": (r"^Model loading took ", "gpu_model_runner.py; the CPU runner prints no such line"),
-    "gpu kv": (r"^Available KV cache memory: ", "gpu_worker.py's profile; the CPU worker sets KV by config"),
-    "graphs": (r"Capturing CUDA graphs|^Graph capturing finished", "CUDA graphs; the sim's real ranks run eager"),
-    "engram": (r"^Loaded Engram table shard ", "the recipe image's EXL3 Engram tables; not in upstream vLLM"),
-}.items()}
+HARDWARE_ONLY: dict[str, tuple[re.Pattern[str], str]] = {
+    name: (re.compile(p), why)
+    for name, (p, why) in {
+        "nccl": (r"^vLLM is using nccl==", "pynccl.py, CUDA builds only (rank 0); the CPU build runs gloo"),
+        "load progress": (
+            r"Loading safetensors checkpoint shards",
+            "tqdm over 39 shards on rank 0 (weight_utils.py); "
+            "the recorded one-file model drew only empty lines, on the head alone",
+        ),
+        "gpu load": (r"^Model loading took ", "gpu_model_runner.py; the CPU runner prints no such line"),
+        "gpu kv": (r"^Available KV cache memory: ", "gpu_worker.py's profile; the CPU worker sets KV by config"),
+        "graphs": (r"Capturing CUDA graphs|^Graph capturing finished", "CUDA graphs; the sim's real ranks run eager"),
+        "engram": (r"^Loaded Engram table shard ", "the recipe image's EXL3 Engram tables; not in upstream vLLM"),
+    }.items()
+}
 
 # Text that differs by platform only, set aside on both sides before the texts are compared.
-VARIANTS = ((re.compile(r"backend=(?:nccl|gloo)"), "backend=<dist>"),  # NCCL on GPUs, gloo on CPUs
-            (re.compile(r"^(?:GPU|CPU) KV cache size"), "<device> KV cache size"))
+VARIANTS = (
+    (re.compile(r"backend=(?:nccl|gloo)"), "backend=<dist>"),  # NCCL on GPUs, gloo on CPUs
+    (re.compile(r"^(?:GPU|CPU) KV cache size"), "<device> KV cache size"),
+)
 # The config itself: the stand-in's (the recipe's) differs from the tiny model's by design.
 CONTENT_DIFFERS = {"api args", "engine config", "dp leader"}
 # Traceback frames name the platform's own code paths; their final lines are compared.
@@ -108,12 +121,18 @@ def assert_lines_conform(stand_in: Sequence[str], scenario: str, role: str) -> N
     mine = [Line(0.0, text) for text in stand_in]
     assert kinds_in_order(ln for ln in mine if not hardware_only(ln.message)) == kinds_in_order(real), (
         f"{scenario}/{role}: the kinds of line differ from real vLLM's\n stand-in: {kinds_in_order(mine)}\n "
-        f"recorded: {kinds_in_order(real)}")
+        f"recorded: {kinds_in_order(real)}"
+    )
     known = all_recorded_texts()
-    strange = [ln.text for ln in mine
-               if not hardware_only(ln.message) and kind_of(ln.message) not in CONTENT_DIFFERS
-               and not _FRAME.match(ln.message) and not ln.message.startswith(f"{LOOPBACK}:")
-               and comparable(ln.message) not in known]
+    strange = [
+        ln.text
+        for ln in mine
+        if not hardware_only(ln.message)
+        and kind_of(ln.message) not in CONTENT_DIFFERS
+        and not _FRAME.match(ln.message)
+        and not ln.message.startswith(f"{LOOPBACK}:")
+        and comparable(ln.message) not in known
+    ]
     assert not strange, f"{scenario}/{role}: stand-in lines real vLLM never printed:\n" + "\n".join(strange)
 
 
@@ -123,8 +142,11 @@ def access_log(message: str) -> bool:
 
 def test_the_tables_name_real_kinds_and_real_hardware_differences() -> None:
     # A kind the recording never shows compares nothing; a hardware-only line real vLLM printed is no excuse.
-    texts = [ln.message for path in recorded.FIXTURES.glob("*/*.log.jsonl")
-             for ln in recorded.log(path.parent.name, path.name.split(".")[0])]
+    texts = [
+        ln.message
+        for path in recorded.FIXTURES.glob("*/*.log.jsonl")
+        for ln in recorded.log(path.parent.name, path.name.split(".")[0])
+    ]
     assert {kind for t in texts if (kind := kind_of(t))} == set(KINDS)
     assert not [t for t in texts if hardware_only(t)], "a HARDWARE_ONLY line appears in real vLLM's recording"
 
@@ -151,8 +173,8 @@ def test_a_worker_loads_in_silence_as_real_vllm_does(booted: Cluster) -> None:
         msgs = [Line(0, t).message for t in lines]
         start = next(i for i, m in enumerate(msgs) if kind_of(m) == "load start")
         end = next(i for i, m in enumerate(msgs) if kind_of(m) == "load done")
-        return [m for m in msgs[start + 1:end] if m.strip() and not hardware_only(m)
-                and "Loading safetensors" in m]
+        return [m for m in msgs[start + 1 : end] if m.strip() and not hardware_only(m) and "Loading safetensors" in m]
+
     assert between([ln.text for ln in recorded.log("boot", "worker")]) == []
     assert between(booted.ranks[1].lines) == []
 
@@ -160,8 +182,13 @@ def test_a_worker_loads_in_silence_as_real_vllm_does(booted: Cluster) -> None:
 # --- faults, as recorded -----------------------------------------------------------------------------
 
 
-def request(cluster: Cluster, body: dict[str, Any] | None, path: str = "/v1/chat/completions",
-            method: str = "POST", stream: bool = False) -> dict[str, Any]:
+def request(
+    cluster: Cluster,
+    body: dict[str, Any] | None,
+    path: str = "/v1/chat/completions",
+    method: str = "POST",
+    stream: bool = False,
+) -> dict[str, Any]:
     conn = http.client.HTTPConnection(LOOPBACK, cluster.settings.serve.port, timeout=30)
     try:
         payload = json.dumps(body).encode() if body is not None else None
@@ -185,8 +212,15 @@ def request(cluster: Cluster, body: dict[str, Any] | None, path: str = "/v1/chat
 
 def chat(cluster: Cluster, **extra: Any) -> dict[str, Any]:
     """The recorder's request (sim/record.py `chat`)."""
-    return {"model": cluster.model, "messages": [{"role": "user", "content": "What is the capital of France?"}],
-            "max_tokens": 8, "temperature": 0, "logprobs": True, "top_logprobs": 2, **extra}
+    return {
+        "model": cluster.model,
+        "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "max_tokens": 8,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 2,
+        **extra,
+    }
 
 
 def exit_code(code: int) -> int:
@@ -206,10 +240,15 @@ def assert_answers_as_recorded(mine: dict[str, Any], real: dict[str, Any], what:
         assert mine.get("contentType") == real.get("contentType"), what
 
 
-@pytest.mark.parametrize(("scenario", "first"), [("killed-worker", "request"), ("killed-worker-streamed", "streamed"),
-                                               ("stopped-worker", "request")])
-def test_a_worker_gone_after_ready_plays_out_as_recorded(launch: Callable[..., Cluster],  # noqa: F811
-                                                         scenario: str, first: str) -> None:
+@pytest.mark.parametrize(
+    ("scenario", "first"),
+    [("killed-worker", "request"), ("killed-worker-streamed", "streamed"), ("stopped-worker", "request")],
+)
+def test_a_worker_gone_after_ready_plays_out_as_recorded(
+    launch: Callable[..., Cluster],  # noqa: F811
+    scenario: str,
+    first: str,
+) -> None:
     real = recorded.document(scenario, "sequence.json")
     cluster = launch(cluster_settings())
     head, worker = cluster.ranks
@@ -229,18 +268,25 @@ def test_a_worker_gone_after_ready_plays_out_as_recorded(launch: Callable[..., C
     # The second meets the dead engine's 500 or, the head having exited a fraction of a second after the
     # failure, a closed port: the recordings show both, as timing decides.
     mine = request(cluster, chat(cluster, stream=second == "streamed"), stream=second == "streamed")
-    dead = {"status": 500, "contentType": "application/json",
-            "body": recorded.document("killed-worker", "sequence.json")["request"]["body"]}
+    dead = {
+        "status": 500,
+        "contentType": "application/json",
+        "body": recorded.document("killed-worker", "sequence.json")["request"]["body"],
+    }
     assert mine.get("error") == "ConnectionRefusedError" or mine == dead, f"{scenario}: {second}: {mine}"
-    assert real[second].get("error") == "ConnectionError" or (
-        real[second]["status"], real[second]["contentType"]) == (500, "application/json"), real[second]
+    assert real[second].get("error") == "ConnectionError" or (real[second]["status"], real[second]["contentType"]) == (
+        500,
+        "application/json",
+    ), real[second]
     assert exit_code(head.wait_exit(15)) == real["head"]["exitCode"]
     assert_lines_conform(head.lines[mark:], scenario, "head")
 
 
 @pytest.mark.parametrize("scenario", ["killed-head", "stopped-head"])
-def test_a_head_gone_leaves_the_worker_as_recorded(launch: Callable[..., Cluster],  # noqa: F811
-                                                   scenario: str) -> None:
+def test_a_head_gone_leaves_the_worker_as_recorded(
+    launch: Callable[..., Cluster],  # noqa: F811
+    scenario: str,
+) -> None:
     real = recorded.document(scenario, "sequence.json")
     cluster = launch(cluster_settings())
     head, worker = cluster.ranks
@@ -317,11 +363,21 @@ def test_a_streamed_completion_has_real_vllms_events(booted: Cluster) -> None:
 
 
 # The series the drift probe and the supervisor read, with their types.
-READ_METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-                "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:request_success_total",
-                "vllm:iteration_tokens_total")
-MOVING = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:request_success_total",
-          "vllm:iteration_tokens_total_count")
+READ_METRICS = (
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc",
+    "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total",
+    "vllm:request_success_total",
+    "vllm:iteration_tokens_total",
+)
+MOVING = (
+    "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total",
+    "vllm:request_success_total",
+    "vllm:iteration_tokens_total_count",
+)
 
 
 def test_the_metrics_the_program_reads_have_real_vllms_types_and_move_as_they_do(booted: Cluster) -> None:

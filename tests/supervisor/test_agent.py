@@ -32,9 +32,15 @@ class FakeDocker:
         self.generation = generation
 
     def add(self, name: str, running: bool = True, env: list[str] | None = None) -> None:
-        self.containers[name] = {"State": {"Running": running, "Status": "running" if running else "exited",
-                                           "ExitCode": 0 if running else 137, "OOMKilled": False},
-                                 "Config": {"Labels": {agent.GENERATION_LABEL: self.generation}, "Env": env or []}}
+        self.containers[name] = {
+            "State": {
+                "Running": running,
+                "Status": "running" if running else "exited",
+                "ExitCode": 0 if running else 137,
+                "OOMKilled": False,
+            },
+            "Config": {"Labels": {agent.GENERATION_LABEL: self.generation}, "Env": env or []},
+        }
 
     def inspect(self, name: str) -> dict[str, Any] | None:
         return json.loads(json.dumps(self.containers[name])) if name in self.containers else None
@@ -48,13 +54,30 @@ class FakeDocker:
 
 def config(tmp_path: Path, worker_port: int, **overrides: Any) -> dict[str, Any]:
     cfg = {
-        "stack": "dev", "node": "node-1", "role": "leader", "container": "rank-1", "token_file": "",
-        "state_dir": str(tmp_path), "docker_socket": "",
-        "nodes": [{"name": "node-1", "url": "http://127.0.0.1:1", "container": "rank-1"},
-                  {"name": "node-2", "url": f"http://127.0.0.1:{worker_port}", "container": "rank-2"}],
-        "endpoint": "http://127.0.0.1:9/v1", "model": "m", "expected_answer": "", "probe_seconds": 60,
-        "probe_timeout_s": 5.0, "max_restarts": 2, "window_s": 3600, "backoff_s": 0, "mem_wait_s": 10,
-        "min_mem_gib": 0, "boot_timeout_s": 20, "verify_timeout_s": 5.0, "notify_command": "",
+        "stack": "dev",
+        "node": "node-1",
+        "role": "leader",
+        "container": "rank-1",
+        "token_file": "",
+        "state_dir": str(tmp_path),
+        "docker_socket": "",
+        "nodes": [
+            {"name": "node-1", "url": "http://127.0.0.1:1", "container": "rank-1"},
+            {"name": "node-2", "url": f"http://127.0.0.1:{worker_port}", "container": "rank-2"},
+        ],
+        "endpoint": "http://127.0.0.1:9/v1",
+        "model": "m",
+        "expected_answer": "",
+        "probe_seconds": 60,
+        "probe_timeout_s": 5.0,
+        "max_restarts": 2,
+        "window_s": 3600,
+        "backoff_s": 0,
+        "mem_wait_s": 10,
+        "min_mem_gib": 0,
+        "boot_timeout_s": 20,
+        "verify_timeout_s": 5.0,
+        "notify_command": "",
     }
     cfg.update(overrides)
     return cfg
@@ -102,8 +125,9 @@ def test_a_dead_worker_stops_every_rank_then_starts_the_workers_before_the_head(
     leader.verdicts = [PASSED]
     decision = leader.step()
     assert decision.action == "heal" and "node-2 exited with code 137" in decision.why
-    assert log == ["stop node-1", "start node-2", "start node-1"], "stop all (the dead one is already down), " \
-        "then the workers, then the head"
+    assert log == ["stop node-1", "start node-2", "start node-1"], (
+        "stop all (the dead one is already down), then the workers, then the head"
+    )
     (restart,) = leader.store.snapshot()["restarts"]
     assert restart["result"] == "verified" and "node-2" in restart["cause"]
     assert set(restart["phases"]) == {"stop", "memory", "boot", "verify"}
@@ -159,10 +183,16 @@ def test_the_agent_runs_from_its_payload_alone_without_pulumi(tmp_path: Path) ->
     with tarfile.open(fileobj=io.BytesIO(base64.b64decode(files))) as tar:
         tar.extractall(tmp_path, filter="data")
     assert (tmp_path / "token").read_text() == "secret-token"
-    probe = ("import sys; import components.supervisor.agent as a; "
-             "sys.exit(1 if any(m.split('.')[0] in ('pulumi', 'pydantic') for m in sys.modules) else 0)")
-    done = subprocess.run([sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(tmp_path)!r}); {probe}"],
-                          capture_output=True, text=True, timeout=60)
+    probe = (
+        "import sys; import components.supervisor.agent as a; "
+        "sys.exit(1 if any(m.split('.')[0] in ('pulumi', 'pydantic') for m in sys.modules) else 0)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(tmp_path)!r}); {probe}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
 
 
@@ -177,8 +207,14 @@ def test_the_memory_guard_kills_the_rank_on_the_second_low_sample(tmp_path: Path
     docker = FakeDocker("node-2", log)
     docker.add("rank-2")
     meminfo = tmp_path / "meminfo"
-    guard = agent.MemoryGuard(docker, "rank-2", floor_gib=1.5, sample_s=1, samples=2,  # type: ignore[arg-type]
-                              meminfo=str(meminfo))
+    guard = agent.MemoryGuard(
+        docker,
+        "rank-2",
+        floor_gib=1.5,
+        sample_s=1,
+        samples=2,  # type: ignore[arg-type]
+        meminfo=str(meminfo),
+    )
     meminfo.write_text("MemTotal: 128000000 kB\nMemAvailable: 1048576 kB\n")  # 1 GiB
     assert guard.sample() is False and log == []
     meminfo.write_text("MemAvailable: 4194304 kB\n")  # back over the floor: the count starts again

@@ -16,15 +16,24 @@ def ranks(*states: str, generation: str = "g1") -> list[RankView]:
         if st == "down":
             out.append(RankView(node=node, reachable=False))
         else:
-            out.append(RankView(node=node, reachable=True, exists=st != "gone", running=st == "run",
-                                exit_code=137 if st in ("exit", "oom") else None, oom_killed=st == "oom",
-                                generation=generation))
+            out.append(
+                RankView(
+                    node=node,
+                    reachable=True,
+                    exists=st != "gone",
+                    running=st == "run",
+                    exit_code=137 if st in ("exit", "oom") else None,
+                    oom_killed=st == "oom",
+                    generation=generation,
+                )
+            )
     return out
 
 
 def decide(views: list[RankView], **overrides: Any) -> policy.Decision:
-    kw: dict[str, Any] = dict(paused=False, lock_holder=None, given_up=None, armed_generation="g1",
-                              probe_due=False, drift_streak=0)
+    kw: dict[str, Any] = dict(
+        paused=False, lock_holder=None, given_up=None, armed_generation="g1", probe_due=False, drift_streak=0
+    )
     kw.update(overrides)
     return policy.decide(views, **kw)
 

@@ -39,8 +39,9 @@ def test_one_agent_per_node_restarted_by_docker_and_started_after_the_verifier()
         assert c.inputs["restart"] == "unless-stopped" and c.inputs["networkMode"] == "host"
         assert c.inputs["entrypoints"][:4] == ["python3", "-u", "-m", "components.supervisor.agent"]
         install = rec.named(f"{c.name}-files")
-        assert rec.depends_on(c, install) and rec.depends_on(install, verifier), \
+        assert rec.depends_on(c, install) and rec.depends_on(install, verifier), (
             "nothing supervises a deployment that never verified"
+        )
         assert c.delete_before_replace
 
 
@@ -75,13 +76,16 @@ def test_off_is_one_line_and_leaves_nothing() -> None:
     assert "supervisor" not in rec.outputs
 
 
-@pytest.mark.parametrize(("section", "needle"), [
-    ({"port": 8888}, "`supervisor.port` = 8888"),
-    ({"probeSeconds": 0}, "supervisor.probeSeconds"),
-    ({"maxRestarts": 0}, "supervisor.maxRestarts"),
-    ({"windowHours": 0}, "supervisor.windowHours"),
-    ({"notifyCommand": "echo a\necho b"}, "supervisor.notifyCommand"),
-])
+@pytest.mark.parametrize(
+    ("section", "needle"),
+    [
+        ({"port": 8888}, "`supervisor.port` = 8888"),
+        ({"probeSeconds": 0}, "supervisor.probeSeconds"),
+        ({"maxRestarts": 0}, "supervisor.maxRestarts"),
+        ({"windowHours": 0}, "supervisor.windowHours"),
+        ({"notifyCommand": "echo a\necho b"}, "supervisor.notifyCommand"),
+    ],
+)
 def test_bad_values_are_refused_with_the_key(section: dict[str, object], needle: str) -> None:
     with pytest.raises(ConfigError) as err:
         parse(config(supervisor=section))
@@ -92,16 +96,21 @@ def run_install(tmp_path: Path, notify: str, docker_exit: int) -> subprocess.Com
     """install.sh as the node runs it: the payload on stdin, a fake `docker` on PATH, a real socket file."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
-    (bin_dir / "docker").write_text(f"#!/bin/sh\necho \"$*\" >> {tmp_path}/docker.log\nexit {docker_exit}\n")
+    (bin_dir / "docker").write_text(f'#!/bin/sh\necho "$*" >> {tmp_path}/docker.log\nexit {docker_exit}\n')
     (bin_dir / "docker").chmod(0o755)
     sock = socket.socket(socket.AF_UNIX)
     sock.bind(str(tmp_path / "docker.sock"))
     files, _ = supervisor.payload({"x": 1}, "tok")
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "DOCKER_HOST": f"unix://{tmp_path}/docker.sock"}
     try:
-        return subprocess.run(["sh", "-c", supervisor.install_command("p", "n1", "install", image="img@sha256:1",
-                                                                      notify=notify)],
-                              input=files, capture_output=True, text=True, env=env, timeout=60)
+        return subprocess.run(
+            ["sh", "-c", supervisor.install_command("p", "n1", "install", image="img@sha256:1", notify=notify)],
+            input=files,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
     finally:
         sock.close()
 

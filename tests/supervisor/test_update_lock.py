@@ -16,8 +16,15 @@ from components.supervisor import agent, update_lock
 
 @pytest.fixture
 def leader_api(tmp_path: Path) -> Iterator[tuple[str, agent.Leader]]:
-    cfg: dict[str, Any] = {"node": "node-1", "container": "rank-1", "nodes": [], "max_restarts": 1, "window_s": 1,
-                           "backoff_s": 0, "stack": "dev"}
+    cfg: dict[str, Any] = {
+        "node": "node-1",
+        "container": "rank-1",
+        "nodes": [],
+        "max_restarts": 1,
+        "window_s": 1,
+        "backoff_s": 0,
+        "stack": "dev",
+    }
     leader = agent.Leader(cfg, None, "tok", agent.Store(tmp_path / "state.json"))  # type: ignore[arg-type]
     server = ThreadingHTTPServer(("127.0.0.1", 0), agent.make_handler(cfg, None, "tok", leader))  # type: ignore[arg-type]
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -59,9 +66,11 @@ def test_no_supervisor_yet_is_not_an_error() -> None:
 
 def test_the_preview_gets_the_supervisors_state_in_one_line(leader_api: tuple[str, agent.Leader]) -> None:
     url, leader = leader_api
-    leader.store.update(doing="serving", last_probe={"at": 1.0, "state": "healthy"},
-                        restarts=[{"at": 1.0, "cause": "the rank on node-2 exited with code 137",
-                                   "result": "verified"}])
+    leader.store.update(
+        doing="serving",
+        last_probe={"at": 1.0, "state": "healthy"},
+        restarts=[{"at": 1.0, "cause": "the rank on node-2 exited with code 137", "result": "verified"}],
+    )
     lock = update_lock.UpdateLock(url, "tok", "me")  # start() is kept offline for the unit tests (conftest)
     line = lock.status_line()
     assert line is not None

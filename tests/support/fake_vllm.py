@@ -18,8 +18,10 @@ from typing import Any
 NAN_STREAM_ERROR = "Out of range float values are not JSON compliant"
 # What real vLLM 0.32 answered every request after a rank of its group was killed (HTTP 500; streamed: this in a
 # data event of an HTTP 200 stream, then [DONE]), as recorded (shared/notes/vllm-real.md).
-ENGINE_DEAD_BODY = (b'{"error":{"message":"EngineCore encountered an issue. See stack trace (above) for the root '
-                    b'cause.","type":"InternalServerError","param":null,"code":500}}')
+ENGINE_DEAD_BODY = (
+    b'{"error":{"message":"EngineCore encountered an issue. See stack trace (above) for the root '
+    b'cause.","type":"InternalServerError","param":null,"code":500}}'
+)
 
 
 @dataclass(frozen=True)
@@ -269,17 +271,45 @@ def paced_stream(tokens: int, tokens_per_second: float, *, with_usage: bool = Tr
 def reasoning_body(reasoning: list[str], answer: list[str], model: str = "fake-model") -> str:
     """A non-streamed answer exactly as vLLM 0.32 writes it: `reasoning` tokens, then `answer` tokens."""
     items = [logprob_item(token, -0.25) for token in [*reasoning, *answer]]
-    message = {"role": "assistant", "content": "".join(answer) if answer else None, "refusal": None,
-               "annotations": None, "audio": None, "function_call": None,
-               "reasoning": "".join(reasoning) if reasoning else None}
-    choice = {"index": 0, "message": message, "logprobs": {"content": items},
-              "finish_reason": "stop" if answer else "length", "stop_reason": None, "token_ids": None,
-              "routed_experts": None}
-    usage = {"prompt_tokens": 17, "total_tokens": 17 + len(items), "completion_tokens": len(items),
-             "prompt_tokens_details": None}
-    return json.dumps({"id": "chatcmpl-r", "object": "chat.completion", "created": 1, "model": model,
-                       "choices": [choice], "service_tier": None, "system_fingerprint": None, "usage": usage,
-                       "prompt_logprobs": None, "prompt_token_ids": None, "kv_transfer_params": None})
+    message = {
+        "role": "assistant",
+        "content": "".join(answer) if answer else None,
+        "refusal": None,
+        "annotations": None,
+        "audio": None,
+        "function_call": None,
+        "reasoning": "".join(reasoning) if reasoning else None,
+    }
+    choice = {
+        "index": 0,
+        "message": message,
+        "logprobs": {"content": items},
+        "finish_reason": "stop" if answer else "length",
+        "stop_reason": None,
+        "token_ids": None,
+        "routed_experts": None,
+    }
+    usage = {
+        "prompt_tokens": 17,
+        "total_tokens": 17 + len(items),
+        "completion_tokens": len(items),
+        "prompt_tokens_details": None,
+    }
+    return json.dumps(
+        {
+            "id": "chatcmpl-r",
+            "object": "chat.completion",
+            "created": 1,
+            "model": model,
+            "choices": [choice],
+            "service_tier": None,
+            "system_fingerprint": None,
+            "usage": usage,
+            "prompt_logprobs": None,
+            "prompt_token_ids": None,
+            "kv_transfer_params": None,
+        }
+    )
 
 
 def reasoning_stream(reasoning: list[str], answer: list[str]) -> list[tuple[float, str]]:
@@ -287,17 +317,39 @@ def reasoning_stream(reasoning: list[str], answer: list[str]) -> list[tuple[floa
 
     def chunk(delta: dict[str, Any], logprobs: Any = None, finish: str | None = None) -> str:
         choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
-        return json.dumps({"id": "chatcmpl-r", "object": "chat.completion.chunk", "created": 1, "model": "m",
-                           "choices": [choice]})
+        return json.dumps(
+            {"id": "chatcmpl-r", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [choice]}
+        )
 
     events = [(0.0, chunk({"role": "assistant", "content": ""}))]
     tokens = [("reasoning", t) for t in reasoning] + [("content", t) for t in answer]
     for index, (key, token) in enumerate(tokens):
         last = index == len(tokens) - 1
-        events.append((0.0, chunk({key: token}, {"content": [logprob_item(token, -0.25)]},
-                                  ("stop" if answer else "length") if last else None)))
+        events.append(
+            (
+                0.0,
+                chunk(
+                    {key: token},
+                    {"content": [logprob_item(token, -0.25)]},
+                    ("stop" if answer else "length") if last else None,
+                ),
+            )
+        )
     usage = {"prompt_tokens": 17, "completion_tokens": len(tokens), "total_tokens": 17 + len(tokens)}
-    events.append((0.0, json.dumps({"id": "chatcmpl-r", "object": "chat.completion.chunk", "created": 1,
-                                    "model": "m", "choices": [], "usage": usage})))
+    events.append(
+        (
+            0.0,
+            json.dumps(
+                {
+                    "id": "chatcmpl-r",
+                    "object": "chat.completion.chunk",
+                    "created": 1,
+                    "model": "m",
+                    "choices": [],
+                    "usage": usage,
+                }
+            ),
+        )
+    )
     events.append((0.0, "[DONE]"))
     return events

@@ -23,30 +23,53 @@ def fake_stdout(args: pulumi.runtime.MockResourceArgs) -> dict[str, Any]:
     if "-preflight-" in f"-{args.name}-" or args.name.startswith("preflight-"):
         node = args.name.removeprefix("preflight-").removesuffix("-check")
         # RDMA nodes as on hardware: each resolves its own RoCE v2 GID, and they differ.
-        return {"stdout": json.dumps({"node": node, "mem_available_gib": 115.0, "gid_index": GIDS[node],
-                                      "stopped": [], "findings": []})}
+        return {
+            "stdout": json.dumps(
+                {"node": node, "mem_available_gib": 115.0, "gid_index": GIDS[node], "stopped": [], "findings": []}
+            )
+        }
     if args.name.endswith("-keygen"):
         key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFake" + args.name.replace("-", "")
         return {"stdout": f"DSV41_WATCHDOG_PUBKEY {key}"}
     if args.name.startswith("supervisor-") and args.name.endswith("-files"):
         node = args.name.removeprefix("supervisor-").removesuffix("-files")
-        return {"stdout": json.dumps({"dir": f"/home/me/.local/share/dsv41-exl3-test/supervisor-{node}",
-                                      "state": f"/home/me/.local/state/dsv41-exl3-test/supervisor-{node}",
-                                      "socket": "/var/run/docker.sock"})}
+        return {
+            "stdout": json.dumps(
+                {
+                    "dir": f"/home/me/.local/share/dsv41-exl3-test/supervisor-{node}",
+                    "state": f"/home/me/.local/state/dsv41-exl3-test/supervisor-{node}",
+                    "socket": "/var/run/docker.sock",
+                }
+            )
+        }
     if "stage" in args.name:
-        return {"stdout": "DSV41_WEIGHTS_MANIFEST " + json.dumps(
-            {"root": "/home/me/dsv41-exl3", "files": FULL_MANIFEST, "sha256": FULL_DIGESTS,
-             "manifest_file": "/home/me/dsv41-exl3/dsv41-weights-manifest.json"})}
+        return {
+            "stdout": "DSV41_WEIGHTS_MANIFEST "
+            + json.dumps(
+                {
+                    "root": "/home/me/dsv41-exl3",
+                    "files": FULL_MANIFEST,
+                    "sha256": FULL_DIGESTS,
+                    "manifest_file": "/home/me/dsv41-exl3/dsv41-weights-manifest.json",
+                }
+            )
+        }
     return {"stdout": ""}
 
 
 def full_manifest() -> dict[str, int]:
     """What staging reports on hardware: 39 EXL3 shards plus their metadata, and the two Engram shards of 48
     with the index and config (sizes as the recipe's repos list them, to the order of magnitude)."""
-    files = {f"{wm.MODEL_DIR}/model-{i:05d}-of-{wm.MODEL_SHARD_COUNT:05d}.safetensors": 5_300_000_000 + i
-             for i in range(1, wm.MODEL_SHARD_COUNT + 1)}
-    files.update({f"{wm.MODEL_DIR}/{name}": 4096 for name in
-                  ("config.json", "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json")})
+    files = {
+        f"{wm.MODEL_DIR}/model-{i:05d}-of-{wm.MODEL_SHARD_COUNT:05d}.safetensors": 5_300_000_000 + i
+        for i in range(1, wm.MODEL_SHARD_COUNT + 1)
+    }
+    files.update(
+        {
+            f"{wm.MODEL_DIR}/{name}": 4096
+            for name in ("config.json", "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json")
+        }
+    )
     files.update({f"{wm.ENGRAM_DIR}/{wm.engram_shard_name(i)}": 4_900_000_000 + i for i in wm.ENGRAM_SHARDS})
     files.update({f"{wm.ENGRAM_DIR}/{name}": 2048 for name in wm.ENGRAM_EXTRA_FILES})
     return files

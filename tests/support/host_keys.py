@@ -9,6 +9,7 @@ from components import host_keys
 
 
 def fake_host_key(host: str, port: int) -> host_keys.HostKey:
-    blob = base64.b64encode(b"\x00\x00\x00\x0bssh-ed25519\x00\x00\x00\x20"
-                            + hashlib.sha256(f"{host}:{port}".encode()).digest()).decode()
+    blob = base64.b64encode(
+        b"\x00\x00\x00\x0bssh-ed25519\x00\x00\x00\x20" + hashlib.sha256(f"{host}:{port}".encode()).digest()
+    ).decode()
     return host_keys.HostKey(kind="ssh-ed25519", blob=blob)

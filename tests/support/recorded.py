@@ -15,8 +15,11 @@ from typing import Any
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "real-vllm"
 
-_VLLM = re.compile(r"^(?:\((?P<who>[\w.-]+) pid=\d+\) )?(?P<level>INFO|WARNING|ERROR|DEBUG) \d\d-\d\d \d\d:\d\d:\d\d "
-                   r"\[(?P<src>[\w.]+):\d+\] (?P<msg>.*)$", re.DOTALL)
+_VLLM = re.compile(
+    r"^(?:\((?P<who>[\w.-]+) pid=\d+\) )?(?P<level>INFO|WARNING|ERROR|DEBUG) \d\d-\d\d \d\d:\d\d:\d\d "
+    r"\[(?P<src>[\w.]+):\d+\] (?P<msg>.*)$",
+    re.DOTALL,
+)
 _UVICORN = re.compile(r"^(?P<level>INFO|WARNING|ERROR):     (?P<msg>.*)$", re.DOTALL)
 _BARE_PREFIX = re.compile(r"^\((?P<who>[\w.-]+) pid=\d+\) (?P<msg>.*)$", re.DOTALL)
 
@@ -85,6 +88,6 @@ def metric_sum(text: str, name: str) -> float:
     """The sum of every sample of `name` (over its labels)."""
     total = 0.0
     for line in text.splitlines():
-        if line.startswith(name) and line[len(name):len(name) + 1] in ("{", " "):
+        if line.startswith(name) and line[len(name) : len(name) + 1] in ("{", " "):
             total += float(line.rsplit(maxsplit=1)[1])
     return total

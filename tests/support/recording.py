@@ -83,22 +83,27 @@ class RecordingMonitor(pmocks.MockMonitor):
         if request.type != "pulumi:pulumi:Stack":
             raw = json_format.MessageToDict(request.object)
             ct = request.customTimeouts
-            self.registrations.append(Registration(
-                typ=request.type,
-                name=request.name,
-                urn=response.urn,
-                parent=request.parent,
-                dependencies=list(request.dependencies),
-                property_dependencies={k: list(v.urns) for k, v in request.propertyDependencies.items()},
-                provider=request.provider,
-                delete_before_replace=request.deleteBeforeReplace,
-                retain_on_delete=request.retainOnDelete,
-                custom_timeouts={"create": ct.create, "update": ct.update, "delete": ct.delete},
-                replacement_trigger=(json_format.MessageToDict(request.replacement_trigger)
-                                     if request.HasField("replacement_trigger") else None),
-                inputs=rpc.deserialize_properties(request.object),
-                raw_inputs=raw,
-            ))
+            self.registrations.append(
+                Registration(
+                    typ=request.type,
+                    name=request.name,
+                    urn=response.urn,
+                    parent=request.parent,
+                    dependencies=list(request.dependencies),
+                    property_dependencies={k: list(v.urns) for k, v in request.propertyDependencies.items()},
+                    provider=request.provider,
+                    delete_before_replace=request.deleteBeforeReplace,
+                    retain_on_delete=request.retainOnDelete,
+                    custom_timeouts={"create": ct.create, "update": ct.update, "delete": ct.delete},
+                    replacement_trigger=(
+                        json_format.MessageToDict(request.replacement_trigger)
+                        if request.HasField("replacement_trigger")
+                        else None
+                    ),
+                    inputs=rpc.deserialize_properties(request.object),
+                    raw_inputs=raw,
+                )
+            )
         return response
 
 

@@ -24,9 +24,15 @@ def provider_schema(pulumi_root: Path, provider: Path, home: Path) -> dict[str, 
     """The schema a provider binary serves, as `pulumi package get-schema` reads it."""
     out = subprocess.run(
         [str(pulumi_root / "bin" / "pulumi"), "package", "get-schema", str(provider)],
-        env={**os.environ, "PULUMI_HOME": str(home), "PULUMI_SKIP_UPDATE_CHECK": "true",
-             "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": "true"},
-        capture_output=True, text=True, timeout=120,
+        env={
+            **os.environ,
+            "PULUMI_HOME": str(home),
+            "PULUMI_SKIP_UPDATE_CHECK": "true",
+            "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": "true",
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 0, out.stderr
     schema: dict[str, Any] = json.loads(out.stdout)
@@ -54,15 +60,17 @@ def _strip_input(py: Any) -> Any:
     """Union[T, Awaitable[T], Output[...]] (pulumi.Input[T]) -> T; other types unchanged."""
     if typing.get_origin(py) is not typing.Union:
         return py
-    members = [m for m in typing.get_args(py)
-               if typing.get_origin(m) not in (collections.abc.Awaitable, pulumi.Output) and m is not type(None)]
+    members = [
+        m
+        for m in typing.get_args(py)
+        if typing.get_origin(m) not in (collections.abc.Awaitable, pulumi.Output) and m is not type(None)
+    ]
     return members[0] if len(members) == 1 else typing.Union[tuple(members)]  # noqa: UP007 (runtime union)
 
 
 def _is_asset_like(py: Any) -> bool:
     members = typing.get_args(py) if typing.get_origin(py) is typing.Union else (py,)
-    return bool(members) and all(isinstance(m, type) and issubclass(m, (pulumi.Asset, pulumi.Archive))
-                                 for m in members)
+    return bool(members) and all(isinstance(m, type) and issubclass(m, (pulumi.Asset, pulumi.Archive)) for m in members)
 
 
 def check_type(py: Any, spec: dict[str, Any], schema: dict[str, Any], where: str) -> list[str]:
@@ -99,8 +107,11 @@ def check_type(py: Any, spec: dict[str, Any], schema: dict[str, Any], where: str
         if not ref.startswith("#/types/"):
             return [f"{where}: SDK sends an object {py.__name__}, schema says {spec}"]
         obj = schema["types"][ref.removeprefix("#/types/")]
-        names, kinds = ((ptypes.input_type_py_to_pulumi_names(py), ptypes.input_type_types(py))
-                        if ptypes.is_input_type(py) else (None, ptypes.output_type_types(py)))
+        names, kinds = (
+            (ptypes.input_type_py_to_pulumi_names(py), ptypes.input_type_types(py))
+            if ptypes.is_input_type(py)
+            else (None, ptypes.output_type_types(py))
+        )
         wire = set(names.values()) if names else set(kinds)
         problems = [f"{where}.{n}: not in schema type {ref}" for n in sorted(wire - set(obj["properties"]))]
         for n in sorted(wire & set(obj["properties"])):
@@ -149,5 +160,8 @@ def required_problems(token: str, cls: type, args_cls: type, schema: dict[str, A
     py_to_wire = ptypes.input_type_py_to_pulumi_names(args_cls)
     sdk_required = {py_to_wire.get(n, n) for n in required}
     extra = set(schema["resources"][token].get("requiredInputs", [])) - sdk_required
-    return [f"{token}: schema requires {sorted(extra)}, the SDK does not (it requires {sorted(sdk_required)})"] \
-        if extra else []
+    return (
+        [f"{token}: schema requires {sorted(extra)}, the SDK does not (it requires {sorted(sdk_required)})"]
+        if extra
+        else []
+    )

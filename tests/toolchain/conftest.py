@@ -67,8 +67,9 @@ def command_provider(pulumi_root: Path) -> Path:
     if shutil.which("go") is None and not os.access(out, os.X_OK):
         _missing("no go on PATH to build toolchain/command")
     if shutil.which("go") is not None:
-        subprocess.run(["bash", str(REPO / "toolchain" / "build_command.sh"), str(out)], check=True,
-                       stdout=subprocess.DEVNULL)
+        subprocess.run(
+            ["bash", str(REPO / "toolchain" / "build_command.sh"), str(out)], check=True, stdout=subprocess.DEVNULL
+        )
     return out
 
 
@@ -87,13 +88,25 @@ def engine_env(pulumi_root: Path, command_provider: Path, tmp_path: Path) -> dic
         "PULUMI_SKIP_UPDATE_CHECK": "true",
         "PULUMI_IGNORE_AMBIENT_PLUGINS": "true",
         "PULUMI_PYTHON_CMD": sys.executable,
-        "PATH": os.pathsep.join([str(pulumi_root / "bin"), str(Path(sys.executable).parent),
-                                 os.environ.get("PATH", "")]),
+        "PATH": os.pathsep.join(
+            [str(pulumi_root / "bin"), str(Path(sys.executable).parent), os.environ.get("PATH", "")]
+        ),
     }
     subprocess.run(
-        [str(pulumi_root / "bin" / "pulumi"), "plugin", "install", "resource", "command", sdk_plugin_version(),
-         "--file", str(command_provider), "--exact"],
-        env={**os.environ, **env}, check=True, capture_output=True,
+        [
+            str(pulumi_root / "bin" / "pulumi"),
+            "plugin",
+            "install",
+            "resource",
+            "command",
+            sdk_plugin_version(),
+            "--file",
+            str(command_provider),
+            "--exact",
+        ],
+        env={**os.environ, **env},
+        check=True,
+        capture_output=True,
     )
     return env
 
@@ -140,28 +153,31 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
     port = _free_port()
     user = os.environ.get("USER") or subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip()
     config = d / "sshd_config"
-    config.write_text("\n".join([
-        "ListenAddress 127.0.0.1",
-        f"Port {port}",
-        f"HostKey {d / 'host_key'}",
-        f"PidFile {d / 'sshd.pid'}",
-        f"AuthorizedKeysFile {d / 'authorized_keys'}",
-        "StrictModes no",
-        "UsePAM no",
-        "PasswordAuthentication no",
-        "KbdInteractiveAuthentication no",
-        "PubkeyAuthentication yes",
-        "PermitRootLogin prohibit-password",
-        "AcceptEnv DSV41_* PULUMI_COMMAND_*",
-        "Subsystem sftp internal-sftp",
-        "MaxStartups 50:30:100",
-        "LogLevel VERBOSE",
-        "",
-    ]))
+    config.write_text(
+        "\n".join(
+            [
+                "ListenAddress 127.0.0.1",
+                f"Port {port}",
+                f"HostKey {d / 'host_key'}",
+                f"PidFile {d / 'sshd.pid'}",
+                f"AuthorizedKeysFile {d / 'authorized_keys'}",
+                "StrictModes no",
+                "UsePAM no",
+                "PasswordAuthentication no",
+                "KbdInteractiveAuthentication no",
+                "PubkeyAuthentication yes",
+                "PermitRootLogin prohibit-password",
+                "AcceptEnv DSV41_* PULUMI_COMMAND_*",
+                "Subsystem sftp internal-sftp",
+                "MaxStartups 50:30:100",
+                "LogLevel VERBOSE",
+                "",
+            ]
+        )
+    )
     Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # privilege separation directory
     log = d / "sshd.log"
-    proc = subprocess.Popen([binary, "-D", "-e", "-f", str(config)], stdout=log.open("wb"),
-                            stderr=subprocess.STDOUT)
+    proc = subprocess.Popen([binary, "-D", "-e", "-f", str(config)], stdout=log.open("wb"), stderr=subprocess.STDOUT)
     try:
         _wait_listening(port, proc, log)
         host_pub = " ".join((d / "host_key.pub").read_text().split()[:2])

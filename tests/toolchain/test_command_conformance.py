@@ -77,6 +77,5 @@ def test_connection_is_secret_and_triggers_replace(token: str, schema: dict[str,
 def test_checker_can_fail(schema: dict[str, Any]) -> None:
     """The type rules reject a mismatch (so a passing run means something)."""
     assert check_type(int, {"type": "string"}, schema, "x")
-    assert check_type(typing.Sequence[str], {"type": "object", "additionalProperties": {"type": "string"}},
-                      schema, "x")
+    assert check_type(typing.Sequence[str], {"type": "object", "additionalProperties": {"type": "string"}}, schema, "x")
     assert check_type(remote.ConnectionArgs, {"$ref": "#/types/command:remote:ProxyConnection"}, schema, "x")

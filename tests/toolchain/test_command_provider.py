@@ -25,8 +25,14 @@ ENGINE_RPC_TRACE = re.compile(r'"msg":"(Unm|M)arshaling property for RPC\[.*\]: 
 
 
 def conn(sshd: Sshd, **extra: object) -> remote.ConnectionArgs:
-    return remote.ConnectionArgs(host=sshd.host, port=sshd.port, user=sshd.user, private_key=sshd.private_key,
-                                 host_key=sshd.host_public_key, **extra)  # type: ignore[arg-type]
+    return remote.ConnectionArgs(
+        host=sshd.host,
+        port=sshd.port,
+        user=sshd.user,
+        private_key=sshd.private_key,
+        host_key=sshd.host_public_key,
+        **extra,
+    )  # type: ignore[arg-type]
 
 
 @pytest.fixture
@@ -38,9 +44,12 @@ def make_stack(pulumi_root: Path, engine_env: dict[str, str], tmp_path: Path) ->
         work = tmp_path / f"work-{len(stacks)}"
         work.mkdir()
         stack = auto.create_stack(
-            f"cmd-{uuid.uuid4().hex[:8]}", project_name="command-provider-test", program=program,
-            opts=auto.LocalWorkspaceOptions(work_dir=str(work), env_vars=engine_env,
-                                            pulumi_command=auto.PulumiCommand(root=str(pulumi_root))),
+            f"cmd-{uuid.uuid4().hex[:8]}",
+            project_name="command-provider-test",
+            program=program,
+            opts=auto.LocalWorkspaceOptions(
+                work_dir=str(work), env_vars=engine_env, pulumi_command=auto.PulumiCommand(root=str(pulumi_root))
+            ),
         )
         stacks.append(stack)
         return stack
@@ -62,23 +71,27 @@ def up(stack: auto.Stack, program: Callable[[], None] | None = None, **kw: objec
         raise AssertionError(f"up failed:\n{''.join(lines)}\n{e}") from e
 
 
-def test_remote_create_update_delete_with_env_and_stdin(make_stack: Callable[..., auto.Stack], sshd: Sshd,
-                                                        tmp_path: Path) -> None:
+def test_remote_create_update_delete_with_env_and_stdin(
+    make_stack: Callable[..., auto.Stack], sshd: Sshd, tmp_path: Path
+) -> None:
     d = tmp_path / "remote"
     d.mkdir()
 
     def program(version: str) -> Callable[[], None]:
         def p() -> None:
             c = remote.Command(
-                "c", connection=conn(sshd), environment={"DSV41_VERSION": version, "DSV41_DIR": str(d)},
+                "c",
+                connection=conn(sshd),
+                environment={"DSV41_VERSION": version, "DSV41_DIR": str(d)},
                 stdin=f"stdin-{version}\n",
                 create='echo "create $DSV41_VERSION" >> "$DSV41_DIR/log"; '
-                       'cat > "$DSV41_DIR/stdin"; echo made-$DSV41_VERSION',
+                'cat > "$DSV41_DIR/stdin"; echo made-$DSV41_VERSION',
                 update='echo "update $DSV41_VERSION prev=$PULUMI_COMMAND_STDOUT" >> "$DSV41_DIR/log"; '
-                       'cat > "$DSV41_DIR/stdin"; echo updated-$DSV41_VERSION',
+                'cat > "$DSV41_DIR/stdin"; echo updated-$DSV41_VERSION',
                 delete='echo "delete prev=$PULUMI_COMMAND_STDOUT" >> "$DSV41_DIR/log"',
             )
             pulumi.export("stdout", c.stdout)
+
         return p
 
     stack = make_stack(program("v1"))
@@ -100,8 +113,8 @@ def test_remote_create_update_delete_with_env_and_stdin(make_stack: Callable[...
 def test_failing_command_fails_with_its_stderr(make_stack: Callable[..., auto.Stack], sshd: Sshd) -> None:
     def program(update: str) -> Callable[[], None]:
         def p() -> None:
-            remote.Command("c", connection=conn(sshd), create="true", update=update,
-                           environment={"DSV41_X": update})
+            remote.Command("c", connection=conn(sshd), create="true", update=update, environment={"DSV41_X": update})
+
         return p
 
     stack = make_stack(program("true"))
@@ -114,13 +127,15 @@ def test_failing_command_fails_with_its_stderr(make_stack: Callable[..., auto.St
     assert "exit status 3" in str(failed.value)
 
 
-def test_triggers_change_replaces_and_reruns_create(make_stack: Callable[..., auto.Stack], sshd: Sshd,
-                                                    tmp_path: Path) -> None:
+def test_triggers_change_replaces_and_reruns_create(
+    make_stack: Callable[..., auto.Stack], sshd: Sshd, tmp_path: Path
+) -> None:
     log = tmp_path / "creates"
 
     def program(trigger: str) -> Callable[[], None]:
         def p() -> None:
             remote.Command("c", connection=conn(sshd), triggers=[trigger], create=f"echo {trigger} >> {log}")
+
         return p
 
     stack = make_stack(program("one"))
@@ -135,23 +150,32 @@ def test_triggers_change_replaces_and_reruns_create(make_stack: Callable[..., au
 
 def export_without_secrets(stack: auto.Stack, pulumi_root: Path, env: dict[str, str]) -> str:
     """`pulumi stack export` as a user runs it (the Automation API's export_stack adds --show-secrets)."""
-    out = subprocess.run([str(pulumi_root / "bin" / "pulumi"), "stack", "export", "--stack", stack.name],
-                         cwd=stack.workspace.work_dir, env={**os.environ, **env}, capture_output=True, text=True,
-                         timeout=60)
+    out = subprocess.run(
+        [str(pulumi_root / "bin" / "pulumi"), "stack", "export", "--stack", stack.name],
+        cwd=stack.workspace.work_dir,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout
 
 
-def test_secret_stdin_and_environment_never_plain(make_stack: Callable[..., auto.Stack], sshd: Sshd,
-                                                  tmp_path: Path, pulumi_root: Path,
-                                                  engine_env: dict[str, str]) -> None:
+def test_secret_stdin_and_environment_never_plain(
+    make_stack: Callable[..., auto.Stack], sshd: Sshd, tmp_path: Path, pulumi_root: Path, engine_env: dict[str, str]
+) -> None:
     d = tmp_path / "secret"
     d.mkdir()
 
     def program() -> None:
-        remote.Command("c", connection=conn(sshd), stdin=pulumi.Output.secret(SECRET_STDIN),
-                       environment={"DSV41_TOKEN": pulumi.Output.secret(SECRET_ENV), "DSV41_DIR": str(d)},
-                       create='cat > "$DSV41_DIR/stdin"; printf %s "$DSV41_TOKEN" > "$DSV41_DIR/env"; echo done')
+        remote.Command(
+            "c",
+            connection=conn(sshd),
+            stdin=pulumi.Output.secret(SECRET_STDIN),
+            environment={"DSV41_TOKEN": pulumi.Output.secret(SECRET_ENV), "DSV41_DIR": str(d)},
+            create='cat > "$DSV41_DIR/stdin"; printf %s "$DSV41_TOKEN" > "$DSV41_DIR/env"; echo done',
+        )
         local.Command("l", stdin=pulumi.Output.secret(SECRET_STDIN), create="wc -c")
 
     stack = make_stack(program)
@@ -181,7 +205,7 @@ def test_secret_stdin_and_environment_never_plain(make_stack: Callable[..., auto
 
 def _context(text: str, secret: str) -> str:
     i = text.index(secret)
-    return f"{secret!r} in plain text: ...{text[max(0, i - 400):i + 100]}..."
+    return f"{secret!r} in plain text: ...{text[max(0, i - 400) : i + 100]}..."
 
 
 def test_wrong_host_key_is_refused(make_stack: Callable[..., auto.Stack], sshd: Sshd, tmp_path: Path) -> None:
@@ -190,8 +214,14 @@ def test_wrong_host_key_is_refused(make_stack: Callable[..., auto.Stack], sshd: 
     wrong = " ".join((tmp_path / "other.pub").read_text().split()[:2])
 
     def program() -> None:
-        c = remote.ConnectionArgs(host=sshd.host, port=sshd.port, user=sshd.user, private_key=sshd.private_key,
-                                  host_key=wrong, dial_error_limit=0)
+        c = remote.ConnectionArgs(
+            host=sshd.host,
+            port=sshd.port,
+            user=sshd.user,
+            private_key=sshd.private_key,
+            host_key=wrong,
+            dial_error_limit=0,
+        )
         remote.Command("c", connection=c, create="true")
 
     stack = make_stack(program)
@@ -205,9 +235,14 @@ def test_local_command_create(make_stack: Callable[..., auto.Stack], tmp_path: P
     d.mkdir()
 
     def program() -> None:
-        c = local.Command("l", dir=str(d), environment={"DSV41_WHO": "local"}, stdin="in",
-                          create='cat > stdin.txt; echo "$DSV41_WHO" > who.txt; pwd',
-                          asset_paths=["*.txt"])
+        c = local.Command(
+            "l",
+            dir=str(d),
+            environment={"DSV41_WHO": "local"},
+            stdin="in",
+            create='cat > stdin.txt; echo "$DSV41_WHO" > who.txt; pwd',
+            asset_paths=["*.txt"],
+        )
         pulumi.export("stdout", c.stdout)
         pulumi.export("assets", c.assets.apply(lambda a: sorted(a or {})))
 
@@ -224,10 +259,15 @@ def test_copy_to_remote_string_and_file(make_stack: Callable[..., auto.Stack], s
     dest = tmp_path / "copied"
 
     def program() -> None:
-        remote.CopyToRemote("s", connection=conn(sshd), source=pulumi.StringAsset("string payload"),
-                            remote_path=str(dest / "sub" / "s.txt"))
-        remote.CopyToRemote("f", connection=conn(sshd), source=pulumi.FileAsset(str(src)),
-                            remote_path=str(dest / "f.txt"))
+        remote.CopyToRemote(
+            "s",
+            connection=conn(sshd),
+            source=pulumi.StringAsset("string payload"),
+            remote_path=str(dest / "sub" / "s.txt"),
+        )
+        remote.CopyToRemote(
+            "f", connection=conn(sshd), source=pulumi.FileAsset(str(src)), remote_path=str(dest / "f.txt")
+        )
 
     up(make_stack(program))
     assert (dest / "sub" / "s.txt").read_text() == "string payload"

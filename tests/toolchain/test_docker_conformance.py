@@ -22,13 +22,19 @@ pytestmark = pytest.mark.engine
 SDK_RESOURCES = {
     cls.pulumi_type: (cls, getattr(docker, f"{cls.__name__}Args"))
     for _, cls in inspect.getmembers(docker, inspect.isclass)
-    if issubclass(cls, pulumi.CustomResource) and not issubclass(cls, pulumi.ProviderResource)
-    and hasattr(cls, "pulumi_type") and hasattr(docker, f"{cls.__name__}Args")
+    if issubclass(cls, pulumi.CustomResource)
+    and not issubclass(cls, pulumi.ProviderResource)
+    and hasattr(cls, "pulumi_type")
+    and hasattr(docker, f"{cls.__name__}Args")
 }
 NATIVE_ONLY = {"docker:index/image:Image"}  # pulumi-docker's own buildx resource, not the upstream's
 RESOURCES = {t: v for t, v in SDK_RESOURCES.items() if t not in NATIVE_ONLY}
-USED_BY_THE_PROGRAM = {"docker:index/container:Container", "docker:index/remoteImage:RemoteImage",
-                       "docker:index/volume:Volume", "docker:index/network:Network"}
+USED_BY_THE_PROGRAM = {
+    "docker:index/container:Container",
+    "docker:index/remoteImage:RemoteImage",
+    "docker:index/volume:Volume",
+    "docker:index/network:Network",
+}
 
 
 @pytest.fixture(scope="module")

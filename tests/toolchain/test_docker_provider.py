@@ -57,30 +57,59 @@ def provider_env(pulumi_root: Path, tmp_path: Path) -> dict[str, str]:
     }
     (tmp_path / "backend").mkdir()
     version = read_versions()["DOCKER_PROVIDER_VERSION"]
-    proc = subprocess.run([str(pulumi_root / "bin" / "pulumi"), "plugin", "install", "resource", "docker", version,
-                           "--file", str(pulumi_root / "bin" / "pulumi-resource-docker"), "--exact"],
-                          env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            str(pulumi_root / "bin" / "pulumi"),
+            "plugin",
+            "install",
+            "resource",
+            "docker",
+            version,
+            "--file",
+            str(pulumi_root / "bin" / "pulumi-resource-docker"),
+            "--exact",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return env
 
 
 def docker_cli(sim: dict[str, Any], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["docker", "-H", sim["nodes"][1]["docker_host"], *args], capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        ["docker", "-H", sim["nodes"][1]["docker_host"], *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def program(sim: dict[str, Any], name: str, env_value: str) -> Callable[[], None]:
     node = sim["nodes"][1]
-    ssh_opts = ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o",
-                f"UserKnownHostsFile={sim['ssh']['known_hosts']}", "-o", "IdentitiesOnly=yes",
-                "-i", sim["ssh"]["key"], "-p", str(sim["ssh"]["port"])]
+    ssh_opts = [
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        f"UserKnownHostsFile={sim['ssh']['known_hosts']}",
+        "-o",
+        "IdentitiesOnly=yes",
+        "-i",
+        sim["ssh"]["key"],
+        "-p",
+        str(sim["ssh"]["port"]),
+    ]
 
     def run() -> None:
         provider = docker.Provider("node", host=f"ssh://root@{node['ip']}:{sim['ssh']['port']}", ssh_opts=ssh_opts)
-        image = docker.RemoteImage("image", name=sim["image"], keep_locally=True,
-                                   opts=pulumi.ResourceOptions(provider=provider, retain_on_delete=True))
-        volume = docker.Volume("cache", name=f"{name}-cache",
-                               opts=pulumi.ResourceOptions(provider=provider))
+        image = docker.RemoteImage(
+            "image",
+            name=sim["image"],
+            keep_locally=True,
+            opts=pulumi.ResourceOptions(provider=provider, retain_on_delete=True),
+        )
+        volume = docker.Volume("cache", name=f"{name}-cache", opts=pulumi.ResourceOptions(provider=provider))
         container = docker.Container(
             "probe",
             name=name,
@@ -107,15 +136,20 @@ def program(sim: dict[str, Any], name: str, env_value: str) -> Callable[[], None
     return run
 
 
-def test_container_from_remote_image_replace_and_destroy(sim: dict[str, Any], provider_env: dict[str, str],
-                                                         pulumi_root: Path, tmp_path: Path) -> None:
+def test_container_from_remote_image_replace_and_destroy(
+    sim: dict[str, Any], provider_env: dict[str, str], pulumi_root: Path, tmp_path: Path
+) -> None:
     name = f"probe-{uuid.uuid4().hex[:8]}"
 
     def stack_for(env_value: str) -> auto.Stack:
         return auto.create_or_select_stack(
-            "docker-probe", project_name="docker-probe", program=program(sim, name, env_value),
-            opts=auto.LocalWorkspaceOptions(work_dir=str(tmp_path), env_vars=provider_env,
-                                            pulumi_command=auto.PulumiCommand(root=str(pulumi_root))))
+            "docker-probe",
+            project_name="docker-probe",
+            program=program(sim, name, env_value),
+            opts=auto.LocalWorkspaceOptions(
+                work_dir=str(tmp_path), env_vars=provider_env, pulumi_command=auto.PulumiCommand(root=str(pulumi_root))
+            ),
+        )
 
     stack = stack_for("one")
     try:

@@ -45,7 +45,6 @@ MODEL = "fake-model"
 pytestmark = pytest.mark.timeout(10)
 
 
-
 # (case id, reply, expected reason, words the diagnosis must contain)
 BAD_ANSWERS: list[tuple[str, Reply, Reason, str]] = [
     ("nan-literal", Reply(body=with_literal(chat_body(good_items()), "NaN")), Reason.NAN, "the model produced NaN"),
@@ -135,8 +134,7 @@ def test_the_streamed_engine_dead_error_names_a_dead_rank() -> None:
     # Real vLLM 0.32 streams HTTP 200, the error object in a data event, then [DONE].
     events = [(0.0, ENGINE_DEAD_BODY.decode()), (0.0, "[DONE]")]
     with FakeVllm(Reply(events=events)) as server:
-        outcome = verify_endpoint(server.url, MODEL, timeout_s=2, retry_window_s=30, stream=True,
-                                  sleep=lambda _: None)
+        outcome = verify_endpoint(server.url, MODEL, timeout_s=2, retry_window_s=30, stream=True, sleep=lambda _: None)
         assert len(server.completion_requests()) == 1, "a dead engine is final, never retried"
     assert isinstance(outcome, Failed) and outcome.reason is Reason.DEAD_RANK, outcome
     assert "a rank of the group died" in outcome.message and "docker logs" in outcome.message
@@ -217,8 +215,9 @@ STREAMED: list[tuple[str, Reply, Reason | None]] = [
     ("empty-content", Reply(events=stream_events([])), Reason.NO_LOGPROBS),
     (
         "error-event",
-        Reply(events=[stream_events(good_items())[0],
-                      (0, error_body(NAN_STREAM_ERROR, "BadRequestError", 400).decode())]),
+        Reply(
+            events=[stream_events(good_items())[0], (0, error_body(NAN_STREAM_ERROR, "BadRequestError", 400).decode())]
+        ),
         Reason.NAN,
     ),
     ("cut-off-before-done", Reply(events=stream_events(good_items())[:-1]), Reason.MALFORMED),
@@ -421,13 +420,16 @@ def test_fluent_wrong_answer_with_finite_logprobs_fails_naming_the_answer() -> N
     assert "'Lyon.'" in outcome.message and "does not say Paris" in outcome.message
 
 
-@pytest.mark.parametrize(("content", "reasoning"), [
-    ("PARIS", None),
-    ("The capital of France is paris.", None),
-    ("<think>Lyon? No, the capital is...</think>Paris", None),
-    ("Paris", "Is it Lyon or Marseille? The capital is Paris."),
-    (None, "The user asks for the capital of France, which is Paris, so"),  # reasoning took the budget
-])
+@pytest.mark.parametrize(
+    ("content", "reasoning"),
+    [
+        ("PARIS", None),
+        ("The capital of France is paris.", None),
+        ("<think>Lyon? No, the capital is...</think>Paris", None),
+        ("Paris", "Is it Lyon or Marseille? The capital is Paris."),
+        (None, "The user asks for the capital of France, which is Paris, so"),  # reasoning took the budget
+    ],
+)
 def test_the_answer_says_paris_in_any_case_reasoning_aside(content: str | None, reasoning: str | None) -> None:
     with FakeVllm(_answer(content, reasoning)) as server:
         outcome = verify_endpoint(server.url, MODEL, timeout_s=2)
@@ -520,8 +522,9 @@ def test_slow_first_request_is_a_warm_up_and_the_next_answer_is_judged() -> None
     progress: list[str] = []
     with FakeVllm(lambda _body: next(replies)) as server:
         started = time.monotonic()
-        outcome = verify_endpoint(server.url, MODEL, timeout_s=1, retry_window_s=5, warmup_timeout_s=5,
-                                  on_progress=progress.append)
+        outcome = verify_endpoint(
+            server.url, MODEL, timeout_s=1, retry_window_s=5, warmup_timeout_s=5, on_progress=progress.append
+        )
         elapsed = time.monotonic() - started
         assert len(server.completion_requests()) == 2
     assert isinstance(outcome, Passed), outcome

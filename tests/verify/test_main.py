@@ -122,15 +122,18 @@ def test_stack_gives_endpoint_model_key_and_expected_answer(capsys: pytest.Captu
 
 
 def test_stack_with_the_recipes_answer_refuses_another_and_an_explicit_flag_wins(
-        capsys: pytest.CaptureFixture[str]) -> None:
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     from components.verify import __main__ as cli
 
     with FakeVllm(Reply(body=chat_body(good_items(), content="Lyon").encode())) as server:
         view = cli.StackView(endpoint=server.url, model=MODEL, api_key=None, expected_answer=None)
         assert cli.main(["--stack", "dev", "--timeout", "3"], read=lambda name: view) == cli.EXIT_FAILED
         assert "does not say Paris" in capsys.readouterr().err
-        assert cli.main(["--stack", "dev", "--timeout", "3", "--expected-answer", "Lyon"],
-                        read=lambda name: view) == cli.EXIT_VERIFIED
+        assert (
+            cli.main(["--stack", "dev", "--timeout", "3", "--expected-answer", "Lyon"], read=lambda name: view)
+            == cli.EXIT_VERIFIED
+        )
 
 
 def test_stack_without_outputs_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

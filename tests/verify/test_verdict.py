@@ -54,14 +54,16 @@ def test_zero_and_integer_logprobs_are_real() -> None:
 
 
 def test_engine_activity_reads_vllms_step_histogram_count_over_every_engine() -> None:
-    metrics = "\n".join([
-        "# TYPE vllm:iteration_tokens_total histogram",
-        'vllm:iteration_tokens_total_bucket{engine="0",le="1.0"} 3.0',
-        'vllm:iteration_tokens_total_count{engine="0",model_name="m"} 120.0',
-        'vllm:iteration_tokens_total_count{engine="1",model_name="m"} 5.0',
-        'vllm:iteration_tokens_total_sum{engine="0",model_name="m"} 9000.0',
-        'vllm:generation_tokens_total{engine="0"} 77.0',
-    ])
+    metrics = "\n".join(
+        [
+            "# TYPE vllm:iteration_tokens_total histogram",
+            'vllm:iteration_tokens_total_bucket{engine="0",le="1.0"} 3.0',
+            'vllm:iteration_tokens_total_count{engine="0",model_name="m"} 120.0',
+            'vllm:iteration_tokens_total_count{engine="1",model_name="m"} 5.0',
+            'vllm:iteration_tokens_total_sum{engine="0",model_name="m"} 9000.0',
+            'vllm:generation_tokens_total{engine="0"} 77.0',
+        ]
+    )
     activity = engine_activity(metrics)
     assert activity is not None and activity.steps == 125.0 and activity.tokens == 77.0
 
@@ -74,11 +76,13 @@ def test_engine_activity_reads_the_token_counters_and_is_none_without_vllms_seri
 
 # Real vLLM 0.32 during a long partial prefill: no step with output, so the counters stand still, while the KV
 # cache fills and the requests run (shared/notes/vllm-real.md, "Metrics").
-PREFILL = ('vllm:iteration_tokens_total_count{{engine="0",model_name="m"}} 40.0\n'
-           'vllm:prompt_tokens_total{{engine="0",model_name="m"}} 120.0\n'
-           'vllm:generation_tokens_total{{engine="0",model_name="m"}} 33.0\n'
-           'vllm:kv_cache_usage_perc{{engine="0",model_name="m"}} {kv}\n'
-           'vllm:num_requests_running{{engine="0",model_name="m"}} {running}\n')
+PREFILL = (
+    'vllm:iteration_tokens_total_count{{engine="0",model_name="m"}} 40.0\n'
+    'vllm:prompt_tokens_total{{engine="0",model_name="m"}} 120.0\n'
+    'vllm:generation_tokens_total{{engine="0",model_name="m"}} 33.0\n'
+    'vllm:kv_cache_usage_perc{{engine="0",model_name="m"}} {kv}\n'
+    'vllm:num_requests_running{{engine="0",model_name="m"}} {running}\n'
+)
 
 
 def _activity(kv: float, running: int) -> EngineActivity:

@@ -138,8 +138,10 @@ def test_provider_pickles_by_reference_as_the_sdk_does() -> None:
 
 
 def test_module_imports_without_side_effects() -> None:
-    code = ("import threading, components.verify.verifier as v; "
-            "print(threading.active_count(), v.VerifierProvider.__module__)")
+    code = (
+        "import threading, components.verify.verifier as v; "
+        "print(threading.active_count(), v.VerifierProvider.__module__)"
+    )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["1", "components.verify.verifier"] and done.stderr == ""
@@ -162,9 +164,17 @@ def test_verifier_resource_registers_inputs_and_a_pickled_provider() -> None:
     pulumi.runtime.set_mocks(Mocks(), preview=False)
     resource = verify.Verifier(
         "verify",
-        verify.VerifierArgs(endpoint="http://10.0.0.1:8888/v1", model=MODEL, rerun_on=["h", "w"], api_key="k-9",
-                            timeout_s=120, retry_window_s=1800, min_decode_tokens_per_second=None,
-                            warmup_timeout_s=None, expected_answer="Paris"),
+        verify.VerifierArgs(
+            endpoint="http://10.0.0.1:8888/v1",
+            model=MODEL,
+            rerun_on=["h", "w"],
+            api_key="k-9",
+            timeout_s=120,
+            retry_window_s=1800,
+            min_decode_tokens_per_second=None,
+            warmup_timeout_s=None,
+            expected_answer="Paris",
+        ),
     )
 
     @pulumi.runtime.test

@@ -60,15 +60,31 @@ def _watchdog(floor_gib: float = 5.0, **kw: Any) -> Watchdog:
     return Watchdog(mem_available_floor_gib=floor_gib, **kw)
 
 
-def _settings(*, floor_gib: float = 5.0, consecutive_samples: int | None = None, sample_interval_s: int | None = None,
-              **kw: object) -> WatchdogSettings:
-    given = {k: v for k, v in (("consecutive_samples", consecutive_samples), ("sample_seconds", sample_interval_s))
-             if v is not None}
-    return WatchdogSettings(**{"node_name": "spark-b", "container_name": "dsv41-rank1", "stack_prefix": PREFIX,
-                               "watchdog": _watchdog(floor_gib, **given), **kw})  # type: ignore[arg-type]
+def _settings(
+    *,
+    floor_gib: float = 5.0,
+    consecutive_samples: int | None = None,
+    sample_interval_s: int | None = None,
+    **kw: object,
+) -> WatchdogSettings:
+    given = {
+        k: v
+        for k, v in (("consecutive_samples", consecutive_samples), ("sample_seconds", sample_interval_s))
+        if v is not None
+    }
+    return WatchdogSettings(
+        **{
+            "node_name": "spark-b",
+            "container_name": "dsv41-rank1",
+            "stack_prefix": PREFIX,
+            "watchdog": _watchdog(floor_gib, **given),
+            **kw,
+        }
+    )  # type: ignore[arg-type]
 
 
 # --- pure rendering -------------------------------------------------------------------------------------
+
 
 class TestRendering:
     def test_floor_is_converted_to_kib(self) -> None:
@@ -77,7 +93,7 @@ class TestRendering:
 
     def test_script_guards_on_memavailable_never_used(self) -> None:
         script = render_watchdog_script(_settings(consecutive_samples=4, sample_interval_s=7))
-        assert "$1 == \"MemAvailable:\"" in script
+        assert '$1 == "MemAvailable:"' in script
         assert "MemFree" not in script and "free -" not in script and "used" not in script.replace('"used"', "")
         assert header_value(script, "FLOOR_KIB") == str(FLOOR_KIB) and header_value(script, "SAMPLES") == "4"
         assert header_value(script, "SAMPLE_INTERVAL_S") == "7"
@@ -88,20 +104,24 @@ class TestRendering:
     def test_every_remote_command_is_bounded_by_timeout(self) -> None:
         assert render_install_command(_settings()).startswith("exec timeout 60 sh -c ")
         assert render_remove_command(_settings()).startswith("exec timeout 30 sh -c ")
-        assert "timeout \"$STOP_TIMEOUT\" $DOCKER kill" in render_watchdog_script(_settings())
+        assert 'timeout "$STOP_TIMEOUT" $DOCKER kill' in render_watchdog_script(_settings())
 
-    @pytest.mark.parametrize(("kw", "message"), [
-        # A floor, interval or count out of range is refused by config.py (tests/test_config.py).
-        ({"container_name": "a b"}, "container_name 'a b' on spark-b is not a valid docker container name"),
-        ({"node_name": "../x"}, "node_name '../x' must match"),
-        ({"meminfo_path": "proc/meminfo"}, "must be an absolute path"),
-    ])
+    @pytest.mark.parametrize(
+        ("kw", "message"),
+        [
+            # A floor, interval or count out of range is refused by config.py (tests/test_config.py).
+            ({"container_name": "a b"}, "container_name 'a b' on spark-b is not a valid docker container name"),
+            ({"node_name": "../x"}, "node_name '../x' must match"),
+            ({"meminfo_path": "proc/meminfo"}, "must be an absolute path"),
+        ],
+    )
     def test_bad_settings_are_named(self, kw: dict[str, object], message: str) -> None:
         with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
             _settings(**kw)
 
 
 # --- the script, run with sh ------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def node(tmp_path: Path) -> dict[str, str]:
@@ -113,8 +133,12 @@ def node(tmp_path: Path) -> dict[str, str]:
         (bindir / name).chmod(0o755)
     home = tmp_path / "home"
     home.mkdir()
-    return {"PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}", "HOME": str(home), "WD_TEST_DIR": str(tmp_path),
-            "DSV41_WATCHDOG_MEMINFO": str(tmp_path / "meminfo")}
+    return {
+        "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}",
+        "HOME": str(home),
+        "WD_TEST_DIR": str(tmp_path),
+        "DSV41_WATCHDOG_MEMINFO": str(tmp_path / "meminfo"),
+    }
 
 
 def _run_samples(node: dict[str, str], values: list[int | str], samples: int = 3) -> tuple[list[str], str]:
@@ -172,6 +196,7 @@ class TestScript:
 
 # --- install / remove, run locally -------------------------------------------------------------------------
 
+
 @pytest.fixture
 def installed(node: dict[str, str], tmp_path: Path) -> Iterator[tuple[dict[str, str], WatchdogSettings]]:
     env = {k: v for k, v in node.items() if k != "DSV41_WATCHDOG_MEMINFO"}
@@ -204,8 +229,9 @@ def _alive(pid: int) -> bool:
 
 
 class TestInstall:
-    def test_install_is_idempotent_and_remove_keeps_the_log(self, installed: tuple[dict[str, str],
-                                                                                   WatchdogSettings]) -> None:
+    def test_install_is_idempotent_and_remove_keeps_the_log(
+        self, installed: tuple[dict[str, str], WatchdogSettings]
+    ) -> None:
         env, settings = installed
         home = Path(env["HOME"])
         pidfile = home / ".local/state/dsv41-exl3-dev/memory-watchdog-spark-b.pid"
@@ -245,8 +271,9 @@ class TestTwoStacksOnOneNode:
 
     def test_each_stack_keeps_its_own_watchdog(self, installed: tuple[dict[str, str], WatchdogSettings]) -> None:
         env, a = installed
-        b = WatchdogSettings(**{**a.__dict__, "stack_prefix": "dsv41-exl3-prod",
-                                "container_name": "dsv41-exl3-prod-spark-b"})
+        b = WatchdogSettings(
+            **{**a.__dict__, "stack_prefix": "dsv41-exl3-prod", "container_name": "dsv41-exl3-prod-spark-b"}
+        )
         home = Path(env["HOME"])
         pid_b_file = home / ".local/state/dsv41-exl3-prod/memory-watchdog-spark-b.pid"
         try:
@@ -282,12 +309,15 @@ class TestTwoStacksOnOneNode:
         assert _sh(render_key_remove_command(b), env).returncode == 0
         assert not key_b.exists() and key_a.exists(), "removing B's key must leave A's"
         key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOperatorKeyForTests"
-        assert "command=\"sh .local/share/dsv41-exl3-prod/memory-watchdog-spark-b-peer-stop.sh spark-a\"" in \
-            authorized_key_line(b, PEERS[0], key)
+        assert (
+            'command="sh .local/share/dsv41-exl3-prod/memory-watchdog-spark-b-peer-stop.sh spark-a"'
+            in authorized_key_line(b, PEERS[0], key)
+        )
 
     @pytest.mark.parametrize("owner", ["this stack", "another stack"])
     def test_install_retires_the_old_fixed_path_copy_only_of_this_container(
-            self, owner: str, installed: tuple[dict[str, str], WatchdogSettings]) -> None:
+        self, owner: str, installed: tuple[dict[str, str], WatchdogSettings]
+    ) -> None:
         env, settings = installed
         home = Path(env["HOME"])
         share, state = home / ".local/share/dsv41-exl3", home / ".local/state/dsv41-exl3"
@@ -314,16 +344,20 @@ class TestTwoStacksOnOneNode:
 
 # --- component wiring ------------------------------------------------------------------------------------
 
+
 def test_component_installs_with_one_remote_command() -> None:
     def program() -> dict[str, object]:
-        wd = MemoryWatchdog("wd-spark-b", MemoryWatchdogArgs(
-            node_name="spark-b",
-            connection=remote.ConnectionArgs(host="127.0.0.3", port=2222, user="root"),
-            container_name="dsv41-rank1",
-            stack_prefix=PREFIX,
-            watchdog=_watchdog(5.0),
-            rerun_on=["cid-worker-1"],
-        ))
+        wd = MemoryWatchdog(
+            "wd-spark-b",
+            MemoryWatchdogArgs(
+                node_name="spark-b",
+                connection=remote.ConnectionArgs(host="127.0.0.3", port=2222, user="root"),
+                container_name="dsv41-rank1",
+                stack_prefix=PREFIX,
+                watchdog=_watchdog(5.0),
+                rerun_on=["cid-worker-1"],
+            ),
+        )
         return {"log": wd.log_path, "status": wd.status}
 
     rec = recording.run(program)
@@ -343,18 +377,27 @@ def test_component_installs_with_one_remote_command() -> None:
 
 def test_args_validate_at_program_time() -> None:
     with pytest.raises(ValueError, match="container_name 'a b' on spark-b"):
-        MemoryWatchdogArgs(node_name="spark-b", connection=remote.ConnectionArgs(host="127.0.0.3"),
-                           container_name="a b", stack_prefix=PREFIX, watchdog=_watchdog(), rerun_on=[])
+        MemoryWatchdogArgs(
+            node_name="spark-b",
+            connection=remote.ConnectionArgs(host="127.0.0.3"),
+            container_name="a b",
+            stack_prefix=PREFIX,
+            watchdog=_watchdog(),
+            rerun_on=[],
+        )
 
 
 # --- issue 10: a trip stops every rank and records the memory holders --------------------------------------
 
 HOST_KEY_A = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHostKeyOfSparkA"
 HOST_KEY_C = "ecdsa-sha2-nistp256 AAAAE2VjZHNhLXNoYTItbmlzdHAyNTYHostKeyOfSparkC="
-PEERS = (WatchdogPeer(node_name="spark-a", host="10.0.0.1", port=2201, user="me", host_key=HOST_KEY_A),
-         WatchdogPeer(node_name="spark-c", host="10.0.0.3", port=22, user="ops", host_key=HOST_KEY_C))
-FAKE_SSH = ('#!/bin/sh\necho "$*" >> "$WD_TEST_DIR/ssh.calls"\n'
-            '[ -z "${WD_SSH_FAIL:-}" ] || exit 255\necho "stopped rank"\n')
+PEERS = (
+    WatchdogPeer(node_name="spark-a", host="10.0.0.1", port=2201, user="me", host_key=HOST_KEY_A),
+    WatchdogPeer(node_name="spark-c", host="10.0.0.3", port=22, user="ops", host_key=HOST_KEY_C),
+)
+FAKE_SSH = (
+    '#!/bin/sh\necho "$*" >> "$WD_TEST_DIR/ssh.calls"\n[ -z "${WD_SSH_FAIL:-}" ] || exit 255\necho "stopped rank"\n'
+)
 PEER_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPeerKeyOfSparkA"
 
 
@@ -438,14 +481,23 @@ class TestPeerAuthorization:
         lines = ak.read_text().splitlines()
         assert lines[0].endswith("me@laptop"), "other keys are kept"
         (line,) = [ln for ln in lines if "dsv41-exl3-watchdog:dsv41-rank1:" in ln]
-        assert line == ('restrict,from="10.0.0.1",'
-                        'command="sh .local/share/dsv41-exl3-dev/memory-watchdog-spark-b-peer-stop.sh '
-                        f'spark-a" {PEER_KEY} dsv41-exl3-watchdog:dsv41-rank1:from-spark-a')
+        assert line == (
+            'restrict,from="10.0.0.1",'
+            'command="sh .local/share/dsv41-exl3-dev/memory-watchdog-spark-b-peer-stop.sh '
+            f'spark-a" {PEER_KEY} dsv41-exl3-watchdog:dsv41-rank1:from-spark-a'
+        )
         assert oct(ak.stat().st_mode & 0o777) == "0o600"
         # what sshd runs for that key: from the home directory, the forced command, whatever was asked
         command = line.split('command="', 1)[1].split('"', 1)[0]
-        forced = subprocess.run(["sh", "-c", command], cwd=home, env={**env, "SSH_ORIGINAL_COMMAND": "rm -rf /"},
-                                capture_output=True, text=True, timeout=20, check=False)
+        forced = subprocess.run(
+            ["sh", "-c", command],
+            cwd=home,
+            env={**env, "SSH_ORIGINAL_COMMAND": "rm -rf /"},
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
         assert forced.returncode == 0, forced.stderr
         assert forced.stdout.strip() == "killed dsv41-rank1 on spark-b"
         assert (Path(env["WD_TEST_DIR"]) / "docker.calls").read_text().splitlines()[-1] == "kill dsv41-rank1"
@@ -490,7 +542,8 @@ def test_deployment_gives_every_watchdog_the_other_ranks_and_their_keys() -> Non
         watchdog = header_value(install, "WATCHDOG", as_text=True)
         stopped = header_value(watchdog, "PEERS", as_text=True).splitlines()
         assert sorted(stopped) == [f"spark-{j} me 10.0.0.{j + 1} 22" for j in sorted({0, 1, 2, 3} - {i})], (
-            "every other rank, through its SSH address; a node does not ssh to itself")
+            "every other rank, through its SSH address; a node does not ssh to itself"
+        )
         authorized = header_value(install, "AUTHORIZED_KEYS", as_text=True)
         for j in {0, 1, 2, 3} - {i}:
             assert f"dsv41-exl3-watchdog:dsv41-exl3-dev-spark-{i}:from-spark-{j}" in authorized
@@ -511,8 +564,9 @@ def test_a_peer_login_name_is_checked_as_config_checks_it() -> None:
 
 # --- issue 21 item 5.1: authorized_keys is never replaced from an incomplete copy, and edits are locked -------
 
-OPERATOR_LINES = "".join(f"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOperatorKey{i:04d} operator-{i}@laptop\n"
-                         for i in range(300))
+OPERATOR_LINES = "".join(
+    f"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOperatorKey{i:04d} operator-{i}@laptop\n" for i in range(300)
+)
 
 
 def _with_our_lines(settings: WatchdogSettings) -> str:
@@ -536,16 +590,19 @@ class TestAuthorizedKeysSafety:
         fake = tmp_path / "badgrep"
         fake.mkdir()
         # The copying grep (-v) writes one line, then fails as on a write error (exit 2); every other grep is real.
-        (fake / "grep").write_text(f'#!/bin/sh\ncase " $* " in *" -v "*) {real_grep} "$@" | head -n 1; exit 2 ;; esac\n'
-                                   f'exec {real_grep} "$@"\n')
+        (fake / "grep").write_text(
+            f'#!/bin/sh\ncase " $* " in *" -v "*) {real_grep} "$@" | head -n 1; exit 2 ;; esac\nexec {real_grep} "$@"\n'
+        )
         (fake / "grep").chmod(0o755)
         env = {**env, "PATH": f"{fake}{os.pathsep}{env['PATH']}"}
         ak = Path(env["HOME"]) / ".ssh" / "authorized_keys"
         ak.parent.mkdir(mode=0o700)
         before = _with_our_lines(settings)
         ak.write_text(before)
-        for command in (render_remove_command(settings),
-                        render_install_command(settings, peer_keys=[("spark-a", PEER_KEY)])):
+        for command in (
+            render_remove_command(settings),
+            render_install_command(settings, peer_keys=[("spark-a", PEER_KEY)]),
+        ):
             done = _sh(command, env)
             assert done.returncode != 0, f"a failed copy must fail the command:\n{done.stdout}"
             assert f"{ak} on spark-b: grep exited 2" in done.stderr and "left unchanged" in done.stderr, done.stderr
@@ -560,8 +617,12 @@ class TestAuthorizedKeysSafety:
         settings = WatchdogSettings(**{**base.__dict__, "peers": PEERS})
         home = tmp_path / "tinyhome"
         home.mkdir()
-        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0755", "tmpfs", str(home)],
-                                 capture_output=True, text=True, check=False)
+        mounted = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=64k,mode=0755", "tmpfs", str(home)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if mounted.returncode != 0:
             pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
         try:
@@ -589,13 +650,29 @@ class TestAuthorizedKeysSafety:
         ak = home / ".ssh" / "authorized_keys"
         ak.parent.mkdir(mode=0o700)
         ak.write_text(OPERATOR_LINES)
-        stacks = [WatchdogSettings(**{**base.__dict__, "peers": PEERS, "stack_prefix": f"dsv41-exl3-t{i}",
-                                      "container_name": f"dsv41-exl3-t{i}-spark-b"}) for i in range(10)]
+        stacks = [
+            WatchdogSettings(
+                **{
+                    **base.__dict__,
+                    "peers": PEERS,
+                    "stack_prefix": f"dsv41-exl3-t{i}",
+                    "container_name": f"dsv41-exl3-t{i}-spark-b",
+                }
+            )
+            for i in range(10)
+        ]
         keys = [f"{PEER_KEY}{i}" for i in range(10)]
         try:
-            running = [subprocess.Popen(["sh", "-c", render_install_command(s, peer_keys=[("spark-a", k)])], env=env,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                       for s, k in zip(stacks, keys, strict=True)]
+            running = [
+                subprocess.Popen(
+                    ["sh", "-c", render_install_command(s, peer_keys=[("spark-a", k)])],
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+                for s, k in zip(stacks, keys, strict=True)
+            ]
             for p in running:
                 _, err = p.communicate(timeout=60)
                 assert p.returncode == 0, err
@@ -613,6 +690,7 @@ class TestAuthorizedKeysSafety:
 
 
 # --- issue 21 item 5.3: as fast as the launcher's guard -------------------------------------------------------
+
 
 def test_defaults_kill_the_container_within_3_s_of_memory_dropping_below_the_floor(node: dict[str, str]) -> None:
     """The launcher's guard samples every second, acts on the second low sample and kills; ours, with the
@@ -649,9 +727,11 @@ def test_defaults_kill_the_container_within_3_s_of_memory_dropping_below_the_flo
 
 # --- issue 21 item 5.2: nodes sharing one home (NFS homes, the simulated cluster) -----------------------------
 
+
 def _node_settings(name: str, base: WatchdogSettings, peers: tuple[WatchdogPeer, ...]) -> WatchdogSettings:
-    return WatchdogSettings(**{**base.__dict__, "node_name": name, "container_name": f"dsv41-exl3-dev-{name}",
-                               "peers": peers})
+    return WatchdogSettings(
+        **{**base.__dict__, "node_name": name, "container_name": f"dsv41-exl3-dev-{name}", "peers": peers}
+    )
 
 
 def _peer(name: str, host: str) -> WatchdogPeer:
@@ -683,7 +763,8 @@ class TestSharedHome:
                 (line,) = [ln for ln in lines if keys[peer] in ln]  # a key in one line only: no first-match mixup
                 assert line.startswith(
                     f'restrict,from="{address}",command="sh .local/share/{PREFIX}/memory-watchdog-{node}-peer-stop.sh '
-                    f'{peer}" {keys[peer]} '), line
+                    f'{peer}" {keys[peer]} '
+                ), line
             for s in (a, b):  # each watchdog uses its own key
                 script = (home / s.share_dir / s.script_name).read_text()
                 assert header_value(script, "KEY_NAME") == f"watchdog-key-{PREFIX}-{s.node_name}"
@@ -702,8 +783,16 @@ class TestSharedHome:
         for _ in range(10):
             for s in nodes:
                 assert _sh(render_key_remove_command(s), env).returncode == 0
-            runs = [subprocess.Popen(["sh", "-c", render_key_command(s)], env=env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True) for s in (*nodes, nodes[0])]
+            runs = [
+                subprocess.Popen(
+                    ["sh", "-c", render_key_command(s)],
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+                for s in (*nodes, nodes[0])
+            ]
             out = []
             for p in runs:
                 stdout, stderr = p.communicate(timeout=30)
@@ -714,13 +803,16 @@ class TestSharedHome:
             assert not [p.name for p in state.iterdir() if p.name.startswith(".")], "temp dirs left behind"
 
 
-@pytest.mark.parametrize(("host", "pattern"), [
-    ("10.0.0.1", "10.0.0.1"),
-    # the simulated nodes share one kernel: a connection to 127.0.0.N comes from 127.0.0.1
-    ("127.0.0.3", "127.0.0.0/8"),
-    ("::1", "::1"),
-    # sshd matches names only with UseDNS (off by default): a name would refuse every stop
-    ("spark-a.lan", None),
-])
+@pytest.mark.parametrize(
+    ("host", "pattern"),
+    [
+        ("10.0.0.1", "10.0.0.1"),
+        # the simulated nodes share one kernel: a connection to 127.0.0.N comes from 127.0.0.1
+        ("127.0.0.3", "127.0.0.0/8"),
+        ("::1", "::1"),
+        # sshd matches names only with UseDNS (off by default): a name would refuse every stop
+        ("spark-a.lan", None),
+    ],
+)
 def test_from_pattern_is_the_address_the_peer_connects_from(host: str, pattern: str | None) -> None:
     assert from_pattern(host) == pattern

@@ -35,8 +35,9 @@ class Source:
     proc: subprocess.Popen[str]
     port: int
 
-    def get(self, path: str, token: str = TOKEN, bind: str = "127.0.0.1",
-            authorization: str | None = None) -> tuple[int, bytes]:
+    def get(
+        self, path: str, token: str = TOKEN, bind: str = "127.0.0.1", authorization: str | None = None
+    ) -> tuple[int, bytes]:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5, source_address=(bind, 0))
         conn.request("GET", path, headers={"Authorization": authorization or f"Bearer {token}"})
         reply = conn.getresponse()
@@ -54,11 +55,17 @@ class Source:
 
 def start_source(root: Path, allow: str = "127.0.0.1", **limits: float) -> Source:
     """copy_source.py as source.sh runs it, the config line on stdin (`limits`: copy_source.Limits' fields)."""
-    proc = subprocess.Popen([PYTHON, str(HERE / "copy_source.py"), "--root", str(root), "--bind", "127.0.0.1"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [PYTHON, str(HERE / "copy_source.py"), "--root", str(root), "--bind", "127.0.0.1"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdin and proc.stdout
-    proc.stdin.write(json.dumps({"token": TOKEN, "allow": [allow], "dirs": [wm.MODEL_DIR, wm.ENGRAM_DIR],
-                                 **limits}) + "\n")
+    proc.stdin.write(
+        json.dumps({"token": TOKEN, "allow": [allow], "dirs": [wm.MODEL_DIR, wm.ENGRAM_DIR], **limits}) + "\n"
+    )
     proc.stdin.flush()
     ready = lc.parse_source_line(proc.stdout.readline(), {})
     assert ready is not None
@@ -98,17 +105,42 @@ def expected_of(head: Path) -> tuple[dict[str, int], dict[str, str]]:
     return files, digests
 
 
-def copy(source: Source, head: Path, dest: Path, *, streams: int = 3, token: str = TOKEN,
-         idents: tuple[str, str] = ("", "")) -> tuple[subprocess.CompletedProcess[str], lc.CopyReport | None]:
+def copy(
+    source: Source, head: Path, dest: Path, *, streams: int = 3, token: str = TOKEN, idents: tuple[str, str] = ("", "")
+) -> tuple[subprocess.CompletedProcess[str], lc.CopyReport | None]:
     files, digests = expected_of(head)
     expected = dest.parent / "expected.json"
     expected.write_text(lc.expected_json(files, digests))
     dest.mkdir(parents=True, exist_ok=True)
     done = subprocess.run(
-        [PYTHON, str(HERE / "copy_weights.py"), "--node", "spark-1", "--source", f"http://127.0.0.1:{source.port}",
-         "--bind", "127.0.0.1", "--dest", str(dest), "--host-dest", str(dest), "--expected", str(expected),
-         "--streams", str(streams), "--dest-ident", idents[0], "--source-ident", idents[1]],
-        input=json.dumps({"token": token}) + "\n", capture_output=True, text=True, timeout=60, check=False)
+        [
+            PYTHON,
+            str(HERE / "copy_weights.py"),
+            "--node",
+            "spark-1",
+            "--source",
+            f"http://127.0.0.1:{source.port}",
+            "--bind",
+            "127.0.0.1",
+            "--dest",
+            str(dest),
+            "--host-dest",
+            str(dest),
+            "--expected",
+            str(expected),
+            "--streams",
+            str(streams),
+            "--dest-ident",
+            idents[0],
+            "--source-ident",
+            idents[1],
+        ],
+        input=json.dumps({"token": token}) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     return done, (lc.parse_copy_report(done.stdout) if done.returncode == 0 else None)
 
 
@@ -117,8 +149,9 @@ def same_tree(head: Path, dest: Path) -> bool:
     return all((dest / p).read_bytes() == (head / p).read_bytes() for p in files)
 
 
-def test_a_first_copy_fetches_every_staged_file_verified_and_records_it(source: Source, head: Path,
-                                                                        tmp_path: Path) -> None:
+def test_a_first_copy_fetches_every_staged_file_verified_and_records_it(
+    source: Source, head: Path, tmp_path: Path
+) -> None:
     dest = tmp_path / "worker"
     done, report = copy(source, head, dest)
     assert done.returncode == 0, done.stderr
@@ -131,8 +164,9 @@ def test_a_first_copy_fetches_every_staged_file_verified_and_records_it(source: 
     assert not list(dest.rglob(f"*{PARTIAL_SUFFIX}")), "no temporary file is left in place"
 
 
-def test_a_second_copy_copies_nothing_and_reads_no_weights(source: Source, head: Path, tmp_path: Path,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_second_copy_copies_nothing_and_reads_no_weights(
+    source: Source, head: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     dest = tmp_path / "worker"
     copy(source, head, dest)
     done, report = copy(source, head, dest)
@@ -141,8 +175,9 @@ def test_a_second_copy_copies_nothing_and_reads_no_weights(source: Source, head:
     assert "copying" not in done.stderr and "other content" not in done.stderr
 
 
-def test_an_interrupted_copy_resumes_the_partial_file_and_keeps_the_finished_ones(source: Source, head: Path,
-                                                                                  tmp_path: Path) -> None:
+def test_an_interrupted_copy_resumes_the_partial_file_and_keeps_the_finished_ones(
+    source: Source, head: Path, tmp_path: Path
+) -> None:
     dest = tmp_path / "worker"
     copy(source, head, dest)
     big = f"{wm.MODEL_DIR}/model-00001-of-00002.safetensors"
@@ -156,11 +191,13 @@ def test_an_interrupted_copy_resumes_the_partial_file_and_keeps_the_finished_one
     assert report.bytes == 2_000_000, "only the rest of the partial file is fetched"
     assert same_tree(head, dest)
     assert {p: r for p, r in read_record(dest).items() if p != big} == {
-        p: r for p, r in record_before.items() if p != big}
+        p: r for p, r in record_before.items() if p != big
+    }
 
 
-def test_a_corrupted_file_of_the_right_size_is_detected_and_copied_again(source: Source, head: Path,
-                                                                         tmp_path: Path) -> None:
+def test_a_corrupted_file_of_the_right_size_is_detected_and_copied_again(
+    source: Source, head: Path, tmp_path: Path
+) -> None:
     dest = tmp_path / "worker"
     copy(source, head, dest)
     small = f"{wm.ENGRAM_DIR}/model-00047-of-00048.safetensors"
@@ -175,8 +212,9 @@ def test_a_corrupted_file_of_the_right_size_is_detected_and_copied_again(source:
     assert same_tree(head, dest)
 
 
-def test_a_head_file_that_changed_since_staging_fails_naming_it_and_installs_nothing(source: Source, head: Path,
-                                                                                       tmp_path: Path) -> None:
+def test_a_head_file_that_changed_since_staging_fails_naming_it_and_installs_nothing(
+    source: Source, head: Path, tmp_path: Path
+) -> None:
     dest = tmp_path / "worker"
     files, digests = expected_of(head)
     name = f"{wm.MODEL_DIR}/config.json"
@@ -185,16 +223,36 @@ def test_a_head_file_that_changed_since_staging_fails_naming_it_and_installs_not
     expected.write_text(lc.expected_json(files, digests))
     dest.mkdir()
     done = subprocess.run(
-        [PYTHON, str(HERE / "copy_weights.py"), "--node", "spark-1", "--source", f"http://127.0.0.1:{source.port}",
-         "--bind", "127.0.0.1", "--dest", str(dest), "--host-dest", "/copy", "--expected", str(expected)],
-        input=json.dumps({"token": TOKEN}) + "\n", capture_output=True, text=True, timeout=60, check=False)
+        [
+            PYTHON,
+            str(HERE / "copy_weights.py"),
+            "--node",
+            "spark-1",
+            "--source",
+            f"http://127.0.0.1:{source.port}",
+            "--bind",
+            "127.0.0.1",
+            "--dest",
+            str(dest),
+            "--host-dest",
+            "/copy",
+            "--expected",
+            str(expected),
+        ],
+        input=json.dumps({"token": TOKEN}) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 1
     assert f"copy_weights: error: {name}" in done.stderr and "is not what staging verified" in done.stderr
     assert not (dest / name).exists() and not (dest / (name + PARTIAL_SUFFIX)).exists()
 
 
 def test_files_of_an_older_revision_this_copy_made_are_removed_and_unrecorded_files_are_kept(
-        source: Source, head: Path, tmp_path: Path) -> None:
+    source: Source, head: Path, tmp_path: Path
+) -> None:
     dest = tmp_path / "worker"
     old = f"{wm.MODEL_DIR}/model-00002-of-00002.safetensors"
     copy(source, head, dest)
@@ -217,8 +275,13 @@ def test_the_source_serves_staged_files_only_to_the_worker_with_the_token(source
     name = f"{wm.MODEL_DIR}/config.json"
     assert source.get(f"/files/{name}") == (200, (head / name).read_bytes())
     assert source.get(f"/files/{name}", token="wrong")[0] == 401
-    for path in ("/files/dsv41-weights-manifest.json", "/files/model/../dsv41-weights-manifest.json",
-                 "/files/%2e%2e/etc/passwd", "/files/model/missing", "/"):
+    for path in (
+        "/files/dsv41-weights-manifest.json",
+        "/files/model/../dsv41-weights-manifest.json",
+        "/files/%2e%2e/etc/passwd",
+        "/files/model/missing",
+        "/",
+    ):
         assert source.get(path)[0] == 404, path
 
 
@@ -335,14 +398,19 @@ def test_heartbeats_keep_the_source_serving(head: Path) -> None:
 def test_source_sh_ends_with_the_source_when_the_deployer_falls_silent(head: Path, tmp_path: Path) -> None:
     """The whole remote command ends, not only the server: nothing waits on the session's stdin afterwards."""
     install_fake_docker(tmp_path / "bin", tmp_path / "docker.log")
-    command = sh_command(lc.render_source_command(abs_root=str(head), bind="127.0.0.1", image="img",
-                                                  container="dsv41-exl3-dev-weights-source-spark-1"))
+    command = sh_command(
+        lc.render_source_command(
+            abs_root=str(head), bind="127.0.0.1", image="img", container="dsv41-exl3-dev-weights-source-spark-1"
+        )
+    )
     env = {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "HOME": str(tmp_path)}
-    proc = subprocess.Popen(["sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        ["sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
     assert proc.stdin and proc.stdout
-    proc.stdin.write(json.dumps({"token": TOKEN, "allow": ["127.0.0.1"], "dirs": [wm.MODEL_DIR], "silence_s": 1})
-                     + "\n")
+    proc.stdin.write(
+        json.dumps({"token": TOKEN, "allow": ["127.0.0.1"], "dirs": [wm.MODEL_DIR], "silence_s": 1}) + "\n"
+    )
     proc.stdin.flush()
     seen: dict[str, str] = {}
     while (ready := lc.parse_source_line(proc.stdout.readline(), seen)) is None:
@@ -366,8 +434,9 @@ def check(dest: Path, head: Path, **changes: str) -> dict[str, str]:
     return lc.parse_copy_check(done.stdout)
 
 
-def test_the_check_passes_a_verified_copy_and_names_every_file_that_is_not(source: Source, head: Path,
-                                                                           tmp_path: Path) -> None:
+def test_the_check_passes_a_verified_copy_and_names_every_file_that_is_not(
+    source: Source, head: Path, tmp_path: Path
+) -> None:
     dest = tmp_path / "worker"
     copy(source, head, dest)
     assert check(dest, head) == {}
@@ -377,7 +446,10 @@ def test_the_check_passes_a_verified_copy_and_names_every_file_that_is_not(sourc
     (dest / f"{wm.MODEL_DIR}/config.json").unlink()
     engram = f"{wm.ENGRAM_DIR}/model-00047-of-00048.safetensors"
     assert check(dest, head, **{engram: "0" * 64}) == {
-        shard: "modified", f"{wm.MODEL_DIR}/config.json": "missing", engram: "changed"}
+        shard: "modified",
+        f"{wm.MODEL_DIR}/config.json": "missing",
+        engram: "changed",
+    }
 
 
 def test_the_check_counts_files_without_a_record_and_a_missing_root(source: Source, head: Path, tmp_path: Path) -> None:
@@ -393,13 +465,24 @@ def test_the_check_counts_files_without_a_record_and_a_missing_root(source: Sour
 
 
 def test_rendered_commands_name_their_containers_and_carry_the_scripts() -> None:
-    source = lc.render_source_command(abs_root="/w", bind="192.168.100.1", image="img@sha256:" + "a" * 64,
-                                      container=lc.source_container("dsv41-exl3-dev", "spark-1"))
-    command = lc.render_copy_command(node="spark-1", copy_root="~/dsv41-exl3", source="http://192.168.100.1:4000",
-                                     source_ident="m:1:2", bind="192.168.100.2", image="img", streams=4,
-                                     container=lc.copier_container("dsv41-exl3-dev"),
-                                     expected=lc.expected_json({"model/a": 1}, {"model/a": "b" * 64}),
-                                     timeout_s=600)
+    source = lc.render_source_command(
+        abs_root="/w",
+        bind="192.168.100.1",
+        image="img@sha256:" + "a" * 64,
+        container=lc.source_container("dsv41-exl3-dev", "spark-1"),
+    )
+    command = lc.render_copy_command(
+        node="spark-1",
+        copy_root="~/dsv41-exl3",
+        source="http://192.168.100.1:4000",
+        source_ident="m:1:2",
+        bind="192.168.100.2",
+        image="img",
+        streams=4,
+        container=lc.copier_container("dsv41-exl3-dev"),
+        expected=lc.expected_json({"model/a": 1}, {"model/a": "b" * 64}),
+        timeout_s=600,
+    )
     assert header_value(source, "CONTAINER") == "dsv41-exl3-dev-weights-source-spark-1"
     assert header_value(source, "SOURCE_PY", as_text=True) == (HERE / "copy_source.py").read_text()
     assert header_value(command, "COPY_ROOT") == "~/dsv41-exl3"

@@ -45,8 +45,10 @@ def git_blob_id(data: bytes) -> str:
 
 
 def lfs_pointer(data: bytes) -> bytes:
-    return f"version https://git-lfs.github.com/spec/v1\noid sha256:{hashlib.sha256(data).hexdigest()}\n" \
+    return (
+        f"version https://git-lfs.github.com/spec/v1\noid sha256:{hashlib.sha256(data).hexdigest()}\n"
         f"size {len(data)}\n".encode()
+    )
 
 
 @dataclass
@@ -71,8 +73,13 @@ class FakeHub:
             return {"type": "file", "path": name, "oid": git_blob_id(data), "size": size}
         sha = self.listed_sha256.get((repo, name), hashlib.sha256(data).hexdigest())
         pointer = lfs_pointer(data)
-        return {"type": "file", "path": name, "oid": git_blob_id(pointer), "size": size,
-                "lfs": {"oid": sha, "size": size, "pointerSize": len(pointer)}}
+        return {
+            "type": "file",
+            "path": name,
+            "oid": git_blob_id(pointer),
+            "size": size,
+            "lfs": {"oid": sha, "size": size, "pointerSize": len(pointer)},
+        }
 
 
 def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
@@ -80,8 +87,9 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
         def log_message(self, *_: Any) -> None:
             pass
 
-        def _send(self, code: int, body: bytes = b"", headers: dict[str, str] | None = None,
-                  send_body: bool = True) -> None:
+        def _send(
+            self, code: int, body: bytes = b"", headers: dict[str, str] | None = None, send_body: bool = True
+        ) -> None:
             self.send_response(code)
             for k, v in (headers or {}).items():
                 self.send_header(k, v)
@@ -97,8 +105,11 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             if parts[:2] == ["api", "models"] and len(parts) >= 6 and parts[4] == "tree":
                 repo = f"{parts[2]}/{parts[3]}"
                 if repo not in hub.repos:
-                    self._send(404, b'{"error":"Repository not found"}',
-                               {"X-Error-Code": "RepoNotFound", "Content-Type": "application/json"})
+                    self._send(
+                        404,
+                        b'{"error":"Repository not found"}',
+                        {"X-Error-Code": "RepoNotFound", "Content-Type": "application/json"},
+                    )
                     return
                 tree = [hub.entry(repo, name, data) for name, data in sorted(hub.repos[repo].items())]
                 self._send(200, json.dumps(tree).encode(), {"Content-Type": "application/json"})
@@ -106,11 +117,19 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             if parts[:2] == ["api", "models"] and len(parts) in (4, 6):
                 repo = f"{parts[2]}/{parts[3]}"
                 if repo not in hub.repos:
-                    self._send(404, b'{"error":"Repository not found"}',
-                               {"X-Error-Code": "RepoNotFound", "Content-Type": "application/json"})
+                    self._send(
+                        404,
+                        b'{"error":"Repository not found"}',
+                        {"X-Error-Code": "RepoNotFound", "Content-Type": "application/json"},
+                    )
                     return
-                info = {"id": repo, "modelId": repo, "sha": hub.commit, "private": False, "siblings": [
-                    {"rfilename": n} for n in sorted(hub.repos[repo])]}
+                info = {
+                    "id": repo,
+                    "modelId": repo,
+                    "sha": hub.commit,
+                    "private": False,
+                    "siblings": [{"rfilename": n} for n in sorted(hub.repos[repo])],
+                }
                 self._send(200, json.dumps(info).encode(), {"Content-Type": "application/json"})
                 return
             if len(parts) >= 5 and parts[2] == "resolve":
@@ -120,8 +139,12 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                     self._send(404, b"Entry not found", {"X-Error-Code": "EntryNotFound"}, send_body)
                     return
                 etag = hashlib.sha256(data).hexdigest() if name.endswith(".safetensors") else git_blob_id(data)
-                self._send(200, data, {"X-Repo-Commit": hub.commit, "ETag": f'"{etag}"',
-                                       "Content-Type": "application/octet-stream"}, send_body)
+                self._send(
+                    200,
+                    data,
+                    {"X-Repo-Commit": hub.commit, "ETag": f'"{etag}"', "Content-Type": "application/octet-stream"},
+                    send_body,
+                )
                 return
             self._send(404, b"not found", {}, send_body)
 
@@ -137,12 +160,18 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
 def small_checkpoint() -> dict[str, dict[str, bytes]]:
     """39 tiny EXL3 shards + side files; the base repo has all 48 shards and an index naming them."""
     model = {f"model-{i:05d}-of-00039.safetensors": f"exl3 shard {i}".encode() * (i % 5 + 1) for i in range(1, 40)}
-    model.update({"config.json": b'{"model_type":"deepseek_v41"}', "tokenizer.json": b'{"t":1}',
-                  "quantization_config.json": b'{"bits":2.9}'})
+    model.update(
+        {
+            "config.json": b'{"model_type":"deepseek_v41"}',
+            "tokenizer.json": b'{"t":1}',
+            "quantization_config.json": b'{"bits":2.9}',
+        }
+    )
     index = {"metadata": {}, "weight_map": {f"layer.{i}.w": wm.engram_shard_name(i) for i in range(1, 49)}}
     engram = {wm.engram_shard_name(i): f"base shard {i}".encode() * 3 for i in range(1, 49)}
-    engram.update({wm.ENGRAM_INDEX: json.dumps(index).encode(), "config.json": b'{"model_type":"base"}',
-                   "README.md": b"# base"})
+    engram.update(
+        {wm.ENGRAM_INDEX: json.dumps(index).encode(), "config.json": b'{"model_type":"base"}', "README.md": b"# base"}
+    )
     return {MODEL_REPO: model, ENGRAM_REPO: engram}
 
 
@@ -160,20 +189,33 @@ def hub() -> Iterator[FakeHub]:
 
 def hub_env(hub: FakeHub, home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower() and k != "HF_TOKEN"}
-    env.update({"HF_ENDPOINT": hub.url, "HF_HOME": str(home), "HF_HUB_DISABLE_TELEMETRY": "1",
-                "HF_HUB_DISABLE_PROGRESS_BARS": "1", "NO_PROXY": "*", "HF_HUB_ETAG_TIMEOUT": "5",
-                "HF_HUB_DOWNLOAD_TIMEOUT": "10"})
+    env.update(
+        {
+            "HF_ENDPOINT": hub.url,
+            "HF_HOME": str(home),
+            "HF_HUB_DISABLE_TELEMETRY": "1",
+            "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+            "NO_PROXY": "*",
+            "HF_HUB_ETAG_TIMEOUT": "5",
+            "HF_HUB_DOWNLOAD_TIMEOUT": "10",
+        }
+    )
     return env
 
 
-def run_stage(hub: FakeHub, root: Path, token: str | None = None,
-              env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_stage(
+    hub: FakeHub, root: Path, token: str | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """stage_weights.py as the container runs it: the token line (empty: anonymous) on stdin."""
     plan = wm.staging_plan(model_repo=MODEL_REPO, engram_repo=ENGRAM_REPO, revision="main")
     return subprocess.run(
         [PYTHON, str(SCRIPT), "--plan", json.dumps(plan), "--dest-root", str(root), "--host-root", "/host/root"],
-        env={**hub_env(hub, root.parent / "hf-home"), **(env or {})}, input=f"{token or ''}\n", capture_output=True,
-        text=True, timeout=120)
+        env={**hub_env(hub, root.parent / "hf-home"), **(env or {})},
+        input=f"{token or ''}\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def error_line(proc: subprocess.CompletedProcess[str]) -> str:
@@ -193,14 +235,18 @@ def test_stage_downloads_expected_files_and_reports_manifest(hub: FakeHub, tmp_p
     assert staged.root == "/host/root"
     model_files = {f"model/{n}": len(d) for n, d in hub.repos[MODEL_REPO].items()}
     engram = hub.repos[ENGRAM_REPO]
-    engram_files = {f"engram-src/{n}": len(engram[n]) for n in
-                    [wm.engram_shard_name(47), wm.engram_shard_name(48), wm.ENGRAM_INDEX, "config.json"]}
+    engram_files = {
+        f"engram-src/{n}": len(engram[n])
+        for n in [wm.engram_shard_name(47), wm.engram_shard_name(48), wm.ENGRAM_INDEX, "config.json"]
+    }
     assert staged.files == {**model_files, **engram_files}, "manifest must be every model file + the 4 engram files"
     for rel, size in staged.files.items():
         assert (root / rel).stat().st_size == size, rel
     assert len(list((root / "model").glob("*.safetensors"))) == 39
     assert sorted(p.name for p in (root / "engram-src").glob("*.safetensors")) == [
-        wm.engram_shard_name(47), wm.engram_shard_name(48)]
+        wm.engram_shard_name(47),
+        wm.engram_shard_name(48),
+    ]
     assert not hub.gets_of(wm.engram_shard_name(1)), "engram shards other than 47/48 must never be fetched"
     assert not hub.gets_of("README.md")
 
@@ -214,7 +260,9 @@ def test_second_run_downloads_nothing(hub: FakeHub, tmp_path: Path) -> None:
     resolves = [(m, p) for m, p, _ in hub.requests if "/resolve/" in p]
     assert resolves == [], f"a resumed run must fetch nothing already present, saw {resolves[:5]}"
     assert {p.split("/tree/")[0].split("/revision/")[0] for m, p, _ in hub.requests} == {
-        f"/api/models/{MODEL_REPO}", f"/api/models/{ENGRAM_REPO}"}, "only each repo's commit and listing"
+        f"/api/models/{MODEL_REPO}",
+        f"/api/models/{ENGRAM_REPO}",
+    }, "only each repo's commit and listing"
     staged = len(wm.parse_stage_output(proc.stdout).files)
     assert proc.stderr.count("present (recorded) [") == staged == 46, "the records decide; no file is read again"
 
@@ -229,7 +277,8 @@ def test_partial_stage_resumes_only_missing_files(hub: FakeHub, tmp_path: Path) 
     fetched = sorted(p.rsplit("/", 1)[1] for m, p, _ in hub.requests if m == "GET" and "/resolve/" in p)
     assert fetched == sorted([wm.engram_shard_name(48), "model-00007-of-00039.safetensors"])
     assert (root / "engram-src" / wm.engram_shard_name(48)).read_bytes() == hub.repos[ENGRAM_REPO][
-        wm.engram_shard_name(48)]
+        wm.engram_shard_name(48)
+    ]
 
 
 def test_token_reaches_hub_from_stdin(hub: FakeHub, tmp_path: Path) -> None:
@@ -255,13 +304,22 @@ def test_engram_shard_missing_on_hub_fails_naming_repo_and_file(hub: FakeHub, tm
     assert ENGRAM_REPO in line and wm.engram_shard_name(47) in line
 
 
-@pytest.mark.parametrize(("repo", "name"), [
-    (MODEL_REPO, "../outside.safetensors"), (MODEL_REPO, "{tmp}/absolute.json"), (MODEL_REPO, "sub/../../x.json"),
-    (MODEL_REPO, "win\\dows.json"), (MODEL_REPO, "nul\0.json"), (MODEL_REPO, "two\nlines.json"),
-    # The base repo's listing is checked whole, not only the four selected files, and before the model is staged.
-    (ENGRAM_REPO, "../../evil.py")])
+@pytest.mark.parametrize(
+    ("repo", "name"),
+    [
+        (MODEL_REPO, "../outside.safetensors"),
+        (MODEL_REPO, "{tmp}/absolute.json"),
+        (MODEL_REPO, "sub/../../x.json"),
+        (MODEL_REPO, "win\\dows.json"),
+        (MODEL_REPO, "nul\0.json"),
+        (MODEL_REPO, "two\nlines.json"),
+        # The base repo's listing is checked whole, not only the four selected files, and before the model is staged.
+        (ENGRAM_REPO, "../../evil.py"),
+    ],
+)
 def test_a_listing_naming_a_path_outside_the_repo_is_refused_before_anything_is_written(
-        hub: FakeHub, tmp_path: Path, repo: str, name: str) -> None:
+    hub: FakeHub, tmp_path: Path, repo: str, name: str
+) -> None:
     name = name.format(tmp=tmp_path)  # absolute, yet inside this test's directory should a regression write it
     hub.repos[repo][name] = b"planted by a mirror"
     root = tmp_path / "weights" / "root"
@@ -430,6 +488,7 @@ def test_unrecorded_copy_is_hashed_once_and_replaced_only_when_it_differs(hub: F
 
 def test_hashing_writer_follows_the_clients_resume_and_restart() -> None:
     import io
+
     data = b"0123456789" * 7
     digests = sw._Digests(len(data))
     w = sw.HashingWriter(io.BytesIO(), digests)  # type: ignore[arg-type]
@@ -475,8 +534,16 @@ def test_plan_selects_every_model_file_and_four_engram_files() -> None:
     model, engram = (sw.RepoPlan.from_json(r) for r in plan["repos"])
     assert (model.dest, model.files, model.safetensors_count) == ("model", None, 39)
     assert engram.dest == "engram-src"
-    assert engram.files == tuple(sorted(["model-00047-of-00048.safetensors", "model-00048-of-00048.safetensors",
-                                         "model.safetensors.index.json", "config.json"]))
+    assert engram.files == tuple(
+        sorted(
+            [
+                "model-00047-of-00048.safetensors",
+                "model-00048-of-00048.safetensors",
+                "model.safetensors.index.json",
+                "config.json",
+            ]
+        )
+    )
     assert (engram.index_file, engram.index_shard_total) == ("model.safetensors.index.json", 48)
     assert engram.required_shards == ("model-00047-of-00048.safetensors", "model-00048-of-00048.safetensors")
 
@@ -491,14 +558,24 @@ def test_plan_rejects_bad_repo_and_revision() -> None:
 # --- rendering and parsing (pure) ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("root", "expected"), [
-    ("~/dsv41-exl3", '"$HOME"/dsv41-exl3'), ("~", '"$HOME"'), ("~/a b/", "\"$HOME\"/'a b'"),
-    ("/srv/w", "/srv/w"),
-])
+@pytest.mark.parametrize(
+    ("root", "expected"),
+    [
+        ("~/dsv41-exl3", '"$HOME"/dsv41-exl3'),
+        ("~", '"$HOME"'),
+        ("~/a b/", "\"$HOME\"/'a b'"),
+        ("/srv/w", "/srv/w"),
+    ],
+)
 def test_root_expands_tilde_on_the_node(root: str, expected: str) -> None:
     assert wm.root_shell_expr(root) == expected
-    out = subprocess.run(["sh", "-c", f"printf %s {wm.root_shell_expr(root)}"], capture_output=True, text=True,
-                         env={"HOME": "/home/remote", "PATH": os.environ["PATH"]}, check=True).stdout
+    out = subprocess.run(
+        ["sh", "-c", f"printf %s {wm.root_shell_expr(root)}"],
+        capture_output=True,
+        text=True,
+        env={"HOME": "/home/remote", "PATH": os.environ["PATH"]},
+        check=True,
+    ).stdout
     assert out == root.replace("~", "/home/remote", 1).rstrip("/") or out == "/srv/w"
 
 
@@ -509,10 +586,15 @@ def test_root_must_be_absolute_or_home(root: str) -> None:
 
 
 def stage_command(**kw: Any) -> str:
-    args: dict[str, Any] = {"root": "~/dsv41-exl3", "image": "img:tag", "hf_endpoint": "http://127.0.0.1:9",
-                            "with_token": True, "timeout_s": 7200, "stack_prefix": PREFIX,
-                            "plan": wm.staging_plan(model_repo=MODEL_REPO, engram_repo=ENGRAM_REPO,
-                                                    revision="main")}
+    args: dict[str, Any] = {
+        "root": "~/dsv41-exl3",
+        "image": "img:tag",
+        "hf_endpoint": "http://127.0.0.1:9",
+        "with_token": True,
+        "timeout_s": 7200,
+        "stack_prefix": PREFIX,
+        "plan": wm.staging_plan(model_repo=MODEL_REPO, engram_repo=ENGRAM_REPO, revision="main"),
+    }
     args.update(kw)
     return wm.render_stage_command(**args)
 
@@ -540,18 +622,31 @@ def run_logged(cmd: str, tmp_path: Path, stdin: str = "", home: Path | None = No
     environ_log = tmp_path / "environ"
     bin_dir.mkdir(exist_ok=True)
     for name, body in (
-            ("docker", f'echo "docker $*" >> {log}\n[ "$1" = run ] || exit 0\n'
-                       f'echo "HF_TOKEN=${{HF_TOKEN-unset}}" >> {env_log}\nenv >> {environ_log}\n'
-                       f'cat > {stdin_log}\n'),
-            ("timeout", f'echo "timeout $*" >> {log}\nwhile case "$1" in -*) true;; *) false;; esac; do shift; done\n'
-                        'shift\nexec "$@"\n')):
+        (
+            "docker",
+            f'echo "docker $*" >> {log}\n[ "$1" = run ] || exit 0\n'
+            f'echo "HF_TOKEN=${{HF_TOKEN-unset}}" >> {env_log}\nenv >> {environ_log}\n'
+            f"cat > {stdin_log}\n",
+        ),
+        (
+            "timeout",
+            f'echo "timeout $*" >> {log}\nwhile case "$1" in -*) true;; *) false;; esac; do shift; done\n'
+            'shift\nexec "$@"\n',
+        ),
+    ):
         (bin_dir / name).write_text(f"#!/bin/sh\n{body}")
         (bin_dir / name).chmod(0o755)
     if home is None:
         home = tmp_path / "log-home"
         home.mkdir(exist_ok=True)
-    proc = subprocess.run(["sh", "-c", cmd], input=stdin, capture_output=True, text=True, timeout=60,
-                          env={"PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(home)})
+    proc = subprocess.run(
+        ["sh", "-c", cmd],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(home)},
+    )
     assert proc.returncode == 0, proc.stderr
     read = lambda p: p.read_text() if p.exists() else ""  # noqa: E731
     return Logged(proc, read(log).splitlines(), read(env_log).splitlines(), read(stdin_log), read(environ_log))
@@ -565,10 +660,12 @@ def test_stage_command_gives_the_token_to_the_container_on_stdin_only_and_is_bou
     assert bounded.startswith("timeout --kill-after=60 7200 docker run --rm -i "), bounded
     run = ran.line("docker run ")
     assert " -e HF_TOKEN" not in run and " -e HF_ENDPOINT=http://127.0.0.1:9 " in run, (
-        "no `-e HF_TOKEN`: docker would copy it into the container's Config.Env (`docker inspect`)")
+        "no `-e HF_TOKEN`: docker would copy it into the container's Config.Env (`docker inspect`)"
+    )
     assert all(TOKEN not in line for line in ran.argv), "the token must never be in argv"
     assert ran.docker_env == ["HF_TOKEN=unset"] and TOKEN not in ran.docker_environ, (
-        "the token is in no environment docker could pass on")
+        "the token is in no environment docker could pass on"
+    )
     assert ran.docker_stdin == f"{TOKEN}\n", "the staging program's stdin is the token line, nothing else"
     assert " --network host " in run and " --entrypoint python3 img:tag /stage/stage_weights.py " in run
     assert " -e HF_HUB_OFFLINE=0 " in run, "the serving image's offline default must not break staging"
@@ -587,8 +684,10 @@ def _fresh(path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize(("root", "expected"), [
-    ("~/dsv41-exl3", "{home}/dsv41-exl3"), ("~/a b/", "{home}/a b"), ("{tmp}/srv/w/", "{tmp}/srv/w")])
+@pytest.mark.parametrize(
+    ("root", "expected"),
+    [("~/dsv41-exl3", "{home}/dsv41-exl3"), ("~/a b/", "{home}/a b"), ("{tmp}/srv/w/", "{tmp}/srv/w")],
+)
 def test_stage_script_expands_tilde_to_the_remote_home(root: str, expected: str, tmp_path: Path) -> None:
     home = _fresh(tmp_path / "remote-home").resolve()
     cmd = stage_command(root=root.format(tmp=tmp_path))
@@ -615,8 +714,14 @@ def test_stage_command_runs_end_to_end_with_token_only_on_stdin(hub: FakeHub, tm
     home.mkdir()
     cmd = stage_command(hf_endpoint=hub.url, timeout_s=120)
     env = {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "HOME": str(home), "NO_PROXY": "*"}
-    proc = subprocess.run(["sh", "-c", cmd], input=wm.stage_stdin(TOKEN, wm.stage_script_source()), env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        ["sh", "-c", cmd],
+        input=wm.stage_stdin(TOKEN, wm.stage_script_source()),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     staged = wm.parse_stage_output(proc.stdout)
     assert staged.root == str((home / "dsv41-exl3").resolve()), "root is expanded on the node, absolute"
@@ -625,7 +730,8 @@ def test_stage_command_runs_end_to_end_with_token_only_on_stdin(hub: FakeHub, tm
     assert TOKEN not in log.read_text(), "the token must never be in docker's argv"
     container_env = [json.loads(ln) for ln in Path(f"{log}.env").read_text().splitlines()]
     assert container_env and all(TOKEN not in json.dumps(e) for e in container_env), (
-        "the token must not be in the container's environment (its Config.Env, which `docker inspect` shows)")
+        "the token must not be in the container's environment (its Config.Env, which `docker inspect` shows)"
+    )
     assert TOKEN not in cmd
 
 
@@ -654,8 +760,11 @@ def test_exports_are_read_only_and_limited_to_worker_ips() -> None:
 
 def test_nfs_volume_options() -> None:
     opts = wm.nfs_volume_options(head_ip="10.0.0.1", device_path="/home/u/dsv41-exl3/model")
-    assert opts == {"type": "nfs", "device": ":/home/u/dsv41-exl3/model",
-                    "o": "addr=10.0.0.1,nfsvers=4.2,ro,nconnect=8,rsize=1048576,wsize=1048576,hard,timeo=600"}
+    assert opts == {
+        "type": "nfs",
+        "device": ":/home/u/dsv41-exl3/model",
+        "o": "addr=10.0.0.1,nfsvers=4.2,ro,nconnect=8,rsize=1048576,wsize=1048576,hard,timeo=600",
+    }
     other = wm.nfs_volume_options(head_ip="10.0.0.9", device_path="/home/u/dsv41-exl3/model")
     assert wm.volume_name("ws-w1", "model", opts) != wm.volume_name("ws-w1", "model", other)
     assert wm.volume_name("ws-w1", "model", opts) == wm.volume_name("ws-w1", "model", dict(opts))
@@ -692,9 +801,15 @@ def test_bind_check_fails_naming_node_and_missing_files(tmp_path: Path) -> None:
 
 
 def test_volume_check_mounts_both_volumes_read_only_and_is_bounded(tmp_path: Path) -> None:
-    cmd = wm.render_volume_check(node="w1", image="sha256:abc", model_volume="ws-w1-model-1",
-                                 engram_volume="ws-w1-engram-src-2", files={"model/a": 1}, timeout_s=45,
-                                 stack_prefix=PREFIX)
+    cmd = wm.render_volume_check(
+        node="w1",
+        image="sha256:abc",
+        model_volume="ws-w1-model-1",
+        engram_volume="ws-w1-engram-src-2",
+        files={"model/a": 1},
+        timeout_s=45,
+        stack_prefix=PREFIX,
+    )
     ran = run_logged(cmd, tmp_path)
     bounded = ran.line("timeout ")
     assert bounded.startswith("timeout --kill-after=30 45 docker run --rm -i "), bounded
@@ -711,11 +826,12 @@ def test_volume_check_script_runs_inside_the_container_root(tmp_path: Path) -> N
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "docker").write_text(
-        "#!/bin/sh\n[ \"$1\" = run ] || exit 0\n"
-        f"sed 's# WEIGHTS_ROOT=/w;# WEIGHTS_ROOT={tmp_path}/head;#' | sh -s\n")
+        f"#!/bin/sh\n[ \"$1\" = run ] || exit 0\nsed 's# WEIGHTS_ROOT=/w;# WEIGHTS_ROOT={tmp_path}/head;#' | sh -s\n"
+    )
     (bin_dir / "docker").chmod(0o755)
-    cmd = wm.render_volume_check(node="w1", image="img", model_volume="m", engram_volume="e", files=files,
-                                 timeout_s=30, stack_prefix=PREFIX)
+    cmd = wm.render_volume_check(
+        node="w1", image="img", model_volume="m", engram_volume="e", files=files, timeout_s=30, stack_prefix=PREFIX
+    )
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
     ok = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=30, env=env)
     assert ok.returncode == 0, ok.stderr
@@ -727,12 +843,20 @@ def test_volume_check_script_runs_inside_the_container_root(tmp_path: Path) -> N
 def test_check_timeout_names_the_node(tmp_path: Path) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "docker").write_text("#!/bin/sh\n[ \"$1\" = run ] || exit 0\nexec sleep 30\n")
+    (bin_dir / "docker").write_text('#!/bin/sh\n[ "$1" = run ] || exit 0\nexec sleep 30\n')
     (bin_dir / "docker").chmod(0o755)
-    cmd = wm.render_volume_check(node="w9", image="img", model_volume="m", engram_volume="e",
-                                 files={"model/a": 1}, timeout_s=1, stack_prefix=PREFIX)
-    proc = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=60,
-                          env={"PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    cmd = wm.render_volume_check(
+        node="w9",
+        image="img",
+        model_volume="m",
+        engram_volume="e",
+        files={"model/a": 1},
+        timeout_s=1,
+        stack_prefix=PREFIX,
+    )
+    proc = subprocess.run(
+        ["sh", "-c", cmd], capture_output=True, text=True, timeout=60, env={"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    )
     assert proc.returncode == 124
     assert "weights check on node w9 timed out after 1s" in proc.stderr
 
@@ -757,8 +881,12 @@ def _mocked_program(share: str, *, workers: int = 1, token: str | None = TOKEN) 
         def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
             outs = dict(args.inputs)
             if args.typ == "command:remote:Command" and args.name.endswith("-stage"):
-                outs["stdout"] = "log\n" + sw.MANIFEST_MARKER + " " + json.dumps(
-                    {"root": STAGED_ROOT, "files": STAGED_FILES, "sha256": STAGED_DIGESTS})
+                outs["stdout"] = (
+                    "log\n"
+                    + sw.MANIFEST_MARKER
+                    + " "
+                    + json.dumps({"root": STAGED_ROOT, "files": STAGED_FILES, "sha256": STAGED_DIGESTS})
+                )
             if args.name.startswith("ws-copy-"):
                 outs["root"] = f"/copies/{args.inputs['worker']}"  # what the copier reports back: also the id
                 return outs["root"], outs
@@ -787,19 +915,52 @@ def _mocked_program(share: str, *, workers: int = 1, token: str | None = TOKEN) 
             provider = docker.Provider(f"{name}-docker", host=f"ssh://u@{ip}")
             conn = remote.ConnectionArgs(host=ip, user="u", private_key=pulumi.Output.secret("KEY"))
             copy_root = f"~/copies/{name}" if share == "copy" and name != "head" else None
-            return WeightNode(name=name, connection=conn, fabric_ip=ip, host=ip, port=22, user="u",
-                              copy_root=copy_root, ready=[], docker_provider=provider, image=f"sha256:{name}")
-        store = WeightStore("ws", WeightStoreArgs(
-            head=node("head", "10.0.0.1"), workers=[node(f"w{i}", f"10.0.0.{i + 1}") for i in range(1, workers + 1)],
-            root="~/dsv41-exl3", share=share,  # type: ignore[arg-type]
-            staging_image="sha256:serving", model_repo=MODEL_REPO, engram_repo=ENGRAM_REPO, revision="main",
-            hf_token=pulumi.Output.secret(token) if token else None, hf_endpoint="http://127.0.0.1:9",
-            stage_timeout_s=3600, stack_prefix=PREFIX,
-            copy=CopySettings(ssh_private_key=pulumi.Output.secret("KEY"), ssh_agent_socket=None,
-                              ssh_known_hosts_file=None, streams=4, timeout_s=3600) if share == "copy" else None))
+            return WeightNode(
+                name=name,
+                connection=conn,
+                fabric_ip=ip,
+                host=ip,
+                port=22,
+                user="u",
+                copy_root=copy_root,
+                ready=[],
+                docker_provider=provider,
+                image=f"sha256:{name}",
+            )
+
+        store = WeightStore(
+            "ws",
+            WeightStoreArgs(
+                head=node("head", "10.0.0.1"),
+                workers=[node(f"w{i}", f"10.0.0.{i + 1}") for i in range(1, workers + 1)],
+                root="~/dsv41-exl3",
+                share=share,  # type: ignore[arg-type]
+                staging_image="sha256:serving",
+                model_repo=MODEL_REPO,
+                engram_repo=ENGRAM_REPO,
+                revision="main",
+                hf_token=pulumi.Output.secret(token) if token else None,
+                hf_endpoint="http://127.0.0.1:9",
+                stage_timeout_s=3600,
+                stack_prefix=PREFIX,
+                copy=CopySettings(
+                    ssh_private_key=pulumi.Output.secret("KEY"),
+                    ssh_agent_socket=None,
+                    ssh_known_hosts_file=None,
+                    streams=4,
+                    timeout_s=3600,
+                )
+                if share == "copy"
+                else None,
+            ),
+        )
         result["store"] = store
-        outs = [store.manifest, *store.model_source.values(), *store.engram_source.values(),
-                *(getattr(r, "stdout", r.urn) for r in store.visible.values())]
+        outs = [
+            store.manifest,
+            *store.model_source.values(),
+            *store.engram_source.values(),
+            *(getattr(r, "stdout", r.urn) for r in store.visible.values()),
+        ]
         return pulumi.Output.all(*outs).apply(lambda v: result.__setitem__("values", v))
 
     program()
@@ -812,6 +973,7 @@ def _by_name(monitor: Any) -> dict[str, Any]:
 
 def _field(req: Any, key: str) -> Any:
     from google.protobuf import json_format
+
     return json_format.MessageToDict(req.object).get(key)
 
 
@@ -844,8 +1006,9 @@ def test_anonymous_staging_sends_empty_token_line() -> None:
     stdin = _field(stage, "stdin")
     assert isinstance(stdin, str) and stdin.startswith("\n") and "def main" in stdin
     create = _field(stage, "create")
-    assert header_value(create, "WITH_TOKEN") == "0" and "HF_TOKEN" not in create.split("\n", 1)[0], \
+    assert header_value(create, "WITH_TOKEN") == "0" and "HF_TOKEN" not in create.split("\n", 1)[0], (
         "anonymous: stage.sh reads the empty line and passes no token to docker"
+    )
 
 
 def test_bind_share_gives_every_node_the_head_path() -> None:
@@ -871,8 +1034,9 @@ def test_nfs_share_mounts_worker_volumes_with_options() -> None:
     store, reqs = run["store"], _by_name(run["monitor"])
     assert store.mount_type == {"head": "bind", "w1": "volume", "w2": "volume"}
     export = reqs["ws-nfs-export"]
-    assert '"/home/u/dsv41-exl3" 10.0.0.2(ro,sync,no_subtree_check) 10.0.0.3(ro,sync,no_subtree_check)' in \
-        header_value(_field(export, "create"), "EXPORTS", as_text=True)
+    assert '"/home/u/dsv41-exl3" 10.0.0.2(ro,sync,no_subtree_check) 10.0.0.3(ro,sync,no_subtree_check)' in header_value(
+        _field(export, "create"), "EXPORTS", as_text=True
+    )
     assert any(d.endswith("::ws-stage") for d in export.dependencies)
     for w in ("w1", "w2"):
         for which in ("model", "engram-src"):
@@ -881,8 +1045,10 @@ def test_nfs_share_mounts_worker_volumes_with_options() -> None:
             assert f"pulumi:providers:docker::{w}-docker::" in vol.provider, "the volume lives on that worker's daemon"
             assert _field(vol, "driver") == "local"
             assert _field(vol, "driverOpts") == {
-                "type": "nfs", "device": f":{STAGED_ROOT}/{which}",
-                "o": "addr=10.0.0.1,nfsvers=4.2,ro,nconnect=8,rsize=1048576,wsize=1048576,hard,timeo=600"}
+                "type": "nfs",
+                "device": f":{STAGED_ROOT}/{which}",
+                "o": "addr=10.0.0.1,nfsvers=4.2,ro,nconnect=8,rsize=1048576,wsize=1048576,hard,timeo=600",
+            }
             assert any(d.endswith("::ws-nfs-export") for d in vol.dependencies)
         check = reqs[f"ws-visible-{w}"]
         deps = check.dependencies
@@ -893,8 +1059,9 @@ def test_nfs_share_mounts_worker_volumes_with_options() -> None:
         assert header_value(create, "MODE") == "volume"
         assert header_value(create, "MODEL_VOLUME").startswith(f"ws-{w}-model-")
         assert (header_value(create, "MOUNT"), header_value(create, "MODEL_DIR")) == ("/w", "model")
-        assert "engram-src/config.json" in header_value(header_value(create, "SIZE_CHECK", as_text=True), "FILES",
-                                                        as_text=True)
+        assert "engram-src/config.json" in header_value(
+            header_value(create, "SIZE_CHECK", as_text=True), "FILES", as_text=True
+        )
     values = run["values"]
     model_vols, engram_vols = values[2:4], values[5:7]
     assert values[1] == f"{STAGED_ROOT}/model" and values[4] == f"{STAGED_ROOT}/engram-src"
@@ -910,18 +1077,37 @@ def test_copy_share_gives_each_worker_its_own_verified_copy_after_staging() -> N
     values = run["values"]
     assert values[1:4] == [f"{STAGED_ROOT}/model", "/copies/w1/model", "/copies/w2/model"]
     assert values[4:7] == [f"{STAGED_ROOT}/engram-src", "/copies/w1/engram-src", "/copies/w2/engram-src"]
-    assert "ws-nfs-export" not in reqs and not [r for r in run["monitor"].requests
-                                               if r.type == "docker:index/volume:Volume"]
+    assert "ws-nfs-export" not in reqs and not [
+        r for r in run["monitor"].requests if r.type == "docker:index/volume:Volume"
+    ]
     for i, w in enumerate(("w1", "w2"), 2):
         copy = reqs[f"ws-copy-{w}"]
         assert copy.type == "pulumi-python:dynamic/weights:WorkerCopy"
         assert any(d.endswith("::ws-stage") for d in copy.dependencies), f"{w}'s copy waits for staging"
         assert store.visible[w] is not None and f"ws-visible-{w}" not in reqs, "the copy is the worker's check"
-        fields = {k: _field(copy, k) for k in ("worker", "copy_root", "head_root", "files", "sha256",
-                                                "worker_fabric_ip", "head_fabric_ip", "worker_image")}
-        assert fields == {"worker": w, "copy_root": f"~/copies/{w}", "head_root": STAGED_ROOT,
-                          "files": STAGED_FILES, "sha256": STAGED_DIGESTS, "worker_fabric_ip": f"10.0.0.{i}",
-                          "head_fabric_ip": "10.0.0.1", "worker_image": f"sha256:{w}"}
+        fields = {
+            k: _field(copy, k)
+            for k in (
+                "worker",
+                "copy_root",
+                "head_root",
+                "files",
+                "sha256",
+                "worker_fabric_ip",
+                "head_fabric_ip",
+                "worker_image",
+            )
+        }
+        assert fields == {
+            "worker": w,
+            "copy_root": f"~/copies/{w}",
+            "head_root": STAGED_ROOT,
+            "files": STAGED_FILES,
+            "sha256": STAGED_DIGESTS,
+            "worker_fabric_ip": f"10.0.0.{i}",
+            "head_fabric_ip": "10.0.0.1",
+            "worker_image": f"sha256:{w}",
+        }
         assert SIG_SECRET in json.dumps(_field(copy, "ssh_private_key")), "the ssh key reaches the copy as a secret"
     assert "ws-visible-head" in reqs
 
@@ -933,13 +1119,24 @@ def test_copy_without_a_workers_copy_root_is_rejected() -> None:
 
     conn = remote.ConnectionArgs(host="127.0.0.1", user="u")
     plain = {"connection": conn, "host": "127.0.0.1", "port": 22, "user": "u", "ready": []}
-    settings = CopySettings(ssh_private_key=None, ssh_agent_socket=None, ssh_known_hosts_file=None, streams=1,
-                            timeout_s=10)
-    args = WeightStoreArgs(head=WeightNode(name="h", fabric_ip="10.0.0.1", copy_root=None, **plain),
-                           workers=[WeightNode(name="w", fabric_ip="10.0.0.2", copy_root=None, **plain)],
-                           root="~/x", share="copy", staging_image="i", model_repo=MODEL_REPO,
-                           engram_repo=ENGRAM_REPO, revision="main", hf_token=None, hf_endpoint=None,
-                           stage_timeout_s=10, stack_prefix=PREFIX, copy=settings)
+    settings = CopySettings(
+        ssh_private_key=None, ssh_agent_socket=None, ssh_known_hosts_file=None, streams=1, timeout_s=10
+    )
+    args = WeightStoreArgs(
+        head=WeightNode(name="h", fabric_ip="10.0.0.1", copy_root=None, **plain),
+        workers=[WeightNode(name="w", fabric_ip="10.0.0.2", copy_root=None, **plain)],
+        root="~/x",
+        share="copy",
+        staging_image="i",
+        model_repo=MODEL_REPO,
+        engram_repo=ENGRAM_REPO,
+        revision="main",
+        hf_token=None,
+        hf_endpoint=None,
+        stage_timeout_s=10,
+        stack_prefix=PREFIX,
+        copy=settings,
+    )
     with pytest.raises(ValueError, match="worker w has no copy_root"):
         WeightStore._validate(args)
     with pytest.raises(ValueError, match="needs copy settings"):
@@ -953,11 +1150,21 @@ def test_nfs_without_worker_docker_provider_is_rejected() -> None:
 
     conn = remote.ConnectionArgs(host="127.0.0.1", user="u")
     plain = {"connection": conn, "host": "127.0.0.1", "port": 22, "user": "u", "copy_root": None, "ready": []}
-    args = WeightStoreArgs(head=WeightNode(name="h", fabric_ip="10.0.0.1", **plain),
-                           workers=[WeightNode(name="w", fabric_ip="10.0.0.2", **plain)],
-                           root="~/x", share="nfs", staging_image="i", model_repo=MODEL_REPO,
-                           engram_repo=ENGRAM_REPO, revision="main", hf_token=None, hf_endpoint=None,
-                           stage_timeout_s=10, stack_prefix=PREFIX, copy=None)
+    args = WeightStoreArgs(
+        head=WeightNode(name="h", fabric_ip="10.0.0.1", **plain),
+        workers=[WeightNode(name="w", fabric_ip="10.0.0.2", **plain)],
+        root="~/x",
+        share="nfs",
+        staging_image="i",
+        model_repo=MODEL_REPO,
+        engram_repo=ENGRAM_REPO,
+        revision="main",
+        hf_token=None,
+        hf_endpoint=None,
+        stage_timeout_s=10,
+        stack_prefix=PREFIX,
+        copy=None,
+    )
     with pytest.raises(ValueError, match="worker w has no docker_provider"):
         WeightStore._validate(args)
     bad_root = WeightStoreArgs(**{**args.__dict__, "root": "x", "share": "bind"})
@@ -968,11 +1175,16 @@ def test_nfs_without_worker_docker_provider_is_rejected() -> None:
 def test_stage_timeout_fails_with_resume_hint(tmp_path: Path) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "docker").write_text("#!/bin/sh\n[ \"$1\" = run ] || exit 0\nexec sleep 30\n")
+    (bin_dir / "docker").write_text('#!/bin/sh\n[ "$1" = run ] || exit 0\nexec sleep 30\n')
     (bin_dir / "docker").chmod(0o755)
-    proc = subprocess.run(["sh", "-c", stage_command(timeout_s=1)], input=wm.stage_stdin(None, "script"),
-                          capture_output=True, text=True, timeout=60,
-                          env={"PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path)})
+    proc = subprocess.run(
+        ["sh", "-c", stage_command(timeout_s=1)],
+        input=wm.stage_stdin(None, "script"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path)},
+    )
     assert proc.returncode == 124
     assert "weights staging timed out after 1s on the head; raise stage_timeout_s" in proc.stderr
 
@@ -988,13 +1200,20 @@ def head(tmp_path: Path) -> dict[str, str]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     log = tmp_path / "calls"
-    for name, body in (("exportfs", f'echo "exportfs $*" >> {log}\n'), ("systemctl", "exit 0\n"),
-                       ("sudo", '[ "$1" = -n ] && shift\nexec "$@"\n')):
+    for name, body in (
+        ("exportfs", f'echo "exportfs $*" >> {log}\n'),
+        ("systemctl", "exit 0\n"),
+        ("sudo", '[ "$1" = -n ] && shift\nexec "$@"\n'),
+    ):
         (bin_dir / name).write_text(f"#!/bin/sh\n{body}")
         (bin_dir / name).chmod(0o755)
     (tmp_path / "home").mkdir()
-    return {"PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path / "home"),
-            "TEST_EXPORTS_DIR": str(tmp_path / "exports.d"), "CALLS": str(log)}
+    return {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "HOME": str(tmp_path / "home"),
+        "TEST_EXPORTS_DIR": str(tmp_path / "exports.d"),
+        "CALLS": str(log),
+    }
 
 
 def sh(script: str, env: dict[str, str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -1012,9 +1231,16 @@ def calls(env: dict[str, str]) -> list[str]:
 
 
 def export(env: dict[str, str], root: Path, ips: list[str], prefix: str = PREFIX) -> subprocess.CompletedProcess[str]:
-    return sh(wm.render_export_command(head_name="head", abs_root=str(root), worker_ips=ips, stack_prefix=prefix,
-                                       exports_dir=env["TEST_EXPORTS_DIR"]),
-              env)
+    return sh(
+        wm.render_export_command(
+            head_name="head",
+            abs_root=str(root),
+            worker_ips=ips,
+            stack_prefix=prefix,
+            exports_dir=env["TEST_EXPORTS_DIR"],
+        ),
+        env,
+    )
 
 
 def test_two_stacks_export_their_own_entries_and_never_resync_the_host(head: dict[str, str], tmp_path: Path) -> None:
@@ -1030,15 +1256,17 @@ def test_two_stacks_export_their_own_entries_and_never_resync_the_host(head: dic
     assert sorted(p.name for p in exports.iterdir()) == sorted([f"{OTHER}.exports", f"{PREFIX}.exports"])
     assert f'"{root_a}" 10.0.0.2(ro,sync,no_subtree_check)' in (exports / f"{PREFIX}.exports").read_text()
 
-    unexport = wm.render_unexport_command(abs_root=str(root_a), worker_ips=["10.0.0.2"], stack_prefix=PREFIX,
-                                          exports_dir=head["TEST_EXPORTS_DIR"])
+    unexport = wm.render_unexport_command(
+        abs_root=str(root_a), worker_ips=["10.0.0.2"], stack_prefix=PREFIX, exports_dir=head["TEST_EXPORTS_DIR"]
+    )
     assert sh(unexport, head).returncode == 0
     assert calls(head) == [f"exportfs -u 10.0.0.2:{root_a}"], "destroying one stack withdraws only its entry"
     assert sorted(p.name for p in exports.iterdir()) == [f"{OTHER}.exports"]
 
 
 def test_export_change_withdraws_only_the_entries_this_stack_no_longer_exports(
-        head: dict[str, str], tmp_path: Path) -> None:
+    head: dict[str, str], tmp_path: Path
+) -> None:
     root = tmp_path / "w"
     root.mkdir()
     assert export(head, root, ["10.0.0.2", "10.0.0.3"]).returncode == 0
@@ -1048,7 +1276,8 @@ def test_export_change_withdraws_only_the_entries_this_stack_no_longer_exports(
 
 
 def test_legacy_export_file_is_removed_only_when_it_holds_exactly_this_export(
-        head: dict[str, str], tmp_path: Path) -> None:
+    head: dict[str, str], tmp_path: Path
+) -> None:
     exports = Path(head["TEST_EXPORTS_DIR"])
     exports.mkdir()
     legacy = exports / wm.LEGACY_EXPORTS_NAME
@@ -1065,7 +1294,8 @@ def test_legacy_export_file_is_removed_only_when_it_holds_exactly_this_export(
 
 @pytest.mark.parametrize("which", ["slash", "home", "link-to-home"])
 def test_staging_and_export_refuse_a_root_that_is_slash_or_home_on_the_node(
-        which: str, head: dict[str, str], tmp_path: Path) -> None:
+    which: str, head: dict[str, str], tmp_path: Path
+) -> None:
     home = Path(head["HOME"])
     (tmp_path / "link").symlink_to(home)
     root = {"slash": "/", "home": "~", "link-to-home": str(tmp_path / "link")}[which]
@@ -1084,7 +1314,8 @@ def test_staging_and_export_refuse_a_root_that_is_slash_or_home_on_the_node(
 
 
 def test_staging_and_the_copy_refuse_a_root_resolving_to_a_path_docker_v_would_split(
-        head: dict[str, str], tmp_path: Path) -> None:
+    head: dict[str, str], tmp_path: Path
+) -> None:
     odd = tmp_path / "a:b,c"
     odd.mkdir()
     (tmp_path / "link").symlink_to(odd)  # config cannot see this: the node resolves it
@@ -1094,9 +1325,18 @@ def test_staging_and_the_copy_refuse_a_root_resolving_to_a_path_docker_v_would_s
     proc = sh(stage_command(root=str(tmp_path / "link")), env, stdin=wm.stage_stdin(None, "script"))
     assert proc.returncode == 1 and f"weights root {odd} on the head holds ':' or ','" in proc.stderr
     assert "(weights.root)" in proc.stderr
-    copy = lc.render_copy_command(node="w1", copy_root=str(tmp_path / "link"), source="http://10.0.0.1:1",
-                                  source_ident="m:1:2", bind="10.0.0.2", image="img", container="c", streams=1,
-                                  expected="{}", timeout_s=60)
+    copy = lc.render_copy_command(
+        node="w1",
+        copy_root=str(tmp_path / "link"),
+        source="http://10.0.0.1:1",
+        source_ident="m:1:2",
+        bind="10.0.0.2",
+        image="img",
+        container="c",
+        streams=1,
+        expected="{}",
+        timeout_s=60,
+    )
     proc = sh(copy, env, stdin='{"token": "t"}\n')
     assert proc.returncode == 1 and f"copy root {odd} on w1 holds ':' or ','" in proc.stderr
     assert "(weights.copyRoot)" in proc.stderr
@@ -1110,8 +1350,9 @@ def test_stage_and_check_containers_are_named_per_stack(tmp_path: Path) -> None:
     ran = run_logged(cmd, _fresh(tmp_path / "stage"), stdin=wm.stage_stdin(None, "script"))
     assert ran.line("docker rm ") == f"docker rm -f {PREFIX}-stage-weights"
     assert ran.line("docker run ").startswith(f"docker run --rm -i --name {PREFIX}-stage-weights ")
-    check = wm.render_volume_check(node="w1", image="img", model_volume="m", engram_volume="e",
-                                   files={"model/a": 1}, stack_prefix=OTHER)
+    check = wm.render_volume_check(
+        node="w1", image="img", model_volume="m", engram_volume="e", files={"model/a": 1}, stack_prefix=OTHER
+    )
     assert header_value(check, "CONTAINER") == f"{OTHER}-weights-check"
     ran = run_logged(check, _fresh(tmp_path / "check"))
     assert ran.line("docker rm ") == f"docker rm -f {OTHER}-weights-check"

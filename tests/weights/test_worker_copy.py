@@ -49,21 +49,35 @@ def ssh_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     data.mkdir()
     monkeypatch.setenv("PATH", f"{bindir}:{__import__('os').environ['PATH']}")
     monkeypatch.setenv("FAKE_SSH_DIR", str(data))
-    report = {"root": "/copies/spark-1", "copied": ["model/a"], "bytes": 5, "seconds": 0.1, "files": 2,
-              "removed": []}
+    report = {"root": "/copies/spark-1", "copied": ["model/a"], "bytes": 5, "seconds": 0.1, "files": 2, "removed": []}
     (data / "copy.out").write_text(f"{REPORT_MARKER} {json.dumps(report)}\n")
     return data
 
 
 def props(**over: Any) -> dict[str, Any]:
     p: dict[str, Any] = {
-        "worker": "spark-1", "worker_host": "10.0.0.2", "worker_port": 22, "worker_user": "me",
-        "worker_fabric_ip": "192.168.100.2", "head": "spark-0", "head_host": "10.0.0.1", "head_port": 22,
-        "head_user": "me", "head_fabric_ip": "192.168.100.1", "ssh_private_key": KEY, "ssh_agent_socket": None,
-        "ssh_known_hosts_file": None, "head_root": "/home/me/dsv41-exl3", "head_image": "sha256:" + "1" * 64,
-        "worker_image": "sha256:" + "2" * 64, "copy_root": "~/dsv41-exl3",
-        "files": {"model/a": 5, "model/b": 7}, "sha256": {"model/a": "a" * 64, "model/b": "b" * 64},
-        "streams": 4, "timeout_s": 600, "stack_prefix": "dsv41-exl3-dev",
+        "worker": "spark-1",
+        "worker_host": "10.0.0.2",
+        "worker_port": 22,
+        "worker_user": "me",
+        "worker_fabric_ip": "192.168.100.2",
+        "head": "spark-0",
+        "head_host": "10.0.0.1",
+        "head_port": 22,
+        "head_user": "me",
+        "head_fabric_ip": "192.168.100.1",
+        "ssh_private_key": KEY,
+        "ssh_agent_socket": None,
+        "ssh_known_hosts_file": None,
+        "head_root": "/home/me/dsv41-exl3",
+        "head_image": "sha256:" + "1" * 64,
+        "worker_image": "sha256:" + "2" * 64,
+        "copy_root": "~/dsv41-exl3",
+        "files": {"model/a": 5, "model/b": 7},
+        "sha256": {"model/a": "a" * 64, "model/b": "b" * 64},
+        "streams": 4,
+        "timeout_s": 600,
+        "stack_prefix": "dsv41-exl3-dev",
     }
     p.update(over)
     return p
@@ -71,8 +85,10 @@ def props(**over: Any) -> dict[str, Any]:
 
 def calls(d: Path) -> list[tuple[str, str]]:
     n = int((d / "n").read_text())
-    return [((d / f"argv.{i}").read_text(), (d / f"stdin.{i}").read_text() if (d / f"stdin.{i}").exists() else "")
-            for i in range(1, n + 1)]
+    return [
+        ((d / f"argv.{i}").read_text(), (d / f"stdin.{i}").read_text() if (d / f"stdin.{i}").exists() else "")
+        for i in range(1, n + 1)
+    ]
 
 
 def test_a_copy_pairs_source_and_copier_with_a_token_sent_on_stdin_only(ssh_dir: Path) -> None:
@@ -94,8 +110,9 @@ def test_a_copy_pairs_source_and_copier_with_a_token_sent_on_stdin_only(ssh_dir:
     assert json.loads(calls(ssh_dir)[2][1].splitlines()[0])["token"] != token
 
 
-def test_the_deployer_sends_the_source_heartbeats_while_the_copy_runs(ssh_dir: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_deployer_sends_the_source_heartbeats_while_the_copy_runs(
+    ssh_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Without them a source whose deployer vanished would outlive it (copy_source.py stops after a silence).
     monkeypatch.setattr(wc, "HEARTBEAT_S", 0.05, raising=False)
     (ssh_dir / "copy.slow").write_text("0.6")
@@ -120,8 +137,9 @@ def diff(ssh_dir: Path, check_out: str, olds: dict[str, Any], news: dict[str, An
     return wc.WorkerCopyProvider().diff("copy-1", olds, news)
 
 
-def test_diff_runs_the_copy_again_only_when_the_content_would_differ(ssh_dir: Path,
-                                                                    caplog: pytest.LogCaptureFixture) -> None:
+def test_diff_runs_the_copy_again_only_when_the_content_would_differ(
+    ssh_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     old = props()
     assert diff(ssh_dir, "COPY_CHECK 0\n", old, props()).changes is False
     # Another image or stream count: stored, nothing copied (the check passes).

@@ -88,8 +88,11 @@ def site_packages(python: str) -> list[str] | None:
         return None
     prefix = os.path.dirname(os.path.dirname(python))
     lib = os.path.join(prefix, "lib")
-    found = [os.path.join(lib, d, "site-packages") for d in sorted(os.listdir(lib)) if d.startswith("python")] \
-        if os.path.isdir(lib) else []
+    found = (
+        [os.path.join(lib, d, "site-packages") for d in sorted(os.listdir(lib)) if d.startswith("python")]
+        if os.path.isdir(lib)
+        else []
+    )
     paths = list(found)
     for sp in found:  # .pth files may add more paths (e.g. an editable or layered venv)
         for pth in sorted(f for f in os.listdir(sp) if f.endswith(".pth")):
@@ -222,8 +225,7 @@ class StandInLanguageHost(language_pb2_grpc.LanguageRuntimeServicer):
         env["PULUMI_CONFIG"] = json.dumps(dict(request.config))
         env["PULUMI_CONFIG_SECRET_KEYS"] = json.dumps(list(request.configSecretKeys))
         # The program's output goes to our stdout/stderr, which the engine already streams to the user.
-        program = subprocess.Popen(exec_command(request, self.engine_address, python), env=env,
-                                   cwd=request.pwd or None)
+        program = subprocess.Popen(exec_command(request, self.engine_address, python), env=env, cwd=request.pwd or None)
         self.programs.add(program)
         try:
             code = program.wait()

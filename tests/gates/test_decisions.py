@@ -1,4 +1,4 @@
-"""Gate logic against scripted ranks (fake clock), log patterns over real vLLM wording, and the SSH source."""
+"""Gate decisions against scripted ranks (fake clock), the models probe, and the SSH poll source."""
 
 from __future__ import annotations
 
@@ -13,21 +13,18 @@ from pathlib import Path
 import pytest
 
 from components.config import Gates
-from components.gates import rank_watch as rw
-from components.gates.rank_watch import (
+from components.gates import decisions, observations, poll_source
+from components.gates.decisions import ModelsEndpoint, ModelsProbeResult, ReadySettings, RendezvousSettings
+from components.gates.observations import (
     ContainerState,
     ContainerUsage,
     GateFailure,
     LogLine,
-    ModelsEndpoint,
-    ModelsProbeResult,
     RankSpec,
-    ReadySettings,
-    RendezvousSettings,
     SourceError,
-    SshRankSource,
     SystemClock,
 )
+from components.gates.poll_source import SshRankSource
 from tests.support.fake_ssh import KEY, ModelsServer, canned, install_fake_ssh, serve_models
 from tests.support.scripts import sent_script
 
@@ -36,99 +33,77 @@ WORKER = RankSpec(rank=1, node="spark-b", host="127.0.0.3", port=2222, user="roo
 RANKS = [HEAD, WORKER]
 
 # --- realistic vLLM lines (0.33 wording, plus older releases where they differ) -------------------
-L_HEADLESS = ("INFO 09-22 10:00:01 [api_server.py:1234] Launching vLLM (v0.33.0) headless multiproc executor, "
-              "with head node address 10.0.0.1 for torch.distributed process group.")
-L_INIT = ("(Worker_TP0 pid=211) INFO 09-22 10:00:05 [parallel_state.py:1208] world_size=2 rank=0 local_rank=0 "
-          "distributed_init_method=tcp://10.0.0.1:29521 backend=nccl")
+L_HEADLESS = (
+    "INFO 09-22 10:00:01 [api_server.py:1234] Launching vLLM (v0.33.0) headless multiproc executor, "
+    "with head node address 10.0.0.1 for torch.distributed process group."
+)
+L_INIT = (
+    "(Worker_TP0 pid=211) INFO 09-22 10:00:05 [parallel_state.py:1208] world_size=2 rank=0 local_rank=0 "
+    "distributed_init_method=tcp://10.0.0.1:29521 backend=nccl"
+)
 L_INIT_W = L_INIT.replace("rank=0 local_rank", "rank=1 local_rank").replace("TP0", "TP1")
-L_LEADER = ("(EngineCore_DP0 pid=180) INFO 09-22 10:00:04 [core.py:700] DP group leader: node_rank=0, "
-            "node_rank_within_dp=0")
-L_ASSIGNED_0 = ("(Worker_TP0 pid=211) INFO 09-22 10:00:40 [parallel_state.py:1611] rank 0 in world size 2 is assigned "
-                "as DP rank 0, PP rank 0, PCP rank 0, TP rank 0, EP rank 0, EPLB rank N/A")
+L_LEADER = (
+    "(EngineCore_DP0 pid=180) INFO 09-22 10:00:04 [core.py:700] DP group leader: node_rank=0, node_rank_within_dp=0"
+)
+L_ASSIGNED_0 = (
+    "(Worker_TP0 pid=211) INFO 09-22 10:00:40 [parallel_state.py:1611] rank 0 in world size 2 is assigned "
+    "as DP rank 0, PP rank 0, PCP rank 0, TP rank 0, EP rank 0, EPLB rank N/A"
+)
 L_ASSIGNED_1 = L_ASSIGNED_0.replace("rank 0 in world size", "rank 1 in world size").replace("TP rank 0", "TP rank 1")
-L_ASSIGNED_OLD = ("(VllmWorker rank=1 pid=99) INFO 03-01 08:00:00 [parallel_state.py:1004] rank 1 in world size 2 "
-                  "is assigned as DP rank 0, PP rank 0, TP rank 1")
+L_ASSIGNED_OLD = (
+    "(VllmWorker rank=1 pid=99) INFO 03-01 08:00:00 [parallel_state.py:1004] rank 1 in world size 2 "
+    "is assigned as DP rank 0, PP rank 0, TP rank 1"
+)
 L_NCCL = "(Worker_TP1 pid=88) INFO 09-22 10:00:41 [pynccl.py:103] vLLM is using nccl==2.27.7"
-L_DIST_STORE = ("torch.distributed.DistStoreError: Timed out after 601 seconds waiting for clients. "
-                "1/2 clients joined.")
+L_DIST_STORE = "torch.distributed.DistStoreError: Timed out after 601 seconds waiting for clients. 1/2 clients joined."
 L_LOAD = "(Worker_TP0 pid=211) INFO 09-22 10:01:00 [gpu_model_runner.py:2930] Starting to load model /model..."
-L_LOADED = ("(Worker_TP0 pid=211) INFO 09-22 10:05:10 [gpu_model_runner.py:2990] Model loading took 99.52 GiB "
-            "memory and 250.123456 seconds")
+L_LOADED = (
+    "(Worker_TP0 pid=211) INFO 09-22 10:05:10 [gpu_model_runner.py:2990] Model loading took 99.52 GiB "
+    "memory and 250.123456 seconds"
+)
 L_WEIGHTS_OLD = "INFO 03-01 08:05:00 [default_loader.py:262] Loading weights took 245.10 seconds"
 L_KV = "(Worker_TP0 pid=211) INFO 09-22 10:20:00 [gpu_worker.py:390] Available KV cache memory: 2.5 GiB"
-L_KV_SIZE = ("(EngineCore_DP0 pid=180) INFO 09-22 10:20:01 [kv_cache_utils.py:1087] GPU KV cache size: 612,480 "
-             "tokens, Maximum concurrency for 600,000 tokens per request: 1.02x")
+L_KV_SIZE = (
+    "(EngineCore_DP0 pid=180) INFO 09-22 10:20:01 [kv_cache_utils.py:1087] GPU KV cache size: 612,480 "
+    "tokens, Maximum concurrency for 600,000 tokens per request: 1.02x"
+)
 L_KV_OLD = "INFO 03-01 08:10:00 [kv_cache_utils.py:716] Maximum concurrency for 600000 tokens per request: 1.02x"
-L_GRAPH = ("(Worker_TP0 pid=211) INFO 09-22 10:21:00 [gpu_model_runner.py:3800] Capturing CUDA graphs "
-           "(decode, FULL): 100%|##########| 9/9 [00:03<00:00,  2.61it/s]")
-L_GRAPH_DONE = ("(Worker_TP0 pid=211) INFO 09-22 10:21:05 [gpu_model_runner.py:3900] Graph capturing finished in "
-                "5 secs, took 0.12 GiB")
-L_WARM = ("(EngineCore_DP0 pid=180) INFO 09-22 10:30:00 [core.py:250] init engine (profile, create kv cache, "
-          "warmup model) took 1712.35 seconds")
+L_GRAPH = (
+    "(Worker_TP0 pid=211) INFO 09-22 10:21:00 [gpu_model_runner.py:3800] Capturing CUDA graphs "
+    "(decode, FULL): 100%|##########| 9/9 [00:03<00:00,  2.61it/s]"
+)
+L_GRAPH_DONE = (
+    "(Worker_TP0 pid=211) INFO 09-22 10:21:05 [gpu_model_runner.py:3900] Graph capturing finished in "
+    "5 secs, took 0.12 GiB"
+)
+L_WARM = (
+    "(EngineCore_DP0 pid=180) INFO 09-22 10:30:00 [core.py:250] init engine (profile, create kv cache, "
+    "warmup model) took 1712.35 seconds"
+)
 L_SERVER = "(APIServer pid=1) INFO 09-22 10:30:05 [api_server.py:1900] Starting vLLM server on http://0.0.0.0:8888"
 L_SERVER_OLD = "INFO 03-01 08:20:00 [api_server.py:1351] Starting vLLM API server 0 on http://0.0.0.0:8888"
 L_COMPLETE = "(APIServer pid=1) INFO:     Application startup complete."
-L_SHM = ("(EngineCore_DP0 pid=180) INFO 09-22 10:10:00 [shm_broadcast.py:466] No available shared memory "
-         "broadcast block found in 60 seconds. This typically happens when some processes are hanging.")
+L_SHM = (
+    "(EngineCore_DP0 pid=180) INFO 09-22 10:10:00 [shm_broadcast.py:466] No available shared memory "
+    "broadcast block found in 60 seconds. This typically happens when some processes are hanging."
+)
 # What real vLLM 0.32 printed when the worker was killed after ready (../shared/notes/vllm-real.md).
-L_WORKER_PROC = ("(EngineCore_DP0 pid=180) ERROR 12-02 10:40:01 [multiproc_executor.py:240] WorkerProc hit an "
-                 "exception.")
-L_GLOO_CLOSED = ("(EngineCore_DP0 pid=180) RuntimeError: Worker failed with error '[../third_party/gloo/gloo/transport/"
-                 "tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:40061'")
-L_KV_WORKER = ("(Worker_TP1 pid=90) INFO 12-02 10:39:00 [gpu_worker.py:400] Explicitly set (1.0/15.96) GiB for KV "
-               "cache on node 0.")
-L_ARGS_WITH_KEY = ("(APIServer pid=1) INFO 09-22 10:00:00 [utils.py:250] non-default args: {'model': '/model', "
-                   "'api_key': 'sk-live-very-secret', 'port': 8888}")
-
-
-class TestPatterns:
-    def test_join_lines_new_and_old_wording(self) -> None:
-        for line in (L_ASSIGNED_0, L_ASSIGNED_1, L_ASSIGNED_OLD, L_NCCL):
-            assert rw.is_join_line(line), line
-        for line in (L_INIT, L_LEADER, L_HEADLESS, L_LOAD, L_SHM):
-            assert not rw.is_join_line(line), line
-
-    def test_reached_lines_are_the_pre_rendezvous_ones(self) -> None:
-        for line in (L_INIT, L_INIT_W, L_LEADER, L_HEADLESS):
-            assert rw.is_reached_line(line), line
-        assert not rw.is_reached_line(L_LOAD)
-
-    def test_rank_numbers_and_master_address_are_read_from_lines(self) -> None:
-        assert rw.assigned_rank(L_ASSIGNED_1) == (1, 2)
-        assert rw.assigned_rank(L_ASSIGNED_OLD) == (1, 2)
-        assert rw.assigned_rank(L_NCCL) is None
-        assert rw.init_method_address(L_INIT) == "10.0.0.1:29521"
-
-    def test_dist_store_error_is_a_rendezvous_failure(self) -> None:
-        assert rw.is_rendezvous_failure(L_DIST_STORE)
-        assert rw.is_rendezvous_failure("[W] 1/2 clients joined")
-        assert not rw.is_rendezvous_failure(L_ASSIGNED_0)
-
-    def test_ready_lines(self) -> None:
-        assert rw.is_ready_line(L_COMPLETE)
-        assert rw.is_ready_line(L_SERVER_OLD)
-        assert not rw.is_ready_line(L_SERVER)  # 0.33's line comes before uvicorn is up
-        assert not rw.is_ready_line(L_WARM)
-
-    @pytest.mark.parametrize(("line", "phase"), [
-        (L_INIT, "rendezvous"), (L_LEADER, "rendezvous"), (L_ASSIGNED_0, "rendezvous"), (L_NCCL, "rendezvous"),
-        (L_LOAD, "loading weights"), (L_LOADED, "loading weights"), (L_WEIGHTS_OLD, "loading weights"),
-        (L_KV, "KV cache"), (L_KV_SIZE, "KV cache"), (L_KV_OLD, "KV cache"),
-        (L_GRAPH, "graph capture"), (L_GRAPH_DONE, "graph capture"),
-        (L_WARM, "warm-up"),
-        (L_SERVER, "API starting"), (L_SERVER_OLD, "API starting"),
-        (L_COMPLETE, "ready"),
-        (L_SHM, None), (L_ARGS_WITH_KEY, None),
-    ])
-    def test_phase_of(self, line: str, phase: str | None) -> None:
-        assert rw.phase_of(line) == phase
-
-    def test_shm_broadcast_lines_are_noise(self) -> None:
-        assert rw.is_noise(L_SHM)
-        assert not rw.is_noise(L_LOAD)
+L_WORKER_PROC = "(EngineCore_DP0 pid=180) ERROR 12-02 10:40:01 [multiproc_executor.py:240] WorkerProc hit an exception."
+L_GLOO_CLOSED = (
+    "(EngineCore_DP0 pid=180) RuntimeError: Worker failed with error '[../third_party/gloo/gloo/transport/"
+    "tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:40061'"
+)
+L_KV_WORKER = (
+    "(Worker_TP1 pid=90) INFO 12-02 10:39:00 [gpu_worker.py:400] Explicitly set (1.0/15.96) GiB for KV cache on node 0."
+)
+L_ARGS_WITH_KEY = (
+    "(APIServer pid=1) INFO 09-22 10:00:00 [utils.py:250] non-default args: {'model': '/model', "
+    "'api_key': 'sk-live-very-secret', 'port': 8888}"
+)
 
 
 # --- fakes ---------------------------------------------------------------------------------------------
+
 
 class FakeClock:
     def __init__(self) -> None:
@@ -149,8 +124,9 @@ class FakeClock:
 
 def usage(memory_gib: float, read_gb: float = 0.0) -> ContainerUsage:
     """A docker stats sample as the gate gets it (memory binary units, block I/O decimal, as docker prints)."""
-    return ContainerUsage(memory_gib * 2**30, read_gb * 1e9, 0.0,
-                          f"memory {memory_gib:.4g}GiB, block I/O {read_gb:.3g}GB / 0B")
+    return ContainerUsage(
+        memory_gib * 2**30, read_gb * 1e9, 0.0, f"memory {memory_gib:.4g}GiB, block I/O {read_gb:.3g}GB / 0B"
+    )
 
 
 def FROZEN(_t: float) -> ContainerUsage:  # noqa: N802 - a constant: a container whose counters never move
@@ -165,6 +141,7 @@ def loading(start: float, end: float, gib: float, then: float | None = None) -> 
     def at(t: float) -> ContainerUsage:
         done = min(max(t, start), stop) - start
         return usage(2.0 + gib * done / (end - start))
+
     return at
 
 
@@ -190,7 +167,7 @@ class ScriptedPoller:
     def new_lines(self, rank: int) -> list[LogLine]:
         r = self.ranks[rank]
         due = [(t, x) for t, x in r.lines if t <= self.clock.t]
-        fresh, r.delivered = due[r.delivered:], len(due)
+        fresh, r.delivered = due[r.delivered :], len(due)
         return [LogLine(text=x, at=f"ts+{t:g}") for t, x in fresh]
 
     def state(self, rank: int) -> ContainerState:
@@ -211,11 +188,14 @@ class ScriptedPoller:
         return r.usage(self.clock.t)
 
 
-def ScriptedSource(clock: FakeClock, ranks: dict[int, ScriptedRank],  # noqa: N802 - stands for the old class
-                   wait_clock: rw.Clock | None = None) -> rw.PollingRankSource:
+def ScriptedSource(
+    clock: FakeClock,
+    ranks: dict[int, ScriptedRank],  # noqa: N802 - stands for the old class
+    wait_clock: observations.Clock | None = None,
+) -> observations.PollingRankSource:
     """The scripted ranks polled as the gates used to poll (and still do for a node that cannot stream); the
     polls wait on `wait_clock` (default: the fake clock)."""
-    return rw.PollingRankSource(ScriptedPoller(clock, ranks), sorted(ranks), wait_clock or clock)
+    return observations.PollingRankSource(ScriptedPoller(clock, ranks), sorted(ranks), wait_clock or clock)
 
 
 def _cumulative(sleeps: list[float]) -> list[float]:
@@ -254,14 +234,18 @@ def _noop(_: str) -> None:
 
 # --- rendezvous gate -----------------------------------------------------------------------------------
 
+
 class TestRendezvous:
     def test_passes_when_every_rank_logged_a_join_line(self) -> None:
         clock = FakeClock()
-        src = ScriptedSource(clock, {
-            0: ScriptedRank(lines=[(1, L_LEADER), (2, L_INIT), (31, L_ASSIGNED_0)]),
-            1: ScriptedRank(lines=[(1, L_HEADLESS), (3, L_INIT_W), (32, L_NCCL)]),
-        })
-        res = rw.wait_for_rendezvous(RANKS, src, _rdv(), clock, _noop)
+        src = ScriptedSource(
+            clock,
+            {
+                0: ScriptedRank(lines=[(1, L_LEADER), (2, L_INIT), (31, L_ASSIGNED_0)]),
+                1: ScriptedRank(lines=[(1, L_HEADLESS), (3, L_INIT_W), (32, L_NCCL)]),
+            },
+        )
+        res = decisions.wait_for_rendezvous(RANKS, src, _rdv(), clock, _noop)
         assert 32 <= res.elapsed_s <= 37
         assert res.world_size == 2
         assert res.joined_at == {0: "ts+31", 1: "ts+32"}
@@ -271,14 +255,13 @@ class TestRendezvous:
         head_lines = [(1, L_INIT), (2, L_ASSIGNED_0)] + [(3 + i, f"head line {i}") for i in range(25)]
         src = ScriptedSource(clock, {0: ScriptedRank(lines=head_lines), 1: ScriptedRank(lines=[(4, L_INIT_W)])})
         with pytest.raises(GateFailure) as err:
-            rw.wait_for_rendezvous(RANKS, src, _rdv(rendezvous_timeout_s=60), clock, _noop)
+            decisions.wait_for_rendezvous(RANKS, src, _rdv(rendezvous_timeout_s=60), clock, _noop)
         msg = str(err.value)
         assert 60 <= clock.t <= 65
         first = msg.splitlines()[0]
         assert "rank 1 (node spark-b" in first and "rank 0 (" not in first.split("within")[1]
         assert "reached init_process_group but never joined" in first
-        for cause in ("NCCL_SOCKET_IFNAME", "NCCL_IB_GID_INDEX", "firewall", "stale rank container",
-                      "10.0.0.1:29521"):
+        for cause in ("NCCL_SOCKET_IFNAME", "NCCL_IB_GID_INDEX", "firewall", "stale rank container", "10.0.0.1:29521"):
             assert cause in msg, cause
         # the last 20 lines of every rank, not more
         assert "head line 24" in msg and "head line 5" in msg and "head line 4\n" not in msg
@@ -289,18 +272,24 @@ class TestRendezvous:
         clock = FakeClock()
         src = ScriptedSource(clock, {0: ScriptedRank(lines=[(1, L_ASSIGNED_0)]), 1: ScriptedRank()})
         with pytest.raises(GateFailure, match="never reached the rendezvous") as err:
-            rw.wait_for_rendezvous(RANKS, src, _rdv(rendezvous_timeout_s=20), clock, _noop)
+            decisions.wait_for_rendezvous(RANKS, src, _rdv(rendezvous_timeout_s=20), clock, _noop)
         assert "(no log lines seen)" in str(err.value)
 
     def test_exited_container_fails_on_the_next_poll(self) -> None:
         clock = FakeClock()
-        src = ScriptedSource(clock, {
-            0: ScriptedRank(lines=[(1, L_INIT)]),
-            1: ScriptedRank(lines=[(2, "Traceback (most recent call last):"), (11, "RuntimeError: NCCL error")],
-                            exits_at=12, exit_code=1),
-        })
+        src = ScriptedSource(
+            clock,
+            {
+                0: ScriptedRank(lines=[(1, L_INIT)]),
+                1: ScriptedRank(
+                    lines=[(2, "Traceback (most recent call last):"), (11, "RuntimeError: NCCL error")],
+                    exits_at=12,
+                    exit_code=1,
+                ),
+            },
+        )
         with pytest.raises(GateFailure) as err:
-            rw.wait_for_rendezvous(RANKS, src, _rdv(), clock, _noop)
+            decisions.wait_for_rendezvous(RANKS, src, _rdv(), clock, _noop)
         assert 12 <= clock.t <= 17
         msg = str(err.value)
         assert msg.startswith("rank 1 (node spark-b, container dsv41-rank1) is exited with exit code 1")
@@ -308,12 +297,15 @@ class TestRendezvous:
 
     def test_dist_store_error_fails_at_once(self) -> None:
         clock = FakeClock()
-        src = ScriptedSource(clock, {
-            0: ScriptedRank(lines=[(1, L_INIT), (40, L_DIST_STORE)]),
-            1: ScriptedRank(lines=[(1, L_HEADLESS)]),
-        })
+        src = ScriptedSource(
+            clock,
+            {
+                0: ScriptedRank(lines=[(1, L_INIT), (40, L_DIST_STORE)]),
+                1: ScriptedRank(lines=[(1, L_HEADLESS)]),
+            },
+        )
         with pytest.raises(GateFailure, match="logged a rendezvous failure") as err:
-            rw.wait_for_rendezvous(RANKS, src, _rdv(rendezvous_timeout_s=900), clock, _noop)
+            decisions.wait_for_rendezvous(RANKS, src, _rdv(rendezvous_timeout_s=900), clock, _noop)
         assert 40 <= clock.t <= 45
         assert "NCCL_SOCKET_IFNAME" in str(err.value)
 
@@ -321,42 +313,58 @@ class TestRendezvous:
         clock = FakeClock()
         src = ScriptedSource(clock, {0: ScriptedRank(), 1: ScriptedRank(restarted_at=20)})
         with pytest.raises(GateFailure, match=r"rank 1 .* restarted"):
-            rw.wait_for_rendezvous(RANKS, src, _rdv(), clock, _noop)
+            decisions.wait_for_rendezvous(RANKS, src, _rdv(), clock, _noop)
         assert 20 <= clock.t <= 25
 
     def test_transient_ssh_errors_are_tolerated_but_three_in_a_row_fail(self) -> None:
         clock = FakeClock()
-        src = ScriptedSource(clock, {0: ScriptedRank(lines=[(1, L_ASSIGNED_0)]),
-                                     1: ScriptedRank(lines=[(1, L_NCCL)], errors_at={1, 2})})
-        rw.wait_for_rendezvous(RANKS, src, _rdv(), clock, _noop)  # two misses, then fine
+        src = ScriptedSource(
+            clock, {0: ScriptedRank(lines=[(1, L_ASSIGNED_0)]), 1: ScriptedRank(lines=[(1, L_NCCL)], errors_at={1, 2})}
+        )
+        decisions.wait_for_rendezvous(RANKS, src, _rdv(), clock, _noop)  # two misses, then fine
         clock = FakeClock()
         src = ScriptedSource(clock, {0: ScriptedRank(), 1: ScriptedRank(errors_at={2, 3, 4})})
         with pytest.raises(GateFailure, match=r"cannot observe rank 1 .* 3 failures in a row.*Connection refused"):
-            rw.wait_for_rendezvous(RANKS, src, _rdv(), clock, _noop)
+            decisions.wait_for_rendezvous(RANKS, src, _rdv(), clock, _noop)
         assert clock.t <= 20
 
     def test_progress_is_reported_at_a_steady_pace(self) -> None:
         clock = FakeClock()
         seen: list[tuple[float, str]] = []
         src = ScriptedSource(clock, {0: ScriptedRank(lines=[(1, L_ASSIGNED_0)]), 1: ScriptedRank(lines=[(95, L_NCCL)])})
-        rw.wait_for_rendezvous(RANKS, src, _rdv(), clock, lambda m: seen.append((clock.t, m)))
+        decisions.wait_for_rendezvous(RANKS, src, _rdv(), clock, lambda m: seen.append((clock.t, m)))
         assert [t for t, _ in seen] == [30, 60, 90]
         assert all("waiting for rank 1" in m for _, m in seen)
 
     def test_real_time_bound(self) -> None:
-        src = ScriptedSource(FakeClock(), {0: ScriptedRank(), 1: ScriptedRank()},  # fake clock never advances
-                             wait_clock=SystemClock())
+        src = ScriptedSource(
+            FakeClock(),
+            {0: ScriptedRank(), 1: ScriptedRank()},  # fake clock never advances
+            wait_clock=SystemClock(),
+        )
         t0 = time.monotonic()
         with pytest.raises(GateFailure, match="within 0.4 s"):
-            rw.wait_for_rendezvous(RANKS, src, _rdv(rendezvous_timeout_s=0.4, poll_interval_s=0.05),
-                                   SystemClock(), _noop)
+            decisions.wait_for_rendezvous(
+                RANKS, src, _rdv(rendezvous_timeout_s=0.4, poll_interval_s=0.05), SystemClock(), _noop
+            )
         assert 0.4 <= time.monotonic() - t0 < 1.0
 
 
 # --- ready gate ----------------------------------------------------------------------------------------
 
-BOOT_HEAD = [(1, L_INIT), (30, L_ASSIGNED_0), (40, L_LOAD), (290, L_LOADED), (400, L_KV), (401, L_KV_SIZE),
-             (410, L_GRAPH), (415, L_GRAPH_DONE), (500, L_WARM), (505, L_SERVER), (510, L_COMPLETE)]
+BOOT_HEAD = [
+    (1, L_INIT),
+    (30, L_ASSIGNED_0),
+    (40, L_LOAD),
+    (290, L_LOADED),
+    (400, L_KV),
+    (401, L_KV_SIZE),
+    (410, L_GRAPH),
+    (415, L_GRAPH_DONE),
+    (500, L_WARM),
+    (505, L_SERVER),
+    (510, L_COMPLETE),
+]
 BOOT_WORKER = [(2, L_INIT_W), (30, L_ASSIGNED_1)] + [(40 + 20 * i, f"worker loading {i}") for i in range(24)]
 
 
@@ -365,35 +373,46 @@ class TestReady:
         clock = FakeClock()
         src = ScriptedSource(clock, {0: ScriptedRank(lines=BOOT_HEAD), 1: ScriptedRank(lines=BOOT_WORKER)})
         probe = Probe(LISTED)
-        res = rw.wait_for_ready(RANKS, src, _ready(), clock, _noop, probe, "DeepSeek-v4.1-Flash-EXL3")
+        res = decisions.wait_for_ready(RANKS, src, _ready(), clock, _noop, probe, "DeepSeek-v4.1-Flash-EXL3")
         assert 510 <= res.elapsed_s <= 515
         assert probe.calls == 1  # not probed before the head said it is up
-        assert res.phases == {"rendezvous": "ts+1", "loading weights": "ts+40", "KV cache": "ts+400",
-                              "graph capture": "ts+410", "warm-up": "ts+500", "API starting": "ts+505",
-                              "ready": "ts+510"}
+        assert res.phases == {
+            "rendezvous": "ts+1",
+            "loading weights": "ts+40",
+            "KV cache": "ts+400",
+            "graph capture": "ts+410",
+            "warm-up": "ts+500",
+            "API starting": "ts+505",
+            "ready": "ts+510",
+        }
 
     def test_polls_fast_only_near_readiness_so_the_pass_is_prompt(self) -> None:
         clock = FakeClock()
         src = ScriptedSource(clock, {0: ScriptedRank(lines=BOOT_HEAD), 1: ScriptedRank(lines=BOOT_WORKER)})
-        res = rw.wait_for_ready(RANKS, src, _ready(), clock, _noop, Probe(LISTED), "m")
+        res = decisions.wait_for_ready(RANKS, src, _ready(), clock, _noop, Probe(LISTED), "m")
         assert 510 <= res.elapsed_s <= 510.5, "'Application startup complete.' at 510 s must pass within 0.5 s"
         while_loading = [s for t, s in zip(_cumulative(clock.sleeps), clock.sleeps, strict=True) if t < 395]
         assert set(while_loading) == {5.0}, "a long weight load is polled at the normal pace, not 2 Hz"
 
     def test_worker_logging_startup_complete_does_not_count(self) -> None:
         clock = FakeClock()
-        src = ScriptedSource(clock, {0: ScriptedRank(lines=[(1, "x")] + [(i, f"h{i}") for i in range(2, 100, 10)]),
-                                     1: ScriptedRank(lines=[(5, L_COMPLETE)])})
+        src = ScriptedSource(
+            clock,
+            {
+                0: ScriptedRank(lines=[(1, "x")] + [(i, f"h{i}") for i in range(2, 100, 10)]),
+                1: ScriptedRank(lines=[(5, L_COMPLETE)]),
+            },
+        )
         probe = Probe(LISTED)
         with pytest.raises(GateFailure, match="not ready within 60 s"):
-            rw.wait_for_ready(RANKS, src, _ready(ready_timeout_s=60), clock, _noop, probe, "m")
+            decisions.wait_for_ready(RANKS, src, _ready(ready_timeout_s=60), clock, _noop, probe, "m")
         assert probe.calls == 0
 
     def test_progress_every_30_s_names_phase_and_elapsed(self) -> None:
         clock = FakeClock()
         seen: list[tuple[float, str]] = []
         src = ScriptedSource(clock, {0: ScriptedRank(lines=BOOT_HEAD), 1: ScriptedRank(lines=BOOT_WORKER)})
-        rw.wait_for_ready(RANKS, src, _ready(), clock, lambda m: seen.append((clock.t, m)), Probe(LISTED), "m")
+        decisions.wait_for_ready(RANKS, src, _ready(), clock, lambda m: seen.append((clock.t, m)), Probe(LISTED), "m")
         times = [t for t, _ in seen]
         assert times == [30.0 * k for k in range(1, 17)]  # 30..480 s; it passes at 510 s
         at_300 = dict(seen)[300.0]
@@ -401,10 +420,11 @@ class TestReady:
 
     def test_container_exit_is_detected_within_15_s(self) -> None:
         clock = FakeClock()
-        src = ScriptedSource(clock, {0: ScriptedRank(lines=BOOT_HEAD),
-                                     1: ScriptedRank(lines=BOOT_WORKER, exits_at=203, exit_code=137)})
+        src = ScriptedSource(
+            clock, {0: ScriptedRank(lines=BOOT_HEAD), 1: ScriptedRank(lines=BOOT_WORKER, exits_at=203, exit_code=137)}
+        )
         with pytest.raises(GateFailure) as err:
-            rw.wait_for_ready(RANKS, src, _ready(), clock, _noop, Probe(LISTED), "m")
+            decisions.wait_for_ready(RANKS, src, _ready(), clock, _noop, Probe(LISTED), "m")
         assert 203 <= clock.t <= 203 + 15
         msg = str(err.value)
         assert "rank 1 (node spark-b, container dsv41-rank1) is exited with exit code 137" in msg
@@ -415,7 +435,7 @@ class TestReady:
         head = [(1, L_INIT), (20, L_LOAD)] + [(20 + 10 * i, L_SHM) for i in range(1, 40)]
         src = ScriptedSource(clock, {0: ScriptedRank(lines=head), 1: ScriptedRank(lines=[(2, L_INIT_W)])})
         with pytest.raises(GateFailure) as err:
-            rw.wait_for_ready(RANKS, src, _ready(stall_s=60), clock, _noop, Probe(LISTED), "m")
+            decisions.wait_for_ready(RANKS, src, _ready(stall_s=60), clock, _noop, Probe(LISTED), "m")
         assert 80 <= clock.t <= 85
         msg = str(err.value)
         assert msg.startswith("no rank logged anything new for 1m0") and "in phase 'loading weights'" in msg
@@ -423,58 +443,85 @@ class TestReady:
 
     def test_one_rank_still_logging_is_not_a_stall(self) -> None:
         clock = FakeClock()
-        src = ScriptedSource(clock, {0: ScriptedRank(lines=[(1, L_LOAD)]),
-                                     1: ScriptedRank(lines=[(10 * i, f"w{i}") for i in range(1, 30)])})
+        src = ScriptedSource(
+            clock,
+            {0: ScriptedRank(lines=[(1, L_LOAD)]), 1: ScriptedRank(lines=[(10 * i, f"w{i}") for i in range(1, 30)])},
+        )
         with pytest.raises(GateFailure, match="not ready within 200 s"):
-            rw.wait_for_ready(RANKS, src, _ready(stall_s=60, ready_timeout_s=200), clock, _noop, Probe(LISTED), "m")
+            decisions.wait_for_ready(
+                RANKS, src, _ready(stall_s=60, ready_timeout_s=200), clock, _noop, Probe(LISTED), "m"
+            )
 
     def test_timeout_names_last_phase(self) -> None:
         clock = FakeClock()
-        src = ScriptedSource(clock, {0: ScriptedRank(lines=[(1, L_LOAD), (50, L_KV)] + [(60 + i, "jit") for i in
-                                                                                        range(200)]),
-                                     1: ScriptedRank()})
+        src = ScriptedSource(
+            clock,
+            {
+                0: ScriptedRank(lines=[(1, L_LOAD), (50, L_KV)] + [(60 + i, "jit") for i in range(200)]),
+                1: ScriptedRank(),
+            },
+        )
         with pytest.raises(GateFailure) as err:
-            rw.wait_for_ready(RANKS, src, _ready(ready_timeout_s=120), clock, _noop, Probe(LISTED), "m")
+            decisions.wait_for_ready(RANKS, src, _ready(ready_timeout_s=120), clock, _noop, Probe(LISTED), "m")
         assert 120 <= clock.t <= 125
         assert "not ready within 120 s, last phase 'KV cache'" in str(err.value)
 
     def test_head_up_but_models_unreachable_keeps_polling_then_says_so(self) -> None:
         clock = FakeClock()
-        src = ScriptedSource(clock, {0: ScriptedRank(lines=[(1, L_COMPLETE)] + [(i, "busy") for i in range(2, 99)]),
-                                     1: ScriptedRank()})
+        src = ScriptedSource(
+            clock, {0: ScriptedRank(lines=[(1, L_COMPLETE)] + [(i, "busy") for i in range(2, 99)]), 1: ScriptedRank()}
+        )
         probe = Probe(ModelsProbeResult("unreachable", "GET http://127.0.0.1:1/v1/models: ConnectionError"))
         with pytest.raises(GateFailure, match="never answered: GET http://127.0.0.1:1/v1/models"):
-            rw.wait_for_ready(RANKS, src, _ready(ready_timeout_s=60), clock, _noop, probe, "m")
+            decisions.wait_for_ready(RANKS, src, _ready(ready_timeout_s=60), clock, _noop, probe, "m")
         assert probe.calls >= 12
 
     def test_wrong_model_name_fails_at_once(self) -> None:
         clock = FakeClock()
         src = ScriptedSource(clock, {0: ScriptedRank(lines=[(1, L_COMPLETE)]), 1: ScriptedRank()})
         with pytest.raises(GateFailure, match=r"lists \['other'\], not 'DeepSeek-v4.1-Flash-EXL3'"):
-            rw.wait_for_ready(RANKS, src, _ready(), clock, _noop,
-                              Probe(ModelsProbeResult("not_listed", ids=("other",))), "DeepSeek-v4.1-Flash-EXL3")
+            decisions.wait_for_ready(
+                RANKS,
+                src,
+                _ready(),
+                clock,
+                _noop,
+                Probe(ModelsProbeResult("not_listed", ids=("other",))),
+                "DeepSeek-v4.1-Flash-EXL3",
+            )
         assert clock.t <= 5
 
     def test_rejected_api_key_fails_at_once(self) -> None:
         clock = FakeClock()
         src = ScriptedSource(clock, {0: ScriptedRank(lines=[(1, L_COMPLETE)]), 1: ScriptedRank()})
         with pytest.raises(GateFailure, match="refused the API key"):
-            rw.wait_for_ready(RANKS, src, _ready(), clock, _noop, Probe(ModelsProbeResult("unauthorized", "401")), "m")
+            decisions.wait_for_ready(
+                RANKS, src, _ready(), clock, _noop, Probe(ModelsProbeResult("unauthorized", "401")), "m"
+            )
 
     def test_dist_store_error_fails_the_ready_gate_too(self) -> None:
         clock = FakeClock()
         src = ScriptedSource(clock, {0: ScriptedRank(lines=[(1, L_INIT), (30, L_DIST_STORE)]), 1: ScriptedRank()})
         with pytest.raises(GateFailure, match="rendezvous failure"):
-            rw.wait_for_ready(RANKS, src, _ready(), clock, _noop, Probe(LISTED), "m")
+            decisions.wait_for_ready(RANKS, src, _ready(), clock, _noop, Probe(LISTED), "m")
         assert clock.t <= 35
 
     def test_failure_messages_never_carry_the_api_key(self) -> None:
         clock = FakeClock()
-        src = ScriptedSource(clock, {0: ScriptedRank(lines=[(1, L_ARGS_WITH_KEY), (2, "key=OTHERSECRET9")]),
-                                     1: ScriptedRank(exits_at=10)})
+        src = ScriptedSource(
+            clock,
+            {0: ScriptedRank(lines=[(1, L_ARGS_WITH_KEY), (2, "key=OTHERSECRET9")]), 1: ScriptedRank(exits_at=10)},
+        )
         with pytest.raises(GateFailure) as err:
-            rw.wait_for_ready(RANKS, src, _ready(secrets=("OTHERSECRET9",)), clock, _noop,  # type: ignore[arg-type]
-                              Probe(LISTED), "m")
+            decisions.wait_for_ready(
+                RANKS,
+                src,
+                _ready(secrets=("OTHERSECRET9",)),
+                clock,
+                _noop,  # type: ignore[arg-type]
+                Probe(LISTED),
+                "m",
+            )
         assert "sk-live-very-secret" not in str(err.value) and "OTHERSECRET9" not in str(err.value)
         assert "non-default args" in str(err.value)
 
@@ -489,16 +536,25 @@ class TestReady:
             ReadySettings(poll_interval_s=10, ready_timeout_s=gates.ready_timeout_seconds, stall_s=gates.stall_seconds)
 
     def test_real_time_bound_on_stall(self) -> None:
-        src = ScriptedSource(FakeClock(), {0: ScriptedRank(lines=[(0, L_LOAD)]), 1: ScriptedRank()},
-                             wait_clock=SystemClock())
+        src = ScriptedSource(
+            FakeClock(), {0: ScriptedRank(lines=[(0, L_LOAD)]), 1: ScriptedRank()}, wait_clock=SystemClock()
+        )
         t0 = time.monotonic()
         with pytest.raises(GateFailure, match="stall limit 0.4 s"):
-            rw.wait_for_ready(RANKS, src, _ready(stall_s=0.4, poll_interval_s=0.05, ready_timeout_s=30),
-                              SystemClock(), _noop, Probe(LISTED), "m")
+            decisions.wait_for_ready(
+                RANKS,
+                src,
+                _ready(stall_s=0.4, poll_interval_s=0.05, ready_timeout_s=30),
+                SystemClock(),
+                _noop,
+                Probe(LISTED),
+                "m",
+            )
         assert 0.4 <= time.monotonic() - t0 < 1.0
 
 
 # --- the same decisions on streams: taken when the line or the event arrives ------------------------------
+
 
 @dataclass
 class StreamedRank:
@@ -521,44 +577,65 @@ class ScriptedStream:
         self.clock, self.ranks = clock, ranks
         self.timeouts: list[float] = []
         self.closed = False
-        self.pending: list[tuple[float, int, rw.Observation]] = []
+        self.pending: list[tuple[float, int, observations.Observation]] = []
         seq = 0
         for rank, r in ranks.items():
             at = 0.0
             for attempt in sorted(r.refused):
-                self.pending.append((at, seq, rw.Unobservable(rank, "ssh root@127.0.0.3:2222 failed: Connection "
-                                                                    "refused")))
+                self.pending.append(
+                    (at, seq, observations.Unobservable(rank, "ssh root@127.0.0.3:2222 failed: Connection refused"))
+                )
                 seq += 1
                 at += 2.0 * attempt
-            self.pending.append((at, seq, rw.StateSeen(rank, ContainerState("running", 0, "2026-09-22T10:00:00Z"))))
+            self.pending.append(
+                (at, seq, observations.StateSeen(rank, ContainerState("running", 0, "2026-09-22T10:00:00Z")))
+            )
             seq += 1
             for t, text in r.lines:
                 due = max(t, at)
                 if r.gap and r.gap[0] <= t < r.gap[1]:
                     due = r.gap[1]
-                self.pending.append((due, seq, rw.LineSeen(rank, LogLine(text=text, at=f"ts+{t:g}"))))
+                self.pending.append((due, seq, observations.LineSeen(rank, LogLine(text=text, at=f"ts+{t:g}"))))
                 seq += 1
             if r.gap:
-                self.pending.append((r.gap[0], seq, rw.Notice(f"rank watch: the stream from rank {rank}'s node "
-                                                              "ended; reconnecting")))
-                self.pending.append((r.gap[1], seq + 1, rw.StateSeen(rank, ContainerState(
-                    "running", 0, "2026-09-22T10:00:00Z"))))
+                self.pending.append(
+                    (
+                        r.gap[0],
+                        seq,
+                        observations.Notice(f"rank watch: the stream from rank {rank}'s node ended; reconnecting"),
+                    )
+                )
+                self.pending.append(
+                    (
+                        r.gap[1],
+                        seq + 1,
+                        observations.StateSeen(rank, ContainerState("running", 0, "2026-09-22T10:00:00Z")),
+                    )
+                )
                 seq += 2
             if r.dies_at is not None:
                 if r.oom:
-                    self.pending.append((r.dies_at, seq, rw.EventSeen(rank, "oom")))
-                self.pending.append((r.dies_at, seq + 1, rw.StateSeen(
-                    rank, ContainerState("exited", r.exit_code, ""), "die event")))
-                self.pending.append((r.dies_at, seq + 2, rw.LogEnded(rank)))
+                    self.pending.append((r.dies_at, seq, observations.EventSeen(rank, "oom")))
+                self.pending.append(
+                    (
+                        r.dies_at,
+                        seq + 1,
+                        observations.StateSeen(rank, ContainerState("exited", r.exit_code, ""), "die event"),
+                    )
+                )
+                self.pending.append((r.dies_at, seq + 2, observations.LogEnded(rank)))
                 seq += 3
         self.pending.sort(key=lambda p: (p[0], p[1]))
         # a rank that died stops logging
         for rank, r in ranks.items():
             if r.dies_at is not None:
-                self.pending = [p for p in self.pending if not (isinstance(p[2], rw.LineSeen) and p[2].rank == rank
-                                                                and p[0] > r.dies_at)]
+                self.pending = [
+                    p
+                    for p in self.pending
+                    if not (isinstance(p[2], observations.LineSeen) and p[2].rank == rank and p[0] > r.dies_at)
+                ]
 
-    def next_items(self, timeout_s: float, pace_s: float) -> list[rw.Observation]:
+    def next_items(self, timeout_s: float, pace_s: float) -> list[observations.Observation]:
         assert not self.closed
         self.timeouts.append(timeout_s)
         now = self.clock.t
@@ -576,8 +653,11 @@ class ScriptedStream:
         """Each rank's sample arrives half a second later (docker stats' own time)."""
         self.usage_requests = getattr(self, "usage_requests", 0) + 1
         at = self.clock.t + 0.5
-        self.pending += [(at, -1, rw.UsageSeen(rank, r.usage(at))) for rank, r in self.ranks.items()
-                         if r.dies_at is None or at < r.dies_at]
+        self.pending += [
+            (at, -1, observations.UsageSeen(rank, r.usage(at)))
+            for rank, r in self.ranks.items()
+            if r.dies_at is None or at < r.dies_at
+        ]
         self.pending.sort(key=lambda p: (p[0], p[1]))
 
     def close(self) -> None:
@@ -587,10 +667,11 @@ class ScriptedStream:
 class TestStreamDecisions:
     def test_die_event_fails_at_once_with_exit_code_and_both_ranks_last_lines(self) -> None:
         clock = FakeClock()
-        src = ScriptedStream(clock, {0: StreamedRank(lines=BOOT_HEAD),
-                                     1: StreamedRank(lines=BOOT_WORKER, dies_at=203.25, exit_code=137)})
+        src = ScriptedStream(
+            clock, {0: StreamedRank(lines=BOOT_HEAD), 1: StreamedRank(lines=BOOT_WORKER, dies_at=203.25, exit_code=137)}
+        )
         with pytest.raises(GateFailure) as err:
-            rw.wait_for_ready(RANKS, src, _ready(), clock, _noop, Probe(LISTED), "m")
+            decisions.wait_for_ready(RANKS, src, _ready(), clock, _noop, Probe(LISTED), "m")
         assert clock.t == 203.25, "failed on the die event itself, not a poll later"
         msg = str(err.value)
         assert "rank 1 (node spark-b, container dsv41-rank1) is exited with exit code 137" in msg
@@ -599,19 +680,25 @@ class TestStreamDecisions:
 
     def test_oom_event_names_the_oom_killer(self) -> None:
         clock = FakeClock()
-        src = ScriptedStream(clock, {0: StreamedRank(lines=BOOT_HEAD),
-                                     1: StreamedRank(lines=BOOT_WORKER, dies_at=100, exit_code=137, oom=True)})
+        src = ScriptedStream(
+            clock,
+            {
+                0: StreamedRank(lines=BOOT_HEAD),
+                1: StreamedRank(lines=BOOT_WORKER, dies_at=100, exit_code=137, oom=True),
+            },
+        )
         with pytest.raises(GateFailure, match=r"exit code 137\. What to do: the kernel OOM killer killed it"):
-            rw.wait_for_ready(RANKS, src, _ready(), clock, _noop, Probe(LISTED), "m")
+            decisions.wait_for_ready(RANKS, src, _ready(), clock, _noop, Probe(LISTED), "m")
 
     @pytest.mark.parametrize("code", [0, 137])
     def test_a_worker_exit_0_or_137_points_to_the_watchdog_log_and_the_oom_killer(self, code: int) -> None:
         # Real headless workers exit 0 on SIGTERM (the watchdog's docker stop) and 137 when killed during the load.
         clock = FakeClock()
-        src = ScriptedStream(clock, {0: StreamedRank(lines=BOOT_HEAD),
-                                     1: StreamedRank(lines=BOOT_WORKER, dies_at=300, exit_code=code)})
+        src = ScriptedStream(
+            clock, {0: StreamedRank(lines=BOOT_HEAD), 1: StreamedRank(lines=BOOT_WORKER, dies_at=300, exit_code=code)}
+        )
         with pytest.raises(GateFailure) as err:
-            rw.wait_for_ready(RANKS, src, _ready(), clock, _noop, Probe(LISTED), "m")
+            decisions.wait_for_ready(RANKS, src, _ready(), clock, _noop, Probe(LISTED), "m")
         msg = str(err.value)
         assert f"rank 1 (node spark-b, container dsv41-rank1) is exited with exit code {code}" in msg
         hint = msg.split("What to do: ", 1)[1].split("\n", 1)[0]
@@ -622,36 +709,53 @@ class TestStreamDecisions:
         # Real vLLM: the worker dies, the head logs the engine's failure and exits 0 within 1-5 s.
         clock = FakeClock()
         head = [*BOOT_HEAD[:4], (300, L_WORKER_PROC), (300.5, L_GLOO_CLOSED)]
-        src = ScriptedStream(clock, {0: StreamedRank(lines=head, dies_at=301, exit_code=0),
-                                     1: StreamedRank(lines=[(2, L_INIT_W), (30, L_ASSIGNED_1), (250, L_KV_WORKER)])})
+        src = ScriptedStream(
+            clock,
+            {
+                0: StreamedRank(lines=head, dies_at=301, exit_code=0),
+                1: StreamedRank(lines=[(2, L_INIT_W), (30, L_ASSIGNED_1), (250, L_KV_WORKER)]),
+            },
+        )
         with pytest.raises(GateFailure) as err:
-            rw.wait_for_ready(RANKS, src, _ready(stall_s=600), clock, _noop, Probe(LISTED), "m")
+            decisions.wait_for_ready(RANKS, src, _ready(stall_s=600), clock, _noop, Probe(LISTED), "m")
         msg = str(err.value)
         first = msg.splitlines()[0]
-        assert first.startswith("rank 0 (node spark-a, container dsv41-rank0) is exited with exit code 0: a rank "
-                                "of the group died"), first
+        assert first.startswith(
+            "rank 0 (node spark-a, container dsv41-rank0) is exited with exit code 0: a rank of the group died"
+        ), first
         assert "WorkerProc hit an exception" in first and "watchdog.log" in first
         assert L_GLOO_CLOSED in msg and L_KV_WORKER in msg, "both ranks' last lines"
 
     def test_a_worker_stopping_with_the_head_is_named_first(self) -> None:
         clock = FakeClock()
-        src = ScriptedStream(clock, {0: StreamedRank(lines=BOOT_HEAD[:4], dies_at=300, exit_code=0),
-                                     1: StreamedRank(lines=BOOT_WORKER, dies_at=300.4, exit_code=137)})
+        src = ScriptedStream(
+            clock,
+            {
+                0: StreamedRank(lines=BOOT_HEAD[:4], dies_at=300, exit_code=0),
+                1: StreamedRank(lines=BOOT_WORKER, dies_at=300.4, exit_code=137),
+            },
+        )
         with pytest.raises(GateFailure) as err:
-            rw.wait_for_ready(RANKS, src, _ready(stall_s=600), clock, _noop, Probe(LISTED), "m")
+            decisions.wait_for_ready(RANKS, src, _ready(stall_s=600), clock, _noop, Probe(LISTED), "m")
         first = str(err.value).splitlines()[0]
-        assert first.startswith("rank 1 (node spark-b, container dsv41-rank1) is exited with exit code 137 (and "
-                                "rank 0 (node spark-a, container dsv41-rank0) is exited with exit code 0)"), first
+        assert first.startswith(
+            "rank 1 (node spark-b, container dsv41-rank1) is exited with exit code 137 (and "
+            "rank 0 (node spark-a, container dsv41-rank0) is exited with exit code 0)"
+        ), first
 
     def test_rendezvous_exit_fails_when_it_happens(self) -> None:
         clock = FakeClock()
-        src = ScriptedStream(clock, {
-            0: StreamedRank(lines=[(1, L_INIT)]),
-            1: StreamedRank(lines=[(2, "Traceback (most recent call last):"), (11.9, "RuntimeError: NCCL error")],
-                            dies_at=12),
-        })
+        src = ScriptedStream(
+            clock,
+            {
+                0: StreamedRank(lines=[(1, L_INIT)]),
+                1: StreamedRank(
+                    lines=[(2, "Traceback (most recent call last):"), (11.9, "RuntimeError: NCCL error")], dies_at=12
+                ),
+            },
+        )
         with pytest.raises(GateFailure) as err:
-            rw.wait_for_rendezvous(RANKS, src, _rdv(), clock, _noop)
+            decisions.wait_for_rendezvous(RANKS, src, _rdv(), clock, _noop)
         assert clock.t == 12
         assert str(err.value).startswith("rank 1 (node spark-b, container dsv41-rank1) is exited with exit code 1")
         assert "RuntimeError: NCCL error" in str(err.value)
@@ -661,7 +765,7 @@ class TestStreamDecisions:
         boot = [(t + 0.123, x) for t, x in BOOT_HEAD]
         src = ScriptedStream(clock, {0: StreamedRank(lines=boot), 1: StreamedRank(lines=BOOT_WORKER)})
         probe = Probe(LISTED)
-        res = rw.wait_for_ready(RANKS, src, _ready(), clock, _noop, probe, "m")
+        res = decisions.wait_for_ready(RANKS, src, _ready(), clock, _noop, probe, "m")
         assert res.elapsed_s == 510.123 and probe.calls == 1
         assert res.phases["ready"] == "ts+510.123"
         # the gate waits for what arrives: never a wake-up per poll while a long load logs nothing
@@ -672,7 +776,7 @@ class TestStreamDecisions:
         head = [(1, L_INIT), (20.7, L_LOAD)] + [(20.7 + 10 * i, L_SHM) for i in range(1, 40)]
         src = ScriptedStream(clock, {0: StreamedRank(lines=head), 1: StreamedRank(lines=[(2, L_INIT_W)])})
         with pytest.raises(GateFailure) as err:
-            rw.wait_for_ready(RANKS, src, _ready(stall_s=60), clock, _noop, Probe(LISTED), "m")
+            decisions.wait_for_ready(RANKS, src, _ready(stall_s=60), clock, _noop, Probe(LISTED), "m")
         assert clock.t == pytest.approx(80.7)
         assert str(err.value).startswith("no rank logged anything new for 1m0")
 
@@ -680,27 +784,29 @@ class TestStreamDecisions:
         clock = FakeClock()
         seen: list[tuple[float, str]] = []
         src = ScriptedStream(clock, {0: StreamedRank(lines=BOOT_HEAD), 1: StreamedRank(lines=BOOT_WORKER)})
-        rw.wait_for_ready(RANKS, src, _ready(), clock, lambda m: seen.append((clock.t, m)), Probe(LISTED), "m")
+        decisions.wait_for_ready(RANKS, src, _ready(), clock, lambda m: seen.append((clock.t, m)), Probe(LISTED), "m")
         assert [t for t, m in seen if m.startswith("ready gate:")] == [30.0 * k for k in range(1, 17)]
 
     def test_a_dropped_stream_reconnected_does_not_fail_a_healthy_boot(self) -> None:
         clock = FakeClock()
         seen: list[str] = []
-        src = ScriptedStream(clock, {0: StreamedRank(lines=BOOT_HEAD),
-                                     1: StreamedRank(lines=BOOT_WORKER, gap=(100, 104.5))})
-        res = rw.wait_for_ready(RANKS, src, _ready(stall_s=120), clock, seen.append, Probe(LISTED), "m")
+        src = ScriptedStream(
+            clock, {0: StreamedRank(lines=BOOT_HEAD), 1: StreamedRank(lines=BOOT_WORKER, gap=(100, 104.5))}
+        )
+        res = decisions.wait_for_ready(RANKS, src, _ready(stall_s=120), clock, seen.append, Probe(LISTED), "m")
         assert res.elapsed_s == 510
         assert any("reconnecting" in m for m in seen), "the drop is said in the progress output"
 
     def test_three_failed_connections_in_a_row_fail_two_do_not(self) -> None:
         clock = FakeClock()
-        src = ScriptedStream(clock, {0: StreamedRank(lines=[(1, L_ASSIGNED_0)]),
-                                     1: StreamedRank(lines=[(1, L_NCCL)], refused={1, 2})})
-        rw.wait_for_rendezvous(RANKS, src, _rdv(), clock, _noop)
+        src = ScriptedStream(
+            clock, {0: StreamedRank(lines=[(1, L_ASSIGNED_0)]), 1: StreamedRank(lines=[(1, L_NCCL)], refused={1, 2})}
+        )
+        decisions.wait_for_rendezvous(RANKS, src, _rdv(), clock, _noop)
         clock = FakeClock()
         src = ScriptedStream(clock, {0: StreamedRank(), 1: StreamedRank(refused={1, 2, 3})})
         with pytest.raises(GateFailure, match=r"cannot observe rank 1 .* 3 failures in a row.*Connection refused"):
-            rw.wait_for_rendezvous(RANKS, src, _rdv(), clock, _noop)
+            decisions.wait_for_rendezvous(RANKS, src, _rdv(), clock, _noop)
         assert clock.t <= 20
 
 
@@ -709,8 +815,19 @@ class TestStreamDecisions:
 # streams 196 GiB over NFS for ~15 min, printing nothing: ~650 s without a line from any rank. The containers'
 # memory (page cache of the shards read, the weights loaded) grows the whole time.
 
-SILENT_HEAD = [(1, L_INIT), (30, L_ASSIGNED_0), (40, L_LOAD), (290, L_LOADED), (945, L_KV), (946, L_KV_SIZE),
-               (960, L_GRAPH), (965, L_GRAPH_DONE), (1000, L_WARM), (1005, L_SERVER), (1010, L_COMPLETE)]
+SILENT_HEAD = [
+    (1, L_INIT),
+    (30, L_ASSIGNED_0),
+    (40, L_LOAD),
+    (290, L_LOADED),
+    (945, L_KV),
+    (946, L_KV_SIZE),
+    (960, L_GRAPH),
+    (965, L_GRAPH_DONE),
+    (1000, L_WARM),
+    (1005, L_SERVER),
+    (1010, L_COMPLETE),
+]
 SILENT_WORKER = [(2, L_INIT_W), (30, L_ASSIGNED_1), (944, L_KV_WORKER)]
 
 
@@ -725,18 +842,23 @@ class TestSilentLoad:
 
     @pytest.mark.parametrize("streamed", [False, True])
     def test_a_15_minute_silent_worker_load_with_moving_counters_passes_with_default_settings(
-            self, streamed: bool) -> None:
+        self, streamed: bool
+    ) -> None:
         clock = FakeClock()
         head, worker = loading(40, 290, 95.0), loading(40, 940, 95.0)
-        src: rw.RankSource
+        src: observations.RankSource
         if streamed:
-            src = ScriptedStream(clock, {0: StreamedRank(lines=SILENT_HEAD, usage=head),
-                                         1: StreamedRank(lines=SILENT_WORKER, usage=worker)})
+            src = ScriptedStream(
+                clock,
+                {0: StreamedRank(lines=SILENT_HEAD, usage=head), 1: StreamedRank(lines=SILENT_WORKER, usage=worker)},
+            )
         else:
-            src = ScriptedSource(clock, {0: ScriptedRank(lines=SILENT_HEAD, usage=head),
-                                         1: ScriptedRank(lines=SILENT_WORKER, usage=worker)})
+            src = ScriptedSource(
+                clock,
+                {0: ScriptedRank(lines=SILENT_HEAD, usage=head), 1: ScriptedRank(lines=SILENT_WORKER, usage=worker)},
+            )
         said: list[str] = []
-        res = rw.wait_for_ready(RANKS, src, _defaults(), clock, said.append, Probe(LISTED), "m")
+        res = decisions.wait_for_ready(RANKS, src, _defaults(), clock, said.append, Probe(LISTED), "m")
         assert 1010 <= res.elapsed_s <= 1011
         assert any("silent but progressing: rank 1 memory +" in m for m in said), said
 
@@ -745,30 +867,41 @@ class TestSilentLoad:
         # the worker hangs at 300 s: it never prints again and its memory stops growing
         clock = FakeClock()
         head, worker = loading(40, 290, 95.0), loading(40, 940, 95.0, then=300)
-        src: rw.RankSource
+        src: observations.RankSource
         if streamed:
-            src = ScriptedStream(clock, {0: StreamedRank(lines=SILENT_HEAD, usage=head),
-                                         1: StreamedRank(lines=SILENT_WORKER, usage=worker)})
+            src = ScriptedStream(
+                clock,
+                {0: StreamedRank(lines=SILENT_HEAD, usage=head), 1: StreamedRank(lines=SILENT_WORKER, usage=worker)},
+            )
         else:
-            src = ScriptedSource(clock, {0: ScriptedRank(lines=SILENT_HEAD, usage=head),
-                                         1: ScriptedRank(lines=SILENT_WORKER, usage=worker)})
+            src = ScriptedSource(
+                clock,
+                {0: ScriptedRank(lines=SILENT_HEAD, usage=head), 1: ScriptedRank(lines=SILENT_WORKER, usage=worker)},
+            )
         with pytest.raises(GateFailure) as err:
-            rw.wait_for_ready(RANKS, src, _defaults(), clock, _noop, Probe(LISTED), "m")
+            decisions.wait_for_ready(RANKS, src, _defaults(), clock, _noop, Probe(LISTED), "m")
         assert 890 <= clock.t <= 891, "as without the counters: 600 s after the last line"
         msg = str(err.value)
         first = msg.splitlines()[0]
-        assert first.startswith("no rank logged anything new for 10m00s and no rank container's memory or block "
-                                "I/O grew meanwhile (stall limit 600 s) in phase 'loading weights'"), first
+        assert first.startswith(
+            "no rank logged anything new for 10m00s and no rank container's memory or block "
+            "I/O grew meanwhile (stall limit 600 s) in phase 'loading weights'"
+        ), first
         assert "docker stats: rank 0 memory 97GiB" in first and "rank 1 memory 29.44GiB" in first, first
         assert "py-spy dump" in msg and L_LOADED in msg and L_ASSIGNED_1 in msg
 
     def test_a_load_that_stops_growing_stalls_a_stall_limit_after_its_last_growth(self) -> None:
         clock = FakeClock()
         worker = loading(40, 940, 95.0, then=600)
-        src = ScriptedStream(clock, {0: StreamedRank(lines=SILENT_HEAD[:4], usage=loading(40, 290, 95.0)),
-                                     1: StreamedRank(lines=SILENT_WORKER[:2], usage=worker)})
+        src = ScriptedStream(
+            clock,
+            {
+                0: StreamedRank(lines=SILENT_HEAD[:4], usage=loading(40, 290, 95.0)),
+                1: StreamedRank(lines=SILENT_WORKER[:2], usage=worker),
+            },
+        )
         with pytest.raises(GateFailure) as err:
-            rw.wait_for_ready(RANKS, src, _defaults(), clock, _noop, Probe(LISTED), "m")
+            decisions.wait_for_ready(RANKS, src, _defaults(), clock, _noop, Probe(LISTED), "m")
         # growth is timed from the sample that saw it: at most one sampling interval (30 s) after it happened
         assert 1200 <= clock.t <= 1231
         first = str(err.value).splitlines()[0]
@@ -777,16 +910,19 @@ class TestSilentLoad:
     def test_block_io_growth_counts_too(self) -> None:
         # a rank reading its shards from a local disk: the page cache may be counted out, the reads are not
         clock = FakeClock()
+
         def reading(t: float) -> ContainerUsage:
             return usage(3.5, read_gb=min(t, 940) * 0.2)
-        src = ScriptedSource(clock, {0: ScriptedRank(lines=SILENT_HEAD), 1: ScriptedRank(lines=SILENT_WORKER,
-                                                                                         usage=reading)})
-        assert rw.wait_for_ready(RANKS, src, _defaults(), clock, _noop, Probe(LISTED), "m").elapsed_s >= 1010
+
+        src = ScriptedSource(
+            clock, {0: ScriptedRank(lines=SILENT_HEAD), 1: ScriptedRank(lines=SILENT_WORKER, usage=reading)}
+        )
+        assert decisions.wait_for_ready(RANKS, src, _defaults(), clock, _noop, Probe(LISTED), "m").elapsed_s >= 1010
 
     def test_a_chatty_boot_samples_no_counters(self) -> None:
         clock = FakeClock()
         ranks = {0: ScriptedRank(lines=BOOT_HEAD), 1: ScriptedRank(lines=BOOT_WORKER)}
-        rw.wait_for_ready(RANKS, ScriptedSource(clock, ranks), _defaults(), clock, _noop, Probe(LISTED), "m")
+        decisions.wait_for_ready(RANKS, ScriptedSource(clock, ranks), _defaults(), clock, _noop, Probe(LISTED), "m")
         assert ranks[0].usage_calls == ranks[1].usage_calls == 0
 
     def test_counters_that_cannot_be_read_leave_the_old_rule(self) -> None:
@@ -794,10 +930,13 @@ class TestSilentLoad:
 
         def broken(_t: float) -> ContainerUsage:
             raise SourceError("docker stats dsv41-rank1 failed: permission denied")
-        src = ScriptedSource(clock, {0: ScriptedRank(lines=SILENT_HEAD, usage=broken),
-                                     1: ScriptedRank(lines=SILENT_WORKER, usage=broken)})
+
+        src = ScriptedSource(
+            clock,
+            {0: ScriptedRank(lines=SILENT_HEAD, usage=broken), 1: ScriptedRank(lines=SILENT_WORKER, usage=broken)},
+        )
         with pytest.raises(GateFailure) as err:
-            rw.wait_for_ready(RANKS, src, _defaults(), clock, _noop, Probe(LISTED), "m")
+            decisions.wait_for_ready(RANKS, src, _defaults(), clock, _noop, Probe(LISTED), "m")
         assert 890 <= clock.t <= 891
         first = str(err.value).splitlines()[0]
         assert first.startswith("no rank logged anything new for 10m00s (stall limit 600 s)"), first
@@ -809,27 +948,38 @@ class TestSilentLoad:
 
         def shrinking(t: float) -> ContainerUsage:
             return usage(60.0 - max(t - 300, 0) / 30)
-        src = ScriptedSource(clock, {0: ScriptedRank(lines=SILENT_HEAD[:4]),
-                                     1: ScriptedRank(lines=SILENT_WORKER[:2], usage=shrinking)})
+
+        src = ScriptedSource(
+            clock, {0: ScriptedRank(lines=SILENT_HEAD[:4]), 1: ScriptedRank(lines=SILENT_WORKER[:2], usage=shrinking)}
+        )
         with pytest.raises(GateFailure, match="stall limit 600 s"):
-            rw.wait_for_ready(RANKS, src, _defaults(), clock, _noop, Probe(LISTED), "m")
+            decisions.wait_for_ready(RANKS, src, _defaults(), clock, _noop, Probe(LISTED), "m")
         assert 890 <= clock.t <= 891
 
 
 def test_docker_stats_lines_parse_into_bytes() -> None:
-    line = ('{"BlockIO":"190GB / 1.2MB","CPUPerc":"101.5%","Container":"dsv41-rank1","ID":"4f1c","MemPerc":"79.5%",'
-            '"MemUsage":"95.12GiB / 119.7GiB","Name":"dsv41-rank1","NetIO":"0B / 0B","PIDs":"212"}')
-    name, seen = rw.parse_stats(line) or ("", None)
+    line = (
+        '{"BlockIO":"190GB / 1.2MB","CPUPerc":"101.5%","Container":"dsv41-rank1","ID":"4f1c","MemPerc":"79.5%",'
+        '"MemUsage":"95.12GiB / 119.7GiB","Name":"dsv41-rank1","NetIO":"0B / 0B","PIDs":"212"}'
+    )
+    name, seen = observations.parse_stats(line) or ("", None)
     assert name == "dsv41-rank1" and seen is not None
     assert seen.memory_bytes == pytest.approx(95.12 * 2**30)
     assert seen.block_read_bytes == 190e9 and seen.block_written_bytes == 1.2e6
     assert seen.text == "memory 95.12GiB, block I/O 190GB / 1.2MB"
-    assert [rw.parse_size(t) for t in ("0B", "12.3kB", "1.5MiB", "2TB", "--", "")] == [0, 12300, 1.5 * 2**20,
-                                                                                     2e12, None, None]
-    assert rw.parse_stats("Error response from daemon: No such container") is None
+    assert [observations.parse_size(t) for t in ("0B", "12.3kB", "1.5MiB", "2TB", "--", "")] == [
+        0,
+        12300,
+        1.5 * 2**20,
+        2e12,
+        None,
+        None,
+    ]
+    assert observations.parse_stats("Error response from daemon: No such container") is None
 
 
 # --- /v1/models probe against a loopback server -------------------------------------------------------
+
 
 @pytest.fixture
 def models_server() -> Iterator[ModelsServer]:
@@ -867,6 +1017,7 @@ class TestModelsEndpoint:
 
 # --- the SSH source, through a fake `ssh` on PATH ------------------------------------------------------
 
+
 @pytest.fixture
 def fake_ssh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return install_fake_ssh(tmp_path, monkeypatch)
@@ -882,8 +1033,9 @@ class TestSshRankSource:
         key_file = Path(argv[argv.index("-i") + 1])
         assert key_file.read_text() == KEY and stat.S_IMODE(key_file.stat().st_mode) == 0o600
         assert "root@127.0.0.3" in argv and argv[argv.index("-p") + 1] == "2222"
-        assert sent_script(argv[-1]) == ("timeout 10 docker inspect -f "
-                                         "'{{.State.Status}} {{.State.ExitCode}} {{.State.StartedAt}}' dsv41-rank1")
+        assert sent_script(argv[-1]) == (
+            "timeout 10 docker inspect -f '{{.State.Status}} {{.State.ExitCode}} {{.State.StartedAt}}' dsv41-rank1"
+        )
 
     def test_exited_and_missing_containers(self, fake_ssh: Path) -> None:
         canned(fake_ssh, "inspect.1", "exited 137 2026-09-22T10:00:00Z\n")
@@ -906,15 +1058,19 @@ class TestSshRankSource:
 
     def test_logs_start_at_container_start_then_continue_without_duplicates(self, fake_ssh: Path) -> None:
         canned(fake_ssh, "inspect", "running 0 2026-09-22T10:00:00.5Z\n")
-        canned(fake_ssh, "logs.1",
-                "2026-09-22T10:00:01.000000001Z first\n"
-                "2026-09-22T10:00:02.1Z second\r\n"
-                "2026-09-22T10:00:03.25Z bar 10%\rbar 100%\n"
-                "2026-09-22T10:00:03.25Z same instant\n")
-        canned(fake_ssh, "logs.2",
-                "2026-09-22T10:00:03.25Z bar 100%\n"
-                "2026-09-22T10:00:03.25Z same instant\n"
-                "2026-09-22T10:00:04Z third\n")
+        canned(
+            fake_ssh,
+            "logs.1",
+            "2026-09-22T10:00:01.000000001Z first\n"
+            "2026-09-22T10:00:02.1Z second\r\n"
+            "2026-09-22T10:00:03.25Z bar 10%\rbar 100%\n"
+            "2026-09-22T10:00:03.25Z same instant\n",
+        )
+        canned(
+            fake_ssh,
+            "logs.2",
+            "2026-09-22T10:00:03.25Z bar 100%\n2026-09-22T10:00:03.25Z same instant\n2026-09-22T10:00:04Z third\n",
+        )
         src = SshRankSource(RANKS)
         first = src.new_lines(0)
         assert [ln.text for ln in first] == ["first", "second", "bar 100%", "same instant"]
@@ -924,7 +1080,8 @@ class TestSshRankSource:
         remote = (fake_ssh / "remote.log").read_text().splitlines()
         assert [sent_script(r) for r in remote[1:3]] == [
             "timeout 10 docker logs --timestamps --since 2026-09-22T10:00:00.5Z dsv41-rank0 2>&1",
-            "timeout 10 docker logs --timestamps --since 2026-09-22T10:00:03.25Z dsv41-rank0 2>&1"]
+            "timeout 10 docker logs --timestamps --since 2026-09-22T10:00:03.25Z dsv41-rank0 2>&1",
+        ]
 
     def test_usage_reads_docker_stats_of_the_container(self, fake_ssh: Path) -> None:
         canned(fake_ssh, "stats", '{"BlockIO":"1.1GB / 0B","MemUsage":"12.5GiB / 119.7GiB","Name":"dsv41-rank1"}\n')
@@ -944,5 +1101,90 @@ class TestSshRankSource:
 
 
 def test_timestamp_key_orders_variable_length_fractions() -> None:
-    assert rw.timestamp_key("2026-09-22T10:00:00.1Z") > rw.timestamp_key("2026-09-22T10:00:00.099999999Z")
-    assert rw.timestamp_key("2026-09-22T12:00:00+02:00") == rw.timestamp_key("2026-09-22T10:00:00Z")
+    assert poll_source.timestamp_key("2026-09-22T10:00:00.1Z") > poll_source.timestamp_key(
+        "2026-09-22T10:00:00.099999999Z"
+    )
+    assert poll_source.timestamp_key("2026-09-22T12:00:00+02:00") == poll_source.timestamp_key("2026-09-22T10:00:00Z")
+
+
+class TestFatalLinesInBothGates:
+    """One table (log_patterns.FATAL_PATTERNS) read by both gates, and by the report of a rank's exit."""
+
+    @pytest.mark.parametrize("gate", ["rendezvous", "ready"])
+    def test_a_kv_cache_refusal_fails_at_once_naming_the_setting(self, gate: str) -> None:
+        from tests.gates.test_log_patterns import FATAL_LINES
+
+        clock = FakeClock()
+        src = ScriptedSource(
+            clock,
+            {
+                0: ScriptedRank(lines=[(1, L_INIT), (30, FATAL_LINES["KV cache too small"])]),
+                1: ScriptedRank(lines=[(1, L_HEADLESS)]),
+            },
+        )
+        with pytest.raises(GateFailure) as err:
+            if gate == "rendezvous":
+                decisions.wait_for_rendezvous(RANKS, src, _rdv(rendezvous_timeout_s=900), clock, _noop)
+            else:
+                decisions.wait_for_ready(RANKS, src, _ready(), clock, _noop, Probe(LISTED), "m")
+        assert clock.t <= 35  # the line, not the timeout and not the exit
+        msg = str(err.value)
+        assert msg.startswith(
+            "rank 0 (node spark-a, container dsv41-rank0) has too little memory left for the KV cache"
+        )
+        assert "lower serve.maxModelLen" in msg and "estimated maximum model length is 530432" in msg
+
+    def test_an_nccl_error_alone_does_not_fail_but_names_the_exit_after_it(self) -> None:
+        from tests.gates.test_log_patterns import FATAL_LINES
+
+        clock = FakeClock()
+        src = ScriptedSource(
+            clock,
+            {
+                0: ScriptedRank(lines=[(1, L_INIT)]),
+                1: ScriptedRank(lines=[(1, L_HEADLESS), (20, FATAL_LINES["NCCL"])], exits_at=60),
+            },
+        )
+        with pytest.raises(GateFailure) as err:
+            decisions.wait_for_ready(RANKS, src, _ready(), clock, _noop, Probe(LISTED), "m")
+        assert 60 <= clock.t <= 66  # the exit failed it, not the line
+        msg = str(err.value)
+        assert (
+            "exited with exit code 1; before it, rank 1 (node spark-b, container dsv41-rank1) hit an NCCL error" in msg
+        )
+        assert "on spark-b check the fabric" in msg
+
+    def test_an_out_of_memory_line_fails_naming_the_node_that_printed_it(self) -> None:
+        from tests.gates.test_log_patterns import FATAL_LINES
+
+        clock = FakeClock()
+        src = ScriptedSource(
+            clock,
+            {
+                0: ScriptedRank(lines=[(1, L_INIT), (40, FATAL_LINES["engine start failed"])], exits_at=41),
+                1: ScriptedRank(lines=[(1, L_HEADLESS), (39, FATAL_LINES["out of memory"])]),
+            },
+        )
+        with pytest.raises(GateFailure) as err:
+            decisions.wait_for_ready(RANKS, src, _ready(), clock, _noop, Probe(LISTED), "m")
+        msg = str(err.value)
+        # The out-of-memory line fails the gate as it arrives (39 s), naming the worker and its node.
+        assert msg.startswith("rank 1 (node spark-b, container dsv41-rank1) ran out of GPU memory")
+        assert "check MemAvailable on spark-b" in msg
+
+    def test_the_heads_exit_0_names_the_workers_last_fatal_line(self) -> None:
+        from tests.gates.test_log_patterns import FATAL_LINES
+
+        clock = FakeClock()
+        src = ScriptedSource(
+            clock,
+            {
+                0: ScriptedRank(lines=[(1, L_INIT)], exits_at=50, exit_code=0),
+                1: ScriptedRank(lines=[(1, L_HEADLESS), (45, FATAL_LINES["NCCL"])]),
+            },
+        )
+        with pytest.raises(GateFailure) as err:
+            decisions.wait_for_ready(RANKS, src, _ready(), clock, _noop, Probe(LISTED), "m")
+        msg = str(err.value)
+        assert msg.startswith("rank 0 (node spark-a, container dsv41-rank0) is exited with exit code 0")
+        assert "before it, rank 1 (node spark-b, container dsv41-rank1) hit an NCCL error" in msg
