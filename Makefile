@@ -5,6 +5,9 @@ SHELL := bash
 
 include toolchain/versions.env
 
+help: ## this list
+	@awk -F':.*## ' '/^[a-z-]+:.*## / { printf "  %-12s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
+
 PYTHON ?= python3
 VENV := venv
 PY := $(VENV)/bin/python
@@ -13,10 +16,10 @@ REQ_HASH := $(shell cat requirements.txt requirements-dev.txt | sha256sum | cut 
 VENV_STAMP := $(VENV)/.installed-$(REQ_HASH)
 WITH_ENV := . toolchain/env.sh &&
 
-.PHONY: venv toolchain plugins env lint typecheck test-unit test-engine test-sim test clean clean-cache demo demo-down \
+.PHONY: help venv toolchain plugins env lint typecheck test-unit test-engine test-sim test clean clean-cache demo demo-down \
 	bench-heal
 
-venv: $(VENV_STAMP)
+venv: $(VENV_STAMP) ## the Python venv from the pinned requirements
 
 $(VENV_STAMP): requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -26,7 +29,7 @@ $(VENV_STAMP): requirements.txt requirements-dev.txt
 
 # Builds (or finds) the CLI and plugins in the cache outside the tree, then installs both providers into
 # PULUMI_HOME at the exact versions the Python SDKs request.
-toolchain: venv
+toolchain: venv ## build (or find in the cache) the Pulumi CLI and both providers
 	bash toolchain/build.sh
 	$(MAKE) --no-print-directory plugins
 
@@ -43,42 +46,42 @@ plugins:
 	done
 
 # Usage: eval "$(make -s env)"
-env:
+env: ## print the toolchain environment, for eval in your shell
 	@bash toolchain/env.sh --print
 
-lint: venv
+lint: venv ## ruff check, ruff format --check, shellcheck of the node scripts
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	@scripts=$$(find components -name '*.sh' | sort); echo "shellcheck $$(echo $$scripts | wc -w) node scripts"; \
 	  [ -z "$$scripts" ] || $(VENV)/bin/shellcheck --shell=sh --severity=style $$scripts
 
-typecheck: venv
+typecheck: venv ## mypy (strict on components/), then bench and sim
 	$(VENV)/bin/mypy
 	$(VENV)/bin/mypy bench sim
 
-test-unit: venv
+test-unit: venv ## pure logic and components under the recording mock (~5 min)
 	$(PY) -m pytest -m "not engine and not sim" tests bench
 
 # DSV41_REQUIRE_TOOLCHAIN turns the engine tests' "toolchain not built" skip into a failure.
 # Hypothesis is not used there, and its plugin's late import trips a CPython 3.11.7 compiler bug after
 # Automation API runs (SystemError "AST constructor recursion depth mismatch" at the terminal summary).
 INTEGRATION_PYTEST := $(PY) -m pytest -p no:hypothesispytest
-test-engine: toolchain
+test-engine: toolchain ## the project's Pulumi CLI and providers
 	$(WITH_ENV) DSV41_REQUIRE_TOOLCHAIN=1 $(INTEGRATION_PYTEST) -m "engine and not sim" tests/integration tests/toolchain
 
 # Needs root: starts a dockerd and an sshd per simulated node (sim/README.md).
-test-sim: toolchain sim-up
+test-sim: toolchain sim-up ## as root: end to end on the simulated cluster
 	$(WITH_ENV) DSV41_REQUIRE_TOOLCHAIN=1 DSV41_REQUIRE_SIM=1 $(INTEGRATION_PYTEST) -m sim tests/integration tests/toolchain
 
-test: lint typecheck test-unit test-engine test-sim
+test: lint typecheck test-unit test-engine test-sim ## everything CI runs after installing
 
 # Keeps .state (stack state and the generated passphrase) and the toolchain cache outside the tree.
-clean:
+clean: ## remove the venv and tool caches (keeps .state/)
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
 	find . -name __pycache__ -type d -prune -not -path './.git/*' -exec rm -rf {} +
 
 # Deletes this version's toolchain build (not Go's module and build caches, which other projects share).
-clean-cache:
+clean-cache: ## remove this version's toolchain build
 	@$(WITH_ENV) echo "removing $$DSV41_TOOLCHAIN_DIR" && rm -rf "$$DSV41_TOOLCHAIN_DIR"
 
 # --- simulated cluster (sim/README.md): loopback nodes with their own dockerd + sshd, a registry, a hub
@@ -87,31 +90,31 @@ clean-cache:
 .PHONY: sim-up sim-down sim-image record-real
 SIM_NODES ?= 2
 
-sim-up: venv
+sim-up: venv ## start the simulated cluster (SIM_NODES=2)
 	SIM_NODES=$(SIM_NODES) $(PY) -m sim.cluster up
 
 sim-image: venv
 	$(PY) -m sim.cluster image
 
-sim-down:
+sim-down: ## stop the simulated cluster, remove its containers
 	$(PYTHON) -m sim.cluster down
 
 # Real vLLM's logs, answers and exit codes as fixtures (tests/support/fixtures/real-vllm) the stand-in is held to.
-record-real: toolchain
+record-real: toolchain ## record real vLLM's logs, answers and faults as fixtures (~14 min)
 	@test -f .state/sim/sim.json || $(MAKE) --no-print-directory sim-up
 	$(WITH_ENV) $(PY) -m sim.record
 # --- end simulated cluster
 
 # --- demo on the simulated cluster: `make demo` brings everything up and deploys the `sim` stack to a verified
 # endpoint; `make demo-down` destroys the stack and stops the cluster.
-demo: toolchain
+demo: toolchain ## deploy the sim stack to a verified endpoint
 	$(MAKE) --no-print-directory sim-up
 	$(WITH_ENV) $(PY) -m sim.stack init --stack sim && \
 	    pulumi up --stack sim --yes --non-interactive --skip-preview && \
 	    echo "endpoint: $$(pulumi stack output --stack sim endpoint)" && \
 	    pulumi stack output --stack sim verification --json
 
-demo-down:
+demo-down: ## destroy the sim stack, stop the cluster
 	-$(WITH_ENV) pulumi destroy --stack sim --yes --non-interactive
 	$(MAKE) --no-print-directory sim-down
 
@@ -120,13 +123,13 @@ demo-down:
 # `$(PY) -m bench.run --render` redraws the latter). It uses sim nodes 5..12, starting those not running, and
 # never shrinks a running sim (sim-up only when there is none).
 .PHONY: bench
-bench: toolchain
+bench: toolchain ## as root, ~21 min: the benchmarks -> BENCHMARKS.md
 	@test -f .state/sim/sim.json || $(MAKE) --no-print-directory sim-up
 	$(PY) -m pytest -p no:hypothesispytest -q bench
 	$(WITH_ENV) nice -n 5 $(PY) -m bench.run
 
 # heal_s: a killed worker until the supervisor verified again (bench/heal.py; the sim's nodes 1-2).
-bench-heal: toolchain
+bench-heal: toolchain ## the supervisor's heal time on sim nodes 1-2
 	@test -f .state/sim/sim.json || $(MAKE) --no-print-directory sim-up
 	$(WITH_ENV) $(PY) -m bench.heal
 # --- end benchmarks

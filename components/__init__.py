@@ -1,4 +1,4 @@
-"""Layers of the dsv41-exl3 deployment: one folder per layer, shared pieces flat (README: Component tree).
+"""Layers of the dsv41-exl3 deployment: one folder per layer, shared pieces flat (docs/development.md: Component tree).
 
 Dynamic providers are pickled into a stack's state by reference (module and class name), and `destroy` and
 `refresh` unpickle them without running the program. A stack deployed before the layout move names modules

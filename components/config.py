@@ -105,7 +105,7 @@ _CREDENTIAL_ENV = re.compile(
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 # Environment variables the program renders from structured keys (or derives); `serve.extraEnv`
-# may set any other variable of the rendered set (see the README's launcher table).
+# may set any other variable of the rendered set (see docs/checks.md, the upstream launcher's settings).
 OWNED_ENV = {
     "NNODES": "it is the number of entries in `nodes` (the Engram row store splits its cache by it)",
     "VLLM_ENGINE_READY_TIMEOUT_S": "it is derived from `gates.rendezvousTimeoutSeconds` + "

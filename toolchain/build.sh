@@ -70,7 +70,7 @@ install_language_exec() {
     install_from_sdk python/cmd/pulumi-language-python-exec pulumi-language-python-exec
 }
 
-# The Go host is refused by the proxy (README, "The stand-in Python language host"): ours stands in for it.
+# The Go host is refused by the proxy (docs/development.md, "The stand-in Python language host"): ours stands in for it.
 install_language_host() {
     if ! cmp -s "$here/langhost/pulumi_language_python.py" "$BIN/pulumi-language-python"; then
         install -m 755 "$here/langhost/pulumi_language_python.py" "$BIN/pulumi-language-python"

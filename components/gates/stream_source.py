@@ -371,7 +371,7 @@ class _NodeStream(threading.Thread):
 
 class StreamRankSource:
     """The gates' RankSource: every node followed through one long-lived ssh session (over the node's
-    ControlMaster) running components/gates/rank_stream.sh; see the module's README section.
+    ControlMaster) running components/gates/rank_stream.sh; see docs/checks.md, how the gates watch the ranks.
 
     Nothing starts until the first `next_items`; `close` ends every session."""
 

@@ -49,7 +49,7 @@ NCCL_COMMON_ENV = {
 
 # The rest of the A1 launcher's container environment (start.sh `nccl_common` and `serve_env`, with
 # .env.example's values where they differ from start.sh's fallbacks), identical on every rank.
-# The README's launcher table says why each is here and why the others are not.
+# docs/checks.md (the upstream launcher's settings) says why each is here and why the others are not.
 LAUNCHER_ENV = {
     # Prefill kernels and workspace: MoE prefill 17 vs 34 ms per layer at a 1536 chunk.
     "EXL3_FUSED_MOE": "1",
