@@ -81,10 +81,14 @@ def test_a_head_exited_0_is_named_a_dead_rank(world: dict[int, Any], warnings: l
     assert any("head (the head) is exited (0): a rank of the group died" in w for w in warnings), warnings
 
 
-def test_an_unreachable_node_is_not_drift(world: dict[int, Any]) -> None:
+def test_an_unreachable_node_is_not_drift(world: dict[int, Any], warnings: list[str]) -> None:
     world[1] = SourceError("ssh me@10.0.0.2:22 timed out")
     diff = live_ranks.LiveRanksProvider().diff("live-1", PROPS, PROPS)
-    assert not diff.replaces
+    assert not diff.replaces and not diff.changes
+    # Not drift, but not silence either: the operator is told which node could not be read, and why.
+    unreachable = [w for w in warnings if "cannot tell whether its rank runs" in w]
+    assert len(unreachable) == 1, warnings
+    assert "node worker unreachable: ssh me@10.0.0.2:22 timed out" in unreachable[0]
 
 
 def test_refresh_reports_what_runs(world: dict[int, Any]) -> None:
