@@ -16,7 +16,7 @@ REQ_HASH := $(shell cat requirements.txt requirements-dev.txt | sha256sum | cut 
 VENV_STAMP := $(VENV)/.installed-$(REQ_HASH)
 WITH_ENV := . toolchain/env.sh &&
 
-.PHONY: help venv toolchain plugins env lint typecheck test-unit test-engine test-sim test clean clean-cache demo demo-down \
+.PHONY: config-table help venv toolchain plugins env lint typecheck test-unit test-engine test-sim test clean clean-cache demo demo-down \
 	bench-heal
 
 venv: $(VENV_STAMP) ## the Python venv from the pinned requirements
@@ -48,6 +48,9 @@ plugins:
 # Usage: eval "$(make -s env)"
 env: ## print the toolchain environment, for eval in your shell
 	@bash toolchain/env.sh --print
+
+config-table: venv ## rewrite README's config table from the keys' declarations
+	$(PY) -m components.config.table
 
 lint: venv ## ruff check, ruff format --check, shellcheck of the node scripts
 	$(VENV)/bin/ruff check .

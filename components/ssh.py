@@ -51,7 +51,7 @@ class SshTarget:
     host: str
     port: int
     user: str
-    # The stack's `ssh` section (config.py holds its defaults): a forgotten one fails the type check.
+    # The stack's `ssh` section (components/config holds its defaults): a forgotten one fails the type check.
     private_key: str | None
     agent_socket: str | None
     known_hosts_file: str | None

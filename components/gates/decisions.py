@@ -92,7 +92,7 @@ USAGE_MIN_GROWTH_BYTES = float(16 << 20)
 @dataclass(frozen=True, kw_only=True)
 class WatchSettings:
     """What both gates share. The timeouts (in the subclasses) have no defaults: they are operator settings,
-    whose defaults live in components/config.py."""
+    whose defaults live in components/config."""
 
     poll_interval_s: float = WATCH_POLL_INTERVAL_S
     tail_lines: int = 20

@@ -82,7 +82,7 @@ def _check_ranks(ranks: Sequence[GateRank]) -> None:
 @dataclass(frozen=True, kw_only=True)
 class RendezvousGateArgs:
     """Inputs of RendezvousGate. `rerun_on`: the ids of every serving container. No defaults: the settings
-    come from components/config.py, so a forgotten wire fails the type check."""
+    come from components/config, so a forgotten wire fails the type check."""
 
     ranks: Sequence[GateRank]
     rerun_on: pulumi.Input[Sequence[pulumi.Input[str]]]
@@ -147,7 +147,7 @@ def ranks_from_prop(value: Any) -> list[RankSpec]:
 
 
 def _setting(props: Mapping[str, Any], key: str) -> float:
-    # The program sends every setting (from components/config.py); a missing one is a bug, not a default.
+    # The program sends every setting (from components/config); a missing one is a bug, not a default.
     value = unwrap_secret(props.get(key))
     if value is None:
         raise ValueError(f"gate property {key} is missing: the program sends every setting")

@@ -49,7 +49,7 @@ def ipv4_mapped_gid(fabric_ip: str) -> str:
 
 def check_hca_name(name: str) -> str:
     """Return the name if it can be an infiniband device name, else raise naming it."""
-    # Invariant (config.py refuses such a `nodes[].ibHcas` entry): the name is written into the script.
+    # Invariant (components/config refuses such a `nodes[].ibHcas` entry): the name is written into the script.
     if not _HCA_NAME.match(name):
         raise ValueError(
             f"ib_hcas entry {name!r} is not an RDMA device name; use names as listed by "

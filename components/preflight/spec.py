@@ -104,7 +104,7 @@ class PreflightSpec:
             if not ok:
                 errors.append(message)
 
-        # Invariants: config.py refuses an empty name, a fabricIp that is not IPv4, a gidIndex out of range,
+        # Invariants: components/config refuses an empty name, a fabricIp that is not IPv4, a gidIndex out of range,
         # an ibHcas entry that is no device name, a negative or non-finite minimum and a relative weights root.
         # The checks stay because these values are rendered into a shell script.
         check(bool(self.node_name.strip()), "node_name is empty; give the node's name as in the cluster config")

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from components.config import LONG_PREFILL_HEADROOM_TOKENS, Node, Settings
+from components.config import LONG_PREFILL_HEADROOM_TOKENS, Node, Serve, Settings, declarations
 
 MODEL_MOUNT = "/model"
 ENGRAM_MOUNT = "/engram-src"
@@ -123,30 +124,10 @@ def container_entrypoint() -> list[str]:
     return ["/bin/sh", "-c", CONTAINER_SCRIPT, "vllm"]
 
 
-def model_flags(s: Settings) -> list[str]:
-    """The `vllm serve` flags every rank shares (the recipe's, each driven by config)."""
-    v = s.serve
-    flags = [
-        *(["--quantization", v.quantization] if v.quantization else []),
-        "--kv-cache-memory-bytes",
-        str(v.kv_cache_memory_bytes),
-        "--block-size",
-        "64",
-        "--max-model-len",
-        str(v.max_model_len),
-        "--max-num-seqs",
-        str(v.max_num_seqs),
-        "--max-num-batched-tokens",
-        str(v.max_num_batched_tokens),
-        "--long-prefill-token-threshold",
-        str(long_prefill_token_threshold(s)),
-        "--gpu-memory-utilization",
-        str(v.gpu_memory_utilization),
-        *(["--tokenizer-mode", v.tokenizer_mode] if v.tokenizer_mode else []),
-        *(["--tool-call-parser", v.tool_call_parser] if v.tool_call_parser else []),
-        *(["--reasoning-parser", v.reasoning_parser] if v.reasoning_parser else []),
-        *(["--enable-auto-tool-choice"] if v.enable_auto_tool_choice else []),
-        *(["--chat-template", v.chat_template] if v.chat_template else []),
+# Flags every rank gets that no key drives, each group placed after the key named (the recipe's order).
+FIXED_FLAGS_AFTER = {
+    "kv_cache_memory_bytes": ["--block-size", "64"],
+    "chat_template": [
         "--enable-prefix-caching",
         "--no-enable-flashinfer-autotune",
         "--hf-overrides",
@@ -154,22 +135,61 @@ def model_flags(s: Settings) -> list[str]:
         "--language-model-only",
         "--override-generation-config",
         json.dumps(VENDOR_SAMPLING),
-        "--served-model-name",
-        v.served_model_name,
-        "--port",
-        str(v.port),
-    ]
-    if v.enforce_eager:
-        # Eager mode has no CUDA graphs, and speculative decoding needs them.
-        flags.append("--enforce-eager")
-    else:
-        flags += ["--cudagraph-capture-sizes", *CUDAGRAPH_CAPTURE_SIZES]
-        if v.num_speculative_tokens > 0:
-            flags += [
-                "--speculative-config",
-                json.dumps({"method": "dspark", "num_speculative_tokens": v.num_speculative_tokens}),
-            ]
-    return flags + list(v.extra_args)
+    ],
+}
+
+
+def _long_prefill_flag(s: Settings, flag: str) -> list[str]:
+    return [flag, str(long_prefill_token_threshold(s))]
+
+
+def _eager_flag(s: Settings, flag: str) -> list[str]:
+    # Eager mode has no CUDA graphs, and speculative decoding needs them.
+    return [flag] if s.serve.enforce_eager else ["--cudagraph-capture-sizes", *CUDAGRAPH_CAPTURE_SIZES]
+
+
+def _speculative_flag(s: Settings, flag: str) -> list[str]:
+    if s.serve.enforce_eager or s.serve.num_speculative_tokens == 0:
+        return []
+    return [flag, json.dumps({"method": "dspark", "num_speculative_tokens": s.serve.num_speculative_tokens})]
+
+
+# The keys whose flag is not `--flag <value>` (or a switch that is there when true).
+CUSTOM_FLAG_RENDERERS: dict[str, Callable[[Settings, str], list[str]]] = {
+    "long_prefill_token_threshold": _long_prefill_flag,
+    "enforce_eager": _eager_flag,
+    "num_speculative_tokens": _speculative_flag,
+}
+# The `serve` keys that render a shared flag, in declaration order (which is argv order).
+SERVE_FLAG_KEYS = [d for d in declarations(Serve, "serve.") if d.flag]
+
+
+def _plain_flag(flag: str, value: object) -> list[str]:
+    """`--flag value`; a switch when the value is a bool; nothing for an empty or unset value."""
+    if isinstance(value, bool):
+        return [flag] if value else []
+    if value is None or value == "":
+        return []
+    return [flag, str(value)]
+
+
+def model_flags(s: Settings) -> list[str]:
+    """The `vllm serve` flags every rank shares, each rendered from the key declared with it."""
+    flags: list[str] = []
+    for d in SERVE_FLAG_KEYS:
+        assert d.flag is not None
+        render = CUSTOM_FLAG_RENDERERS.get(d.name)
+        flags += render(s, d.flag) if render else _plain_flag(d.flag, getattr(s.serve, d.name))
+        flags += FIXED_FLAGS_AFTER.get(d.name, [])
+    return flags + list(s.serve.extra_args)
+
+
+def _env_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
 
 
 def rank_command(s: Settings, rank: int) -> list[str]:
@@ -206,26 +226,21 @@ def node_env(s: Settings, node: Node, gid_index: int | None) -> dict[str, str]:
         "NCCL_IB_GID_INDEX": "" if gid_index is None else str(gid_index),
     }
     env.update(s.serve.extra_env)
-    # Last, so nothing overrides what was resolved for this node (config.py refuses the names too).
+    # Last, so nothing overrides what was resolved for this node (components/config refuses the names too).
     env.update({k: v for k, v in per_node.items() if v})
     return {k: v for k, v in env.items() if v != ""}
 
 
 def common_env(s: Settings) -> dict[str, str]:
     """The environment every rank shares, before `serve.extraEnv`."""
-    v = s.serve
     env = {**NCCL_COMMON_ENV, **LAUNCHER_ENV}
-    env.update(
-        {
-            "NNODES": str(len(s.nodes)),
-            "DSV41_CACHE_GIB": f"{v.engram_cache_gib:g}",
-            "DSV41_RESIDENT_SCALES": "1" if v.engram_resident_scales else "0",
-            "EXL3_TEMP_ROWS_FUSED": str(v.exl3_temp_rows_fused),
-            "PYTORCH_CUDA_ALLOC_CONF": v.pytorch_cuda_alloc_conf,
-            "VLLM_ENGINE_READY_TIMEOUT_S": str(engine_ready_timeout_s(s)),
-        }
-    )
+    # Each `serve` key declared with a variable; a secret's variable is set by the layer that holds it.
+    env.update({d.env[0]: _env_value(getattr(s.serve, d.name)) for d in SERVE_ENV_KEYS})
+    env.update({"NNODES": str(len(s.nodes)), "VLLM_ENGINE_READY_TIMEOUT_S": str(engine_ready_timeout_s(s))})
     return env
+
+
+SERVE_ENV_KEYS = [d for d in declarations(Serve, "serve.") if d.env and not d.secret]
 
 
 def env_list(env: dict[str, str]) -> list[str]:

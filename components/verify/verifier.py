@@ -73,7 +73,7 @@ class VerifierInputs:
         rerun_on = values["rerun_on"] or []
         if not isinstance(rerun_on, list | tuple):
             raise ValueError(f"Verifier rerun_on must be a list of container ids, got {rerun_on!r}")
-        # The settings come from components/config.py through the program: none is invented here. Pulumi
+        # The settings come from components/config through the program: none is invented here. Pulumi
         # drops None inputs, so an optional one (no threshold, no warm-up) may be absent.
         missing = [key for key in ("timeout_s", "retry_window_s") if values[key] is None]
         if missing:

@@ -20,7 +20,7 @@ container there. A tripped watchdog ssh-es to each peer (the SSH address of the 
 BatchMode, and only the peer's host key the operator's machine pinned, written to the watchdog's own
 known_hosts file with StrictHostKeyChecking=yes) and so stops every rank
 of the group. The floor, the sample interval and the count are the stack's `watchdog` section
-(components/config.py says why its default floor is 1.5 GiB).
+(components/config says why its default floor is 1.5 GiB).
 
 How it runs: a POSIX sh loop started with nohup (and setsid when present), a pidfile per node.
 It does NOT survive a reboot: the simulated cluster has no systemd, and a user unit with linger
@@ -77,12 +77,12 @@ class WatchdogPeer:
     host_key: str
 
     def __post_init__(self) -> None:
-        # Invariants of values config.py already checked (nodes[]), written into a shell script.
+        # Invariants of values components/config already checked (nodes[]), written into a shell script.
         if not _NODE_NAME.match(self.node_name):
             raise ValueError(f"watchdog peer node_name {self.node_name!r} must match [A-Za-z0-9][A-Za-z0-9._-]*")
         if not re.fullmatch(r"(ssh|ecdsa|sk)-[A-Za-z0-9@.-]+ [A-Za-z0-9+/]+={0,3}", self.host_key):
             raise ValueError(f"watchdog peer {self.node_name}: host_key {self.host_key!r} is not `type base64`")
-        # A login name may start with '_' (config.py's rule, as useradd's); never with '-' (an ssh option).
+        # A login name may start with '_' (components/config's rule, as useradd's); never with '-' (an ssh option).
         for what, value, pattern in (
             ("host", self.host, r"[A-Za-z0-9][A-Za-z0-9._:-]*"),
             ("user", self.user, r"[A-Za-z0-9_][A-Za-z0-9._-]*"),
@@ -167,7 +167,7 @@ class WatchdogSettings(WatchdogNames):
     """What the watchdog does on one node. Plain values: they shape the rendered script."""
 
     watchdog: Watchdog
-    """The stack's `watchdog` section: floor, sample interval, consecutive samples. Invariant: config.py
+    """The stack's `watchdog` section: floor, sample interval, consecutive samples. Invariant: components/config
     refuses a floor at or below 0 or above a Spark's memory, and an interval or a count below 1."""
     # Not operator settings (no config key): the script's env override and the tests point at a fixture.
     meminfo_path: str = MEMINFO_PATH

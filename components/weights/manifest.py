@@ -84,7 +84,7 @@ def staging_plan(*, model_repo: str, engram_repo: str, revision: str) -> dict[st
         if not re.fullmatch(r"[\w.-]+/[\w.-]+", repo):
             raise ValueError(f"{key}={repo!r} is not a Hugging Face repo id; use 'org/name'")
     if not revision or any(c.isspace() for c in revision):
-        # Invariant: config.py refuses such a `weights.revision`; the revision is written into the staging script.
+        # Invariant: the config refuses such a `weights.revision`; the revision is written into the staging script.
         raise ValueError(f"revision={revision!r} is not a git revision; use a branch, tag or commit")
     engram_shards = [engram_shard_name(i) for i in ENGRAM_SHARDS]
     return {
@@ -134,7 +134,7 @@ def validate_ip(what: str, value: str) -> str:
 
 def stage_stdin(token: str | None, script: str) -> str:
     """What the staging command reads: the token line (empty when anonymous), then the script."""
-    # Invariant: config.py refuses a `weights.hfToken` with a line break (it would end the token line early).
+    # Invariant: components/config refuses a `weights.hfToken` with a line break (it would end the token line early).
     if token is not None and ("\n" in token or "\r" in token):
         raise ValueError("hf_token contains a line break; paste the token without newlines")
     return f"{token or ''}\n{script}"

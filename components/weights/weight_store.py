@@ -325,7 +325,7 @@ class WeightStore(pulumi.ComponentResource):
     def _validate(args: WeightStoreArgs) -> None:
         """Shape errors at plan time, before anything touches a node.
 
-        Invariants: config.py refuses a bad root, share or fabricIp and a node listed twice; these guard
+        Invariants: components/config refuses a bad root, share or fabricIp and a node listed twice; these guard
         the commands rendered from them."""
         wm.root_shell_expr(args.root)
         wm.stage_container(args.stack_prefix)

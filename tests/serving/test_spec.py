@@ -123,7 +123,7 @@ def test_rotating_the_api_key_is_a_new_generation_but_nothing_rendered_reveals_i
 
 
 def test_per_node_values_win_over_extra_env_even_past_validation() -> None:
-    # config.py refuses these names; the renderer does not rely on it.
+    # components/config refuses these names; the renderer does not rely on it.
     s = settings()
     s = s.model_copy(
         update={
@@ -281,3 +281,40 @@ def test_the_container_shape_keeps_the_generation() -> None:
     base = serve_spec.cluster_generation(settings())
     assert serve_spec.cluster_generation(settings(container={"ipcMode": "private"})) == base
     assert serve_spec.cluster_generation(settings(container={"memlockBytes": 65536})) == base
+
+
+# The recipe's argv exactly, in order: a rank's command is a container input, so rendering the same settings in
+# another order would replace every running rank on the program's next upgrade (a 20-25 minute outage).
+RECIPE_MODEL_FLAGS = [
+    *("--quantization", "exl3", "--kv-cache-memory-bytes", "2684354560", "--block-size", "64"),
+    *("--max-model-len", "600000", "--max-num-seqs", "2", "--max-num-batched-tokens", "1536"),
+    *("--long-prefill-token-threshold", "1280", "--gpu-memory-utilization", "0.88"),
+    *("--tokenizer-mode", "deepseek_v41", "--tool-call-parser", "deepseek_v41", "--reasoning-parser", "deepseek_v41"),
+    *("--enable-auto-tool-choice", "--chat-template", "/opt/dsv41/chat_template.jinja"),
+    *("--enable-prefix-caching", "--no-enable-flashinfer-autotune"),
+    *("--hf-overrides", '{"engram_table_dir": "/engram-src"}', "--language-model-only"),
+    *("--override-generation-config", '{"temperature": 1.0, "top_p": 0.95}'),
+    *("--served-model-name", "DeepSeek-v4.1-Flash-EXL3", "--port", "8888"),
+    *("--cudagraph-capture-sizes", "1", "2", "3", "4", "6", "8", "12", "18", "24"),
+    *("--speculative-config", '{"method": "dspark", "num_speculative_tokens": 3}'),
+]
+RANK_FLAGS = [
+    *("--distributed-executor-backend", "mp", "--tensor-parallel-size", "2", "--nnodes", "2"),
+    *("--node-rank", "{rank}", "--master-addr", "192.168.100.1", "--master-port", "29521"),
+]
+
+
+def test_the_recipe_argv_is_rendered_exactly_and_in_order() -> None:
+    s = settings()
+    for rank in (0, 1):
+        rank_flags = [f.format(rank=rank) for f in RANK_FLAGS] + (["--headless"] if rank else [])
+        assert serve_spec.rank_command(s, rank) == ["serve", "/model", *RECIPE_MODEL_FLAGS, *rank_flags]
+
+
+def test_switched_off_settings_leave_their_flags_out_and_keep_the_order() -> None:
+    off = {"enforceEager": True, "quantization": "", "chatTemplate": "", "enableAutoToolChoice": False}
+    flags = serve_spec.model_flags(settings(serve=off))
+    dropped = {"--quantization", "exl3", "--chat-template", "/opt/dsv41/chat_template.jinja"}
+    dropped |= {"--enable-auto-tool-choice", "--cudagraph-capture-sizes", "--speculative-config"}
+    kept = [f for f in RECIPE_MODEL_FLAGS[: RECIPE_MODEL_FLAGS.index("--cudagraph-capture-sizes")] if f not in dropped]
+    assert flags == [*kept, "--enforce-eager"]

@@ -17,7 +17,7 @@ from components import capacity
 from components.config import NAMESPACE, VLLM_SHORT_OPTIONS, ConfigError, canonical_flag, parse, read_raw
 from tests.support.configs import two_sparks
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def problems_of(raw: dict[str, Any], **kw: Any) -> list[str]:
