@@ -369,6 +369,25 @@ BOOT_WORKER = [(2, L_INIT_W), (30, L_ASSIGNED_1)] + [(40 + 20 * i, f"worker load
 
 
 class TestReady:
+    def test_the_default_bounds_pass_a_36_minute_first_boot_and_end_one_that_never_finishes(self) -> None:
+        # A first boot after an NCCL topology change: ~30 min of JIT after the KV cache, a line every 5 min.
+        g = Gates()
+        settings = _ready(ready_timeout_s=g.ready_timeout_seconds, stall_s=g.stall_seconds)
+        jit = [(420.0 + 300 * i, f"INFO 09-22 10:0{i}:00 [compilation.py:99] compiling graph {i}") for i in range(6)]
+        head = [*BOOT_HEAD[:6], *jit, (2150, L_GRAPH), (2155, L_GRAPH_DONE), (2158, L_WARM), (2160, L_COMPLETE)]
+        clock = FakeClock()
+        src = ScriptedSource(clock, {0: ScriptedRank(lines=head), 1: ScriptedRank(lines=BOOT_WORKER)})
+        res = decisions.wait_for_ready(RANKS, src, settings, clock, _noop, Probe(LISTED), "m")
+        assert 2160 <= res.elapsed_s <= 2161, "36 minutes of boot with progress must pass under the defaults"
+
+        endless = [*BOOT_HEAD[:6], *((420.0 + 300 * i, f"compiling graph {i}") for i in range(20))]
+        clock = FakeClock()
+        src = ScriptedSource(clock, {0: ScriptedRank(lines=endless), 1: ScriptedRank(lines=BOOT_WORKER)})
+        with pytest.raises(GateFailure, match=f"not ready within {g.ready_timeout_seconds} s") as failure:
+            decisions.wait_for_ready(RANKS, src, settings, clock, _noop, Probe(LISTED), "m")
+        assert clock.t <= g.ready_timeout_seconds + 5, "the ready bound acts, however long the logs keep moving"
+        assert "stall" not in str(failure.value), str(failure.value)
+
     def test_passes_after_startup_complete_and_model_listed_with_phase_times(self) -> None:
         clock = FakeClock()
         src = ScriptedSource(clock, {0: ScriptedRank(lines=BOOT_HEAD), 1: ScriptedRank(lines=BOOT_WORKER)})

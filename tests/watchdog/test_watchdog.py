@@ -56,7 +56,7 @@ FAKE_LOGGER = '#!/bin/sh\necho "$*" >> "$WD_TEST_DIR/logger.calls"\n'
 
 
 def _watchdog(floor_gib: float = 5.0, **kw: Any) -> Watchdog:
-    """The stack's `watchdog` section; what is not given keeps config.py's default."""
+    """The stack's `watchdog` section; what is not given keeps components/config's default."""
     return Watchdog(mem_available_floor_gib=floor_gib, **kw)
 
 
@@ -109,7 +109,7 @@ class TestRendering:
     @pytest.mark.parametrize(
         ("kw", "message"),
         [
-            # A floor, interval or count out of range is refused by config.py (tests/test_config.py).
+            # A floor, interval or count out of range is refused by the config (tests/config/test_config.py).
             ({"container_name": "a b"}, "container_name 'a b' on spark-b is not a valid docker container name"),
             ({"node_name": "../x"}, "node_name '../x' must match"),
             ({"meminfo_path": "proc/meminfo"}, "must be an absolute path"),
@@ -553,7 +553,7 @@ def test_deployment_gives_every_watchdog_the_other_ranks_and_their_keys() -> Non
 
 
 def test_a_peer_login_name_is_checked_as_config_checks_it() -> None:
-    """A login name config.py admits (a leading '_', as useradd's) is a valid peer; a leading '-' (an ssh option)
+    """A login name the config admits (a leading '_', as useradd's) is a valid peer; a leading '-' (an ssh option)
     or a shell character never is."""
     ok = WatchdogPeer(node_name="spark-a", host="10.0.0.1", port=22, user="_ops", host_key=HOST_KEY_A)
     assert ok.user == "_ops"
@@ -706,7 +706,7 @@ def test_defaults_kill_the_container_within_3_s_of_memory_dropping_below_the_flo
     meminfo, calls = d / "meminfo", d / "docker.calls"
     meminfo.write_text(f"MemTotal: 127535264 kB\nMemAvailable: {HIGH} kB\n")
     script = d / "watchdog.sh"
-    script.write_text(render_watchdog_script(_settings()))  # config.py's sample interval and count
+    script.write_text(render_watchdog_script(_settings()))  # components/config's sample interval and count
     running = subprocess.Popen(["sh", str(script)], env=env, start_new_session=True)
     try:
         time.sleep(1.5)  # guarding at a high reading
