@@ -7,13 +7,14 @@ with the declarations: each test here fails on one difference.
 from __future__ import annotations
 
 import re
+import typing
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from components.config import NAMESPACE, OWNED_ENV, OWNED_FLAGS, Serve, Settings, canonical_flag, parse
+from components.config import NAMESPACE, OWNED_ENV, OWNED_FLAGS, Declared, Serve, Settings, canonical_flag, parse
 from components.config import declarations as declared_in
 from components.config.flags import DECLARED, DERIVED_ENV, RANK_FLAGS, REFUSED_FLAGS
 from components.config.table import BEGIN, END, config_table, with_table
@@ -22,9 +23,39 @@ from tests.sim.test_standin import standin
 from tests.support.configs import two_sparks
 
 REPO = Path(__file__).resolve().parents[2]
-# Every key that turns a flag on or off, set to its other state, so one render shows every flag there is.
-ALL_ON = {"serve": {"longPrefillTokenThreshold": 1024, "extraArgs": []}}
-EAGER = {"serve": {"enforceEager": True}}
+
+
+def value_type(d: Declared) -> type:
+    """The type of the key's value, without None."""
+    members = [m for m in typing.get_args(d.info.annotation) or (d.info.annotation,) if m is not type(None)]
+    return members[0]
+
+
+def other_value(d: Declared) -> Any:
+    """A valid value other than the key's default (the smallest above it for a number)."""
+    kind, value = value_type(d), d.default
+    if kind is bool:
+        return not value
+    if kind is int:
+        return 1 if value is None else value + 1
+    if kind is float:
+        return 0.5 if value is None else round(value / 2, 3)
+    return "other_name"
+
+
+def settings_with(**serve: Any) -> Settings:
+    return parse(two_sparks(serve=serve)).settings
+
+
+# Every `serve` flag key that renders nothing by default (unset, empty or false) set, so that one render holds
+# every flag the keys render, and eager mode (which drops CUDA graphs and speculation) in a second render.
+SERVE_FLAG_KEYS = [d for d in declared_in(Serve, "serve.") if d.flag]
+ALL_ON = {
+    d.key.removeprefix("serve."): other_value(d)
+    for d in SERVE_FLAG_KEYS
+    if (d.default is None or d.default == "" or d.default is False) and d.name != "enforce_eager"
+}
+EAGER = {"enforceEager": True}
 
 
 def settings(**overrides: Any) -> Settings:
@@ -43,17 +74,17 @@ def fixed_flags() -> set[str]:
 
 class TestOwnedNames:
     def test_every_flag_a_key_renders_is_owned_and_every_other_is_a_fixed_flag(self) -> None:
-        for s in (settings(**ALL_ON), settings(**EAGER)):
+        for s in (settings_with(**ALL_ON), settings_with(**EAGER)):
             for name in rendered_flags(s):
                 assert name in OWNED_FLAGS or name in fixed_flags(), name
 
     def test_every_owned_flag_is_rendered_by_some_setting_or_is_refused_outright(self) -> None:
-        seen = rendered_flags(settings(**ALL_ON)) | rendered_flags(settings(**EAGER))
+        seen = rendered_flags(settings_with(**ALL_ON)) | rendered_flags(settings_with(**EAGER))
         assert set(OWNED_FLAGS) - set(REFUSED_FLAGS) <= seen
         assert not set(REFUSED_FLAGS) & seen
 
     def test_the_stand_in_knows_every_flag_the_program_renders(self) -> None:
-        for s in (settings(**ALL_ON), settings(**EAGER)):
+        for s in (settings_with(**ALL_ON), settings_with(**EAGER)):
             unknown = {f for f in rendered_flags(s) if f not in standin.FLAGS}
             assert not unknown, f"sim/standin/vllm_standin.py FLAGS lacks {sorted(unknown)}"
 
@@ -80,22 +111,11 @@ class TestOwnedNames:
 
 
 class TestRendering:
-    @staticmethod
-    def other_value(d: Any) -> Any:
-        value = d.default
-        if isinstance(value, bool):
-            return not value
-        if isinstance(value, int):
-            return value + 1
-        if isinstance(value, float):
-            return round(value / 2, 3)
-        return "other_name"
-
     def test_each_plain_flag_key_renders_its_value_at_its_flag(self) -> None:
         plain = [d for d in spec.SERVE_FLAG_KEYS if d.name not in spec.CUSTOM_FLAG_RENDERERS]
         assert len(plain) >= 10
         for d in plain:
-            value = self.other_value(d)
+            value = other_value(d)
             s = Settings.model_validate({**two_sparks(), "serve": {d.key.split(".")[1]: value}})
             argv = spec.model_flags(s)
             if isinstance(value, bool):
@@ -105,7 +125,7 @@ class TestRendering:
 
     def test_each_serve_variable_key_renders_its_value(self) -> None:
         for d in spec.SERVE_ENV_KEYS:
-            value = self.other_value(d)
+            value = other_value(d)
             s = Settings.model_validate({**two_sparks(), "serve": {d.key.split(".")[1]: value}})
             if isinstance(value, bool):
                 expect = "1" if value else "0"
