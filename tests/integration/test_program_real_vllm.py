@@ -102,6 +102,18 @@ def test_real_vllm_serves_verified_logprobs_and_a_second_up_changes_nothing(real
     again = real.up()
     assert set(again.summary.resource_changes or {}) == {"same"}, "a second up with nothing changed is a no-op"
 
+    # A gates-only change verifies the running ranks again and replaces nothing (the bench's first real run
+    # failed here once; this is the step that shows it).
+    ids = rank_ids(real)
+    cfg = json.loads(json.dumps(real.config))
+    cfg["gates"]["verifyTimeoutSeconds"] = 121
+    real.write_config(cfg)
+    reverified = real.up()
+    assert_verified(real, reverified.outputs)
+    changes = reverified.summary.resource_changes or {}
+    assert not changes.get("replace") and changes.get("update"), changes
+    assert rank_ids(real) == ids, "a gates-only change must not touch the ranks"
+
 
 def stream_long_request(url: str, model: str, done: threading.Event, tokens: list[int]) -> None:
     body = json.dumps(
