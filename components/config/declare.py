@@ -17,11 +17,10 @@ from typing import Any, Literal, Union
 
 from pydantic import BaseModel, Field, SecretStr
 from pydantic.fields import FieldInfo
-from pydantic_core import PydanticUndefined
 
 
 def setting(
-    default: Any = PydanticUndefined,
+    default: Any = ...,
     meaning: str = "",
     *,
     flag: str | None = None,
