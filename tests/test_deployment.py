@@ -339,3 +339,27 @@ def test_copy_mode_mounts_each_workers_own_copy_read_only_after_its_disk_check()
     head_preflight = rec.named("preflight-spark-0-check").inputs["create"]
     assert " CHECK_EXPORT=0;" in head_preflight, "no NFS export in copy mode"
     assert not [r for r in rec.registrations if r.name == "weights-nfs-export"]
+
+
+def test_destroy_removes_the_supervisor_before_any_rank(two: recording.Recorded) -> None:
+    # Pulumi deletes a resource before what it depends on: every supervisor agent waits for the verifier, so a
+    # destroy ends the agents before it deletes a rank and no agent heals a rank the destroy is removing
+    # (which is why a destroy needs no update lock).
+    def waits_for(reg: recording.Registration) -> set[str]:
+        """Every urn `reg` waits for, through any chain of dependencies."""
+        seen: set[str] = set()
+        todo = [reg]
+        while todo:
+            for other in two.registrations:
+                if other.urn not in seen and two.depends_on(todo[-1], other):
+                    seen.add(other.urn)
+                    todo.insert(0, other)
+            todo.pop()
+        return seen
+
+    agents = [c for c in two.of_type(CONTAINER) if not c.name.startswith("serving-")]
+    assert len(agents) == 2, [c.name for c in two.of_type(CONTAINER)]
+    for agent in agents:
+        before = waits_for(agent)
+        for rank in rank_containers(two):
+            assert rank.urn in before, f"{agent.name} must wait for {rank.name}"
