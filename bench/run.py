@@ -60,6 +60,8 @@ READY_LOAD_S = 8.0
 GRAPH_S = 2.0
 DEAD_LOAD_S = 40
 KILL_AFTER_READY_GATE_S = 3.0
+# The verifier's words for a group whose engine died (components/verify/verdict.py).
+DEAD_GROUP = "a rank of the group died"
 STALL_LOAD_S = 2.0
 STALL_S = 20
 DECODE_RATES = (20, 40)
@@ -435,13 +437,22 @@ class Bench:
                 events=events,
             )
             killer.join(timeout=STEP_TIMEOUT)
-            if "at" not in killed or "rank 1" not in up.error:
-                raise RuntimeError(f"real dead rank: killed={killed}, failure: {up.error[-800:]}")
+            # The worker dies while the ready gate watches, or (a real pair whose ready phase is shorter than the
+            # kill's delay) just after it passed: then the verifier names the dead group. Either is the program
+            # catching a dead rank; which one is recorded.
+            caught_by = "ready gate" if "rank 1" in up.error else "verifier" if DEAD_GROUP in up.error else None
+            if "at" not in killed or caught_by is None:
+                # The engine's error ends with the outputs diff: keep it all, quote the lines that say why.
+                WORK.mkdir(parents=True, exist_ok=True)
+                (WORK / f"{name}-dead-rank.log").write_text(up.error)
+                why = [line.strip() for line in up.error.splitlines() if "error" in line.lower()][:12]
+                raise RuntimeError(f"real dead rank: killed={killed}, failure ({WORK}/{name}-dead-rank.log): {why}")
             exited = self.state_time(d, 1, "FinishedAt")
             gate_failed = events.at("ready", "failed") or events.at("ready", "error")
             out["dead_rank"] = {
                 "up_failed_s": up.ended - exited,
                 "ready_gate_failed_event_s": gate_failed - exited if gate_failed else None,
+                "caught_by": caught_by,
             }
         finally:
             remove_deployment(d)
@@ -1363,7 +1374,8 @@ def analyse_real(reals: list[dict[str, Any]]) -> dict[str, Any]:
             SPECS["dead_rank_detect_s@real"],
             dead,
             f"{note}: the worker killed {KILL_AFTER_READY_GATE_S:g} s after the ready gate started, its exit to "
-            "`up` failing (up_failed_s; the gate's own failure event: "
+            "`up` failing (up_failed_s; caught by "
+            f"{[r['dead_rank'].get('caught_by', 'ready gate') for r in reals]}; the gate's own failure event: "
             f"{[r['dead_rank']['ready_gate_failed_event_s'] for r in reals]})",
             cause="up_failed_s includes the engine recording the failure and ending the update",
             next_step="read ready_gate_failed_event_s in the note: the gate's own decision",
