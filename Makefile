@@ -16,7 +16,7 @@ REQ_HASH := $(shell cat requirements.txt requirements-dev.txt | sha256sum | cut 
 VENV_STAMP := $(VENV)/.installed-$(REQ_HASH)
 WITH_ENV := . toolchain/env.sh &&
 
-.PHONY: config-table help venv toolchain plugins env lint typecheck test-unit test-engine test-sim test clean clean-cache demo demo-down \
+.PHONY: stack move-state config-table help venv toolchain plugins env lint typecheck test-unit test-engine test-sim test clean clean-cache demo demo-down \
 	bench-heal
 
 venv: $(VENV_STAMP) ## the Python venv from the pinned requirements
@@ -78,10 +78,20 @@ test-sim: toolchain sim-up ## as root: end to end on the simulated cluster
 
 test: lint typecheck test-unit test-engine test-sim ## everything CI runs after installing
 
-# Keeps .state (stack state and the generated passphrase) and the toolchain cache outside the tree.
+# Stack state and its passphrase live outside the tree (toolchain/env.sh), as does the toolchain cache.
 clean: ## remove the venv and tool caches (keeps .state/)
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
 	find . -name __pycache__ -type d -prune -not -path './.git/*' -exec rm -rf {} +
+
+# Usage: make stack STACK=sparks [FORCE=1]. Writes Pulumi.sparks.yaml (git-ignored) and creates the stack.
+stack: venv ## write Pulumi.$(STACK).yaml from the template and create the stack
+	@test -n "$(STACK)" || { echo "make stack: STACK is required, e.g. make stack STACK=sparks" >&2; exit 2; }
+	$(PY) -m components.stack_file --stack "$(STACK)" $(if $(FORCE),--force)
+	@$(WITH_ENV) pulumi stack select --create "$(STACK)" --non-interactive >/dev/null && \
+	    echo "stack $(STACK) selected (state: $${PULUMI_BACKEND_URL})"
+
+move-state: ## move stacks kept in the clone (.state/backend, before 0.8) to the state directory outside it
+	bash toolchain/move_state.sh
 
 # Deletes this version's toolchain build (not Go's module and build caches, which other projects share).
 clean-cache: ## remove this version's toolchain build

@@ -18,33 +18,41 @@ DSV41_CACHE="${DSV41_CACHE:-${HOME:?HOME must be set}/.cache/dsv41-exl3}"
 DSV41_TOOLCHAIN_DIR="$DSV41_CACHE/toolchain/pulumi-v$PULUMI_VERSION"
 DSV41_TOOLCHAIN_BIN="$DSV41_TOOLCHAIN_DIR/bin"
 DSV41_STATE="$DSV41_REPO/.state"
+# The stacks' state and the passphrase that decrypts their secrets live outside the clone, beside the stacks'
+# SSH key directories, so a fresh clone or `git clean -x` loses nothing. A clone that already holds stacks
+# under .state/backend (before 0.8) keeps using them until `make move-state` moves them here.
+DSV41_STATE_HOME="${DSV41_STATE_HOME:-${XDG_STATE_HOME:-$HOME/.local/state}/dsv41-exl3}"
+if [ -d "$DSV41_STATE/backend/.pulumi/stacks" ]; then
+    DSV41_STATE_HOME="$DSV41_STATE"
+    echo "dsv41-exl3: stacks found under $DSV41_STATE/backend (inside the clone): using them; \`make move-state\` moves them outside it" >&2
+fi
 
 PULUMI_HOME="$DSV41_STATE/pulumi-home"
-PULUMI_BACKEND_URL="file://$DSV41_STATE/backend"
+PULUMI_BACKEND_URL="${PULUMI_BACKEND_URL:-file://$DSV41_STATE_HOME/backend}"
 # Fail at once instead of trying GitHub/get.pulumi.com, which this machine cannot reach.
 PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION=true
 PULUMI_SKIP_UPDATE_CHECK=true
 # Plugins on PATH would win over the version-pinned plugin cache; bundled plugins next to `pulumi` still load.
 PULUMI_IGNORE_AMBIENT_PLUGINS=true
 PATH="$DSV41_TOOLCHAIN_BIN:$DSV41_REPO/venv/bin:$PATH"
-export DSV41_CACHE DSV41_TOOLCHAIN_DIR DSV41_TOOLCHAIN_BIN PULUMI_HOME PULUMI_BACKEND_URL \
+export DSV41_CACHE DSV41_STATE_HOME DSV41_TOOLCHAIN_DIR DSV41_TOOLCHAIN_BIN PULUMI_HOME PULUMI_BACKEND_URL \
     PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION PULUMI_SKIP_UPDATE_CHECK PULUMI_IGNORE_AMBIENT_PLUGINS PATH
 
-_dsv41_exported="DSV41_CACHE DSV41_TOOLCHAIN_DIR DSV41_TOOLCHAIN_BIN PULUMI_HOME PULUMI_BACKEND_URL
+_dsv41_exported="DSV41_CACHE DSV41_STATE_HOME DSV41_TOOLCHAIN_DIR DSV41_TOOLCHAIN_BIN PULUMI_HOME PULUMI_BACKEND_URL
 PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION PULUMI_SKIP_UPDATE_CHECK PULUMI_IGNORE_AMBIENT_PLUGINS PATH"
 
 # Non-interactive runs need a secrets passphrase. Respect one the user set; otherwise generate a random one
-# into a 0600 file under .state (git-ignored). Only the file's path is ever printed.
+# into a 0600 file beside the backend. Only the file's path is ever printed.
 if [ -z "${PULUMI_CONFIG_PASSPHRASE+x}" ] && [ -z "${PULUMI_CONFIG_PASSPHRASE_FILE:-}" ]; then
-    PULUMI_CONFIG_PASSPHRASE_FILE="$DSV41_STATE/passphrase"
+    PULUMI_CONFIG_PASSPHRASE_FILE="$DSV41_STATE_HOME/passphrase"
     if [ ! -s "$PULUMI_CONFIG_PASSPHRASE_FILE" ]; then
-        mkdir -p "$DSV41_STATE"
-        (umask 077 && head -c 32 /dev/urandom | base64 >"$PULUMI_CONFIG_PASSPHRASE_FILE")
+        (umask 077 && mkdir -p "$DSV41_STATE_HOME" && head -c 32 /dev/urandom | base64 >"$PULUMI_CONFIG_PASSPHRASE_FILE")
     fi
     export PULUMI_CONFIG_PASSPHRASE_FILE
     _dsv41_exported="$_dsv41_exported PULUMI_CONFIG_PASSPHRASE_FILE"
 fi
-mkdir -p "$PULUMI_HOME" "$DSV41_STATE/backend"
+mkdir -p "$PULUMI_HOME"
+case "$PULUMI_BACKEND_URL" in file://*) (umask 077 && mkdir -p "${PULUMI_BACKEND_URL#file://}") ;; esac
 
 if [ "${1:-}" = "--print" ]; then
     for _dsv41_var in $_dsv41_exported; do
