@@ -34,6 +34,7 @@ from components.image.node_image import NodeImage, NodeImageArgs
 from components.preflight.preflight import Preflight, PreflightArgs
 from components.preflight.spec import PreflightSpec, container_shape
 from components.serving import spec as serve_spec
+from components.serving.api_key import with_endpoint_key
 from components.serving.serving import RankInputs, ServingCluster, ServingClusterArgs
 from components.ssh import KeyDirError, stack_dir
 from components.supervisor.supervisor import (
@@ -63,6 +64,8 @@ class Deployment(pulumi.ComponentResource):
     def __init__(self, name: str, loaded: Loaded, stack: str, opts: pulumi.ResourceOptions | None = None) -> None:
         # Host keys first: a refused key ends the run before anything, this component included, registers.
         pins, keys_dir = pin_nodes(loaded.settings, stack)
+        # Never open by default: an unset `serve.apiKey` becomes the stack's generated key.
+        loaded = loaded.model_copy(update={"settings": with_endpoint_key(loaded.settings, stack, keys_dir)})
         super().__init__("dsv41-exl3:index:Deployment", name, None, opts)
         self.outputs = _wire(loaded, stack, pins=pins, keys_dir=keys_dir, root=self)
         self.register_outputs(self.outputs)
@@ -296,6 +299,9 @@ def _wire(
             "verifiedAt": verifier.verified_at,
         },
     }
+    api_key = _api_key(s)
+    if api_key is not None:
+        outputs["apiKey"] = api_key
     if s.gates.min_decode_tokens_per_second is not None:
         outputs["decodeTokensPerSecond"] = verifier.decode_tokens_per_second
     if s.supervisor.enabled:

@@ -18,6 +18,7 @@ from components.config.loading import SECRET_KEYS, ConfigError, Loaded, from_sta
 from components.config.models import (
     LONG_PREFILL_HEADROOM_TOKENS,
     NAMESPACE,
+    OPEN_ENDPOINT,
     RECIPE_IMAGE,
     RECIPE_SERVED_NAME,
     Container,
@@ -37,6 +38,7 @@ __all__ = [
     "LONG_PREFILL_HEADROOM_TOKENS",
     "NAMESPACE",
     "NEGATABLE_FLAGS",
+    "OPEN_ENDPOINT",
     "OWNED_ENV",
     "OWNED_FLAGS",
     "RECIPE_IMAGE",

@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from components.config.declare import declarations
-from components.config.models import NAMESPACE, Settings
+from components.config.models import NAMESPACE, OPEN_ENDPOINT, Settings
 from components.config.rules import rules
 from components.redaction import redact
 
@@ -121,7 +121,9 @@ def parse(
     hidden = _credential_texts(raw, secret_keys)
     for secret in sorted(SECRET_KEYS):
         top, leaf = secret.split(".")
-        if top in plaintext_keys and isinstance(raw.get(top), Mapping) and raw[top].get(leaf):
+        value = raw[top].get(leaf) if isinstance(raw.get(top), Mapping) else None
+        # `serve.apiKey: none` is a choice, not a credential: it may stay in plain text.
+        if top in plaintext_keys and value and not (secret == "serve.apiKey" and value == OPEN_ENDPOINT):
             problems.append(
                 f"`{secret}` is stored in plain text: store it encrypted with "
                 f"`pulumi config set --secret --path {secret} ...`"

@@ -317,6 +317,10 @@ class Weights(_Model):
         return v
 
 
+OPEN_ENDPOINT = "none"
+"""The `serve.apiKey` value that serves without a key."""
+
+
 class Serve(_Model):
     # The flags render in this order (components/serving/spec.py): a rank's argv is a container input, so
     # reordering these fields would replace every running rank on the next upgrade.
@@ -400,11 +404,14 @@ class Serve(_Model):
     )
     api_key: SecretStr | None = setting(
         None,
-        "on the head, by env (never argv). The one secret left in a container's environment, so `docker "
-        "inspect` of the head's rank shows it: vLLM reads the key only from `--api-key` (argv, visible to every "
-        "process) or this variable. The HF token and the copy token reach their programs on stdin",
+        "the key every request must carry. Unset: the program generates one, stable across updates, exported as "
+        f"the secret output `apiKey`; `{OPEN_ENDPOINT}`: serve without a key (warned at every preview). On the head, "
+        "by env (never argv): the one secret left in a container's environment, so `docker inspect` of the head's "
+        "rank shows it; vLLM reads the key only from `--api-key` (argv, visible to every process) or this "
+        "variable. The HF token and the copy token reach their programs on stdin",
         env="VLLM_API_KEY",
         note="it is passed by environment, never argv",
+        shown="(generated)",
     )
 
     @field_validator("served_model_name")

@@ -9,7 +9,7 @@ from pydantic.alias_generators import to_camel
 
 from components import capacity
 from components.config.flags import OWNED_ENV, OWNED_FLAGS, abbreviates, canonical_flag, owner_of
-from components.config.models import LONG_PREFILL_HEADROOM_TOKENS, Settings
+from components.config.models import LONG_PREFILL_HEADROOM_TOKENS, OPEN_ENDPOINT, Settings
 
 # Environment names that hold credentials: `serve.extraEnv` is plain text in the stack file and in
 # `docker inspect`, so a credential there is refused (the program passes hfToken and apiKey itself).
@@ -184,6 +184,12 @@ def rules(s: Settings) -> tuple[list[str], list[str]]:
         warnings.append(
             "`serve.enforceEager` is true: no CUDA graphs and no speculative decoding; expect 11-13 tok/s "
             "instead of ~23"
+        )
+    if s.serve.api_key is not None and s.serve.api_key.get_secret_value() == OPEN_ENDPOINT:
+        warnings.append(
+            f"`serve.apiKey` = {OPEN_ENDPOINT}: the endpoint serves anyone who reaches port {s.serve.port} of the "
+            "head, without a key. Remove the setting to have the program generate one "
+            "(`pulumi stack output --show-secrets apiKey`)"
         )
     if s.gates.ready_timeout_seconds < 36 * 60:
         warnings.append(

@@ -3,7 +3,8 @@
     python -m components.verify --stack NAME            # endpoint, model, API key and expected answer from the stack
     python -m components.verify --endpoint URL --model NAME [--api-key-env VAR] [--expected-answer WORD]
 
-With `--stack`, the endpoint and model come from the stack's outputs and the API key and `gates.expectedAnswer`
+With `--stack`, the endpoint, model and API key (the `apiKey` output: the generated key, or yours) come from the
+stack's outputs and `gates.expectedAnswer`
 from its config (Automation API, read only: nothing is changed); an explicit flag wins over the stack's value.
 """
 
@@ -103,7 +104,7 @@ def read_stack(name: str) -> StackView:
     """The stack's outputs and the two config values, read through the Automation API (never written)."""
     from pulumi import automation as auto
 
-    from components.config import NAMESPACE
+    from components.config import NAMESPACE, OPEN_ENDPOINT
 
     work_dir = str(Path(__file__).resolve().parents[2])
     try:
@@ -128,7 +129,9 @@ def read_stack(name: str) -> StackView:
         item = config.get(f"{NAMESPACE}:{path}.{leaf}")
         return item.value if item is not None else None
 
-    key = setting("serve", "apiKey")
+    # The deployed key (the generated one when the config has none); `none` in the config: an open endpoint.
+    configured = setting("serve", "apiKey")
+    key = None if configured == OPEN_ENDPOINT else output("apiKey") or configured
     answer = setting("gates", "expectedAnswer")
     return StackView(
         endpoint=output("endpoint"),

@@ -13,6 +13,7 @@ import shutil
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -115,7 +116,7 @@ def test_real_vllm_serves_verified_logprobs_and_a_second_up_changes_nothing(real
     assert rank_ids(real) == ids, "a gates-only change must not touch the ranks"
 
 
-def stream_long_request(url: str, model: str, done: threading.Event, tokens: list[int]) -> None:
+def stream_long_request(url: str, model: str, key: str, done: threading.Event, tokens: list[int]) -> None:
     body = json.dumps(
         {
             "model": model,
@@ -126,7 +127,8 @@ def stream_long_request(url: str, model: str, done: threading.Event, tokens: lis
             "stream": True,
         }
     ).encode()
-    request = urllib.request.Request(f"{url}/chat/completions", data=body, headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
+    request = urllib.request.Request(f"{url}/chat/completions", data=body, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=600) as resp:
             for line in resp:
@@ -140,14 +142,19 @@ def stream_long_request(url: str, model: str, done: threading.Event, tokens: lis
 def test_a_busy_real_engine_is_not_drift(real: Deployment) -> None:
     # Two long generations fill both `maxNumSeqs` slots: the probe waits its turn while vLLM works; the preview
     # must see a busy engine, not a dead one, and plan no replacement.
-    assert_verified(real, real.up().outputs)
-    url = real.up().outputs["endpoint"].value
+    outputs = real.up().outputs
+    assert_verified(real, outputs)
+    url, key = outputs["endpoint"].value, outputs["apiKey"].value
+    # No key configured: real vLLM refuses a request without the generated one.
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(f"{url}/models", timeout=30)
+    assert refused.value.code == 401
     done = [threading.Event(), threading.Event()]
     counts: list[list[int]] = [[], []]
     for i in range(2):
         threading.Thread(
             target=stream_long_request,
-            args=(url, real.config["serve"].get("servedModelName", "DeepSeek-v4.1-Flash-EXL3"), done[i], counts[i]),
+            args=(url, outputs["model"].value, key, done[i], counts[i]),
             daemon=True,
         ).start()
     deadline = time.monotonic() + 60

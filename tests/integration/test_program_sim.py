@@ -355,7 +355,12 @@ def test_the_official_openai_client_gets_a_tool_call_from_the_deployed_endpoint(
     import openai
 
     outputs = deployed.up().outputs
-    client = openai.OpenAI(base_url=outputs["endpoint"].value, api_key="not-set", timeout=60, max_retries=0)
+    # The sim's stack sets no `serve.apiKey`: the endpoint requires the program's generated key.
+    anonymous = openai.OpenAI(base_url=outputs["endpoint"].value, api_key="not-the-key", timeout=60, max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        anonymous.models.list()
+    key = outputs["apiKey"].value
+    client = openai.OpenAI(base_url=outputs["endpoint"].value, api_key=key, timeout=60, max_retries=0)
     reply = client.chat.completions.create(
         model=outputs["model"].value,
         messages=[{"role": "user", "content": "What is the weather in Paris?"}],

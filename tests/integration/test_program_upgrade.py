@@ -84,6 +84,9 @@ def test_a_stack_deployed_before_the_layout_move_upgrades_without_replacing_anyt
     )
     try:
         old_dir = old_program(tmp_path / "old")
+        # The old program served openly with no `serve.apiKey`; this one generates a key, a change that
+        # replaces the ranks by design. This test is about the layout move: both programs get the same key.
+        d.stack.set_config("dsv41-exl3:serve.apiKey", auto.ConfigValue(value="sk-upgrade-test", secret=True), path=True)
         # The old program knows no `supervisor` key (the sim's tests set it off; off is the old behaviour).
         stack_file = yaml.safe_load((REPO / f"Pulumi.{d.name}.yaml").read_text())
         del stack_file["config"]["dsv41-exl3:supervisor"]

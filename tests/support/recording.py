@@ -111,6 +111,8 @@ class RecordingMonitor(pmocks.MockMonitor):
 class Recorded:
     registrations: list[Registration]
     outputs: dict[str, Any]
+    secret_outputs: set[str] = field(default_factory=set)
+    """Output keys whose value is a secret."""
 
     def of_type(self, typ: str) -> list[Registration]:
         return [r for r in self.registrations if r.typ == typ]
@@ -168,12 +170,16 @@ def run(
     SETTINGS.rpc_manager.clear()
     SETTINGS.outputs.clear()
     outputs: dict[str, Any] = {}
+    secret_outputs: set[str] = set()
 
     def body() -> None:
         result = program() or {}
         for k, v in result.items():
-            outputs[k] = _sync_await(pulumi.Output.from_input(v).future())
+            output = pulumi.Output.from_input(v)
+            outputs[k] = _sync_await(output.future())
+            if _sync_await(output.is_secret()):
+                secret_outputs.add(k)
 
     # The SDK's own barrier: returns once every registration and output has settled.
     _sync_await(run_pulumi_func(body))
-    return Recorded(monitor.registrations, outputs)
+    return Recorded(monitor.registrations, outputs, secret_outputs)
