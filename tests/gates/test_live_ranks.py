@@ -4,6 +4,7 @@ rank; a healthy deployment changes nothing."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -376,3 +377,24 @@ def test_what_the_server_proves_is_drift_without_asking_the_head(
             assert live_ranks.LiveRanksProvider().diff("live-1", props, props).replaces == ["observed"]
     assert not (head / "head.n").exists(), "no probe from the head"
     assert any("a rank of the group died" in w for w in warnings), warnings
+
+
+def test_every_node_is_read_at_once_not_one_after_another() -> None:
+    # Eight nodes: each read waits until all eight are in flight. Read one after another, the first read
+    # would wait for the others forever (the barrier breaks after 10 s and the test fails).
+    ranks = [
+        GateRank(rank=i, node=f"n{i}", host=f"10.0.0.{i + 1}", port=22, user="me", container=f"c{i}") for i in range(8)
+    ]
+    barrier = threading.Barrier(len(ranks), timeout=10)
+
+    def state(rank: int) -> ContainerState:
+        barrier.wait()
+        if rank == 3:
+            raise SourceError("ssh me@10.0.0.4:22 timed out")
+        return ContainerState(status="running") if rank != 5 else ContainerState(status="exited", exit_code=137)
+
+    observed = live_ranks.observe(ranks, state)
+    assert list(observed) == [f"n{i}" for i in range(8)], "reported in rank order"
+    assert observed["n3"] == "unreachable: ssh me@10.0.0.4:22 timed out"
+    assert observed["n5"] == "exited (137)"
+    assert {observed[f"n{i}"] for i in (0, 1, 2, 4, 6, 7)} == {"running"}
