@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -195,3 +196,53 @@ def test_changes_to_the_config_leave_the_original_alone() -> None:
     changed = run.with_changes(base, env={"A": "", "B": "2"}, gates={"x": None, "y": 3})
     assert changed == {"serve": {"extraEnv": {"B": "2"}}, "gates": {"y": 3}}
     assert base == {"serve": {"extraEnv": {"A": "1"}}, "gates": {"x": 1}}
+
+
+def _engine_line(at: str, msg: str) -> str:
+    return json.dumps({"time": f"2026-12-03T15:00:{at}Z", "level": "INFO", "msg": msg, "v": 5})
+
+
+def test_preview_phases_come_from_the_engines_log() -> None:
+    log = "\n".join(
+        [
+            _engine_line("00.000000000", "CLI Metadata"),
+            "not json: ignored",
+            _engine_line("02.500000000", "ResourceMonitor.RegisterResource received: t=pulumi:pulumi:Stack, name=s, x"),
+            _engine_line(
+                "02.500500000",
+                "ResourceMonitor.RegisterResource operation finished: t=pulumi:pulumi:Stack, "
+                "urn=urn:pulumi:p::dsv41-exl3::pulumi:pulumi:Stack::s, #outs=0",
+            ),
+            _engine_line(
+                "03.000000000",
+                "ResourceMonitor.RegisterResource received: t=docker:index/container:Container, "
+                "name=serving-node-5, custom=true",
+            ),
+            _engine_line(
+                "03.250000000",
+                "ResourceMonitor.RegisterResource received: t=docker:index/container:Container, "
+                "name=serving-node-6, custom=true",
+            ),
+            _engine_line(
+                "03.500000000",
+                "ResourceMonitor.RegisterResource operation finished: "
+                "t=docker:index/container:Container, urn=urn:pulumi:p::dsv41-exl3::a$docker:index/container:"
+                "Container::serving-node-6, #outs=3",
+            ),
+            _engine_line(
+                "03.750000000",
+                "ResourceMonitor.RegisterResource operation finished: "
+                "t=docker:index/container:Container, urn=urn:pulumi:p::dsv41-exl3::a$docker:index/container:"
+                "Container::serving-node-5, #outs=3",
+            ),
+            _engine_line("04.000000000", "the end"),
+        ]
+    )
+    phases = run.preview_phases(log)
+    assert phases["before_first_registration_s"] == 2.5
+    assert phases["registrations_s"] == 1.25
+    assert phases["after_last_registration_s"] == 0.25
+    assert phases["resources"] == 3
+    assert phases["by_type_s"]["Container"] == {"n": 2, "sum_s": 1.0}
+    assert run.phases_text(phases).startswith("2.50 s before the first registration, 1.25 s of registrations (3 ")
+    assert run.preview_phases("no engine log") == {}
