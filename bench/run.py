@@ -967,7 +967,7 @@ def analyse_previews(
         rec["limit"] = round(limit, 3)
         two, eight_phases = previews2[0].get("phases") or {}, eight.get("phases") or {}
         if two or eight_phases:
-            rec["description"] += (
+            rec["note"] += (
                 f" One verbose preview per size (`-v=5`, timed from the engine's log): 2 nodes {phases_text(two)}; "
                 f"8 nodes {phases_text(eight_phases)}."
             )

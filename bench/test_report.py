@@ -246,3 +246,22 @@ def test_preview_phases_come_from_the_engines_log() -> None:
     assert phases["by_type_s"]["Container"] == {"n": 2, "sum_s": 1.0}
     assert run.phases_text(phases).startswith("2.50 s before the first registration, 1.25 s of registrations (3 ")
     assert run.preview_phases("no engine log") == {}
+
+
+def test_the_preview_breakdown_reaches_the_8_node_record() -> None:
+    phases = {
+        "before_first_registration_s": 2.0,
+        "registrations_s": 2.5,
+        "after_last_registration_s": 0.3,
+        "resources": 40,
+        "by_type_s": {},
+    }
+    previews2 = [{"wall_s": w, "changes": {"same": 40}, "ssh": 0} for w in (3.0, 3.1, 3.2)]
+    previews2[0]["phases"] = phases
+    eight = {"previews": [{"wall_s": w, "ssh": 0} for w in (7.0, 7.1, 7.2)], "phases": {**phases, "resources": 130}}
+    rec = run.analyse_previews(previews2, eight)["preview_s@8"]
+    assert "2 nodes 2.00 s before the first registration" in rec["note"]
+    assert "(130 resources)" in rec["note"]
+    assert rec["status"] == report.MISSED and "step generator" in rec["cause"]
+    met = run.analyse_previews(previews2, {**eight, "previews": [{"wall_s": 6.0, "ssh": 0}] * 3})["preview_s@8"]
+    assert met["status"] == report.MET and "cause" not in met
