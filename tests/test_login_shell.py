@@ -7,10 +7,12 @@ behaves exactly as under sh; the bare script, without `sh_command`, does not.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -184,6 +186,7 @@ def _stream_docker_calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shell:
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         env=env,
+        start_new_session=True,  # its own group: the control's broken script leaves `docker events` running
     )
     log = fake / "docker.log"
     try:
@@ -195,6 +198,8 @@ def _stream_docker_calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shell:
         assert proc.stdin is not None
         proc.stdin.close()
         proc.wait(timeout=10)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever the script left behind
     return sorted(ln for ln in log.read_text().splitlines() if ln.startswith("events"))
 
 

@@ -9,8 +9,11 @@ as an operator would: every test leaves it healthy and verified for the next.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -19,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from program_support import Deployment, assert_verified, docker_on, new_deployment, remove_deployment
+from program_support import REPO, Deployment, assert_verified, docker_on, new_deployment, remove_deployment
 
 pytestmark = [pytest.mark.sim, pytest.mark.engine]
 
@@ -370,3 +373,41 @@ def test_the_official_openai_client_gets_a_tool_call_from_the_deployed_endpoint(
     choice = reply.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.tool_calls, choice
     assert json.loads(choice.message.tool_calls[0].function.arguments) == {"city": "Paris"}
+
+
+def operator_command(d: Deployment, *args: str) -> subprocess.CompletedProcess[str]:
+    """`python -m <args>` as an operator runs it beside the stack: the stack's backend and passphrase."""
+    return subprocess.run(
+        [sys.executable, "-m", *args],
+        cwd=REPO,
+        env={**os.environ, **d.env},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+@pytest.mark.timeout(600)
+def test_status_and_logs_read_the_deployed_stack_and_show_no_secret(deployed: Deployment) -> None:
+    outputs = deployed.up().outputs
+    key = outputs["apiKey"].value
+    status = operator_command(deployed, "components.status", "--stack", deployed.name, "--json", "--interval", "1")
+    assert status.returncode == 0, status.stdout + status.stderr
+    report = json.loads(status.stdout)
+    assert report["healthy"] is True
+    assert [n["name"] for n in report["nodes"]] == [n["name"] for n in deployed.config["nodes"]]
+    assert all(n["running"] and n["memAvailableGiB"] > 0 for n in report["nodes"]), report["nodes"]
+    assert report["metrics"]["error"] is None and report["metrics"]["requestsRunning"] == 0, report["metrics"]
+    assert report["verification"]["logprobs"], report["verification"]
+    human = operator_command(deployed, "components.status", "--stack", deployed.name, "--interval", "1")
+    assert human.returncode == 0, human.stdout + human.stderr
+    for out in (status, human):
+        assert key not in out.stdout + out.stderr
+        assert deployed.private_key.strip().splitlines()[1] not in out.stdout + out.stderr
+
+    logs = operator_command(deployed, "components.logs", "--stack", deployed.name, "worker", "--tail", "200")
+    assert logs.returncode == 0, logs.stderr
+    # The worker's own log, through the node's ssh: its container's lines, with docker's timestamps.
+    assert re.search(r"^\d{4}-\d\d-\d\dT\S+ ", logs.stdout, re.M), logs.stdout[-2000:]
+    unknown = operator_command(deployed, "components.logs", "--stack", deployed.name, "no-such-node")
+    assert unknown.returncode == 2 and "no-such-node" in unknown.stderr, unknown.stderr

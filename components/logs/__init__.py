@@ -1,0 +1,1 @@
+"""`python -m components.logs --stack NAME NODE [--follow]`: a rank's docker logs (components/operator/logs.py)."""
