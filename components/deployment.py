@@ -216,6 +216,10 @@ def _wire(
             endpoint=endpoint_of(s),
             model=s.serve.served_model_name,
             api_key=_api_key(s),
+            # The supervisor's fresh healthy probe stands in for the preview's own (LiveRanks' docstring).
+            supervisor_url=leader_url(s) if s.supervisor.enabled else None,
+            supervisor_token=pulumi.Output.secret(token) if s.supervisor.enabled else None,
+            supervisor_probe_s=float(s.supervisor.probe_seconds) if s.supervisor.enabled else None,
         ),
         opts=under(root),
     )

@@ -20,6 +20,10 @@ from inside the head's container to the API on its own loopback, over the head's
 (`head_request.sh` runs `head_request.py` with the image's python3, the API key on stdin), and only drift seen
 there too replaces the ranks; otherwise it is a warning. A replacement is a 20-25 minute outage.
 
+When the supervisor runs, it is asked first: its own last probe stands in for this one when it is fresh (at most
+`supervisor.probeSeconds` + SUPERVISOR_SLACK_S old by the agent's clock), healthy, and the supervisor is armed,
+not paused and has not given up; the preview reports what the supervisor said either way. Ranks are still read.
+
 A healthy deployment costs one `docker inspect` per node and one 1-token completion per preview and up, and
 changes nothing. A node that cannot be reached, an endpoint this machine cannot reach, a refused API key or a
 busy engine (no answer, but a step or token counter moves, the KV cache usage changes or a request runs: real
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -46,6 +51,7 @@ from components import scripts
 from components.dynamic import StateOnlyProvider, changed_inputs, secret_or_none, unwrap_secret
 from components.gates.gates import NORMALIZE, GateRank, rank_source, ranks_from_prop
 from components.gates.observations import ContainerState, RankSpec, SourceError
+from components.http import ConnectionRefusedOrReset, DeadlineExceeded, exchange
 from components.redaction import redact
 from components.verify import client as verify_client
 from components.verify.client import (
@@ -63,7 +69,14 @@ from components.verify.client import (
 from components.verify.verdict import drift_probe_request
 
 INPUT_KEYS = ("ranks", "ssh_private_key", "ssh_agent_socket", "ssh_known_hosts_file", "endpoint", "model", "api_key")
-SECRET_KEYS = ["ssh_private_key", "api_key"]
+SECRET_KEYS = ["ssh_private_key", "api_key", "supervisor_token"]
+# Where the supervisor (when deployed) is asked for its own last probe: operational, not compared by a diff (a new
+# token or address is not a change to what runs).
+SUPERVISOR_KEYS = ("supervisor_url", "supervisor_token", "supervisor_fresh_s")
+SUPERVISOR_TIMEOUT_S = 5.0
+# The supervisor's own probe is trusted for this long past its probe interval (its next probe may run late by
+# about one probe's bound).
+SUPERVISOR_SLACK_S = 30.0
 # A 1-token answer takes well under a second on an idle vLLM; a busy one is told apart by its counters, KV cache
 # and running requests, so this only bounds how long a preview waits on a hung endpoint (plus two /metrics reads).
 PROBE_TIMEOUT_S = 15.0
@@ -84,6 +97,55 @@ class LiveRanksArgs:
     """The OpenAI base URL the verifier checks (`.../v1`)."""
     model: str
     api_key: pulumi.Input[str] | None
+    supervisor_url: str | None = None
+    """The leading supervisor agent, asked for its last probe before this preview sends its own."""
+    supervisor_token: pulumi.Input[str] | None = None
+    supervisor_probe_s: float | None = None
+    """`supervisor.probeSeconds`: its last probe counts when at most this plus SUPERVISOR_SLACK_S old."""
+
+
+def supervisor_verdict(
+    props: Mapping[str, Any], fetch: Callable[[str, str], Any] | None = None, *, report: Callable[[str], None]
+) -> Probe | None:
+    """The supervisor's own last probe, when it can stand in for this one: fresh (by the agent's clock: at most
+    `probeSeconds` + SUPERVISOR_SLACK_S old), healthy, and the supervisor armed, not paused, not given up. A NaN
+    or a hang after that probe is caught by the supervisor's next one, which heals it. Anything else: None, and
+    LiveRanks probes itself. What the supervisor said is reported either way."""
+    url, token, fresh_s = (unwrap_secret(props.get(k)) for k in SUPERVISOR_KEYS)
+    if not url or not token or not fresh_s:
+        return None
+    try:
+        status = (fetch or _supervisor_status)(str(url), str(token))
+    except (OSError, ValueError, ConnectionRefusedOrReset, DeadlineExceeded) as err:
+        report(f"live ranks: the supervisor at {url} did not answer ({type(err).__name__}); probing here")
+        return None
+    if not isinstance(status, Mapping):
+        return None
+    last = status.get("last_probe") or {}
+    try:
+        age = float(status["now"]) - float(last["at"])
+    except (KeyError, TypeError, ValueError):
+        age = float("inf")
+    state = last.get("state") if isinstance(last, Mapping) else None
+    held = status.get("paused") or status.get("given_up") or not status.get("armed_generation")
+    said = f"supervisor: {status.get('doing') or 'starting'}; its last probe {state or 'none'}"
+    said += f" {age:.0f} s ago" if age != float("inf") else ""
+    report(f"live ranks: {said}")
+    if state == "healthy" and not held and age <= float(fresh_s) + SUPERVISOR_SLACK_S:
+        return Probe("healthy", f"{said} (fresh: within {float(fresh_s) + SUPERVISOR_SLACK_S:g} s)")
+    return None
+
+
+def _supervisor_status(url: str, token: str) -> Any:
+    reply = exchange(
+        "GET",
+        f"{url}/status",
+        headers={"Authorization": f"Bearer {token}"},
+        deadline=time.monotonic() + SUPERVISOR_TIMEOUT_S,
+    )
+    if reply.status != 200:
+        raise ValueError(f"HTTP {reply.status}")
+    return json.loads(reply.body)
 
 
 def observe(ranks: Sequence[GateRank], state: Callable[[int], ContainerState]) -> dict[str, str]:
@@ -268,6 +330,9 @@ class LiveRanksProvider(StateOnlyProvider):
         target = probe_target(olds, news)
         if target is None or any(status != "running" for status in observed.values()):
             return None
+        trusted = supervisor_verdict(news, report=pulumi.log.info)
+        if trusted is not None:
+            return target[0], trusted
         ranks = ranks_from_prop(unwrap_secret(news.get("ranks")))
         head = min(ranks, key=lambda r: r.rank)
         found = confirmed(
@@ -327,6 +392,9 @@ class LiveRanks(pulumi.dynamic.Resource, module="drift", name="LiveRanks"):
             "endpoint": args.endpoint,
             "model": args.model,
             "api_key": secret_or_none(args.api_key),
+            "supervisor_url": args.supervisor_url,
+            "supervisor_token": secret_or_none(args.supervisor_token),
+            "supervisor_fresh_s": args.supervisor_probe_s,
             "observed": None,
             "endpoint_observed": None,
         }

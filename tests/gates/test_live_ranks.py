@@ -398,3 +398,114 @@ def test_every_node_is_read_at_once_not_one_after_another() -> None:
     assert observed["n3"] == "unreachable: ssh me@10.0.0.4:22 timed out"
     assert observed["n5"] == "exited (137)"
     assert {observed[f"n{i}"] for i in (0, 1, 2, 4, 6, 7)} == {"running"}
+
+
+# ---------------------------------------------------------------------------------------------
+# The supervisor's own fresh, healthy probe stands in for the preview's.
+
+TOKEN = "supervisor-token-4711"
+
+
+class FakeSupervisor:
+    """GET /status with the bearer token, answering `status`; counts the requests."""
+
+    def __init__(self, status: dict[str, Any]) -> None:
+        import http.server
+
+        self.status, self.requests = status, 0
+        self.auth: list[str] = []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                outer.requests += 1
+                outer.auth.append(self.headers.get("Authorization", ""))
+                body = json.dumps(outer.status).encode()
+                self.send_response(200 if self.path == "/status" else 404)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *_args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def status(age_s: float = 10.0, state: str = "healthy", **over: Any) -> dict[str, Any]:
+    now = 1_800_000_000.0
+    return {
+        "now": now,
+        "last_probe": {"at": now - age_s, "state": state, "seen": "answered"},
+        "armed_generation": "g1",
+        "paused": False,
+        "given_up": None,
+        "doing": "watching",
+        **over,
+    }
+
+
+def with_supervisor(props: dict[str, Any], sup: FakeSupervisor, fresh_s: float = 60.0) -> dict[str, Any]:
+    return {**props, "supervisor_url": sup.url, "supervisor_token": TOKEN, "supervisor_fresh_s": fresh_s}
+
+
+def test_a_fresh_healthy_supervisor_probe_replaces_the_previews_own(
+    world: dict[int, Any], warnings: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    said: list[str] = []
+    monkeypatch.setattr(live_ranks.pulumi.log, "info", lambda msg, *_a, **_k: said.append(str(msg)))
+    sup = FakeSupervisor(status(age_s=80.0))  # 60 s interval + 30 s slack: still fresh
+    try:
+        with FakeVllm(Reply(body=chat_body(good_items()).encode())) as fake:
+            props = with_supervisor(probed(fake, KEY), sup)
+            diff = live_ranks.LiveRanksProvider().diff("live-1", props, props)
+            sent = fake.completion_requests()
+    finally:
+        sup.close()
+    assert not diff.changes and not warnings, warnings
+    assert sent == [], "the supervisor's probe stood in: no completion from the preview"
+    assert sup.auth == [f"Bearer {TOKEN}"]
+    assert any("supervisor: watching; its last probe healthy 80 s ago" in s for s in said), said
+    assert not any(TOKEN in s for s in said)
+
+
+@pytest.mark.parametrize(
+    "found",
+    [
+        status(age_s=120.0),  # stale: older than probeSeconds + slack
+        status(state="drift"),
+        status(state="unverified"),
+        status(paused=True),
+        status(given_up="3 restarts in 6 h"),
+        status(armed_generation=None),  # never verified: it acts on nothing yet
+        {"now": 1.0},  # no probe yet
+    ],
+)
+def test_anything_but_a_fresh_healthy_armed_supervisor_leaves_the_probe_to_the_preview(
+    world: dict[int, Any], warnings: list[str], found: dict[str, Any]
+) -> None:
+    sup = FakeSupervisor(found)
+    try:
+        with FakeVllm(Reply(body=chat_body(good_items()).encode())) as fake:
+            props = with_supervisor(probed(fake, KEY), sup)
+            diff = live_ranks.LiveRanksProvider().diff("live-1", props, props)
+            sent = fake.completion_requests()
+    finally:
+        sup.close()
+    assert not diff.changes
+    assert len(sent) == 1, "the preview probed the endpoint itself"
+    assert sup.requests == 1
+
+
+def test_an_unreachable_supervisor_is_reported_and_the_preview_probes() -> None:
+    said: list[str] = []
+    props = {"supervisor_url": "http://127.0.0.1:9", "supervisor_token": TOKEN, "supervisor_fresh_s": 60.0}
+    assert live_ranks.supervisor_verdict(props, report=said.append) is None
+    assert len(said) == 1 and "did not answer" in said[0] and TOKEN not in said[0]
+    assert live_ranks.supervisor_verdict({}, report=said.append) is None and len(said) == 1, "no supervisor: no ask"

@@ -142,3 +142,12 @@ def test_the_notify_program_is_the_first_word() -> None:
     with pytest.raises(ConfigError) as err:
         parse(config(supervisor={"notifyCommand": "echo 'unbalanced"}))
     assert "supervisor.notifyCommand" in str(err.value) and "quotes" in str(err.value)
+
+
+def test_live_ranks_asks_the_supervisor_with_its_token_as_a_secret() -> None:
+    live = run().named("live-ranks")
+    assert live.inputs["supervisor_url"] == "http://10.0.0.1:18391"
+    assert live.inputs["supervisor_fresh_s"] == 60.0
+    assert "supervisor_token" in live.secret_paths()
+    off = run(supervisor={"enabled": False}).named("live-ranks")
+    assert off.inputs.get("supervisor_url") is None and off.inputs.get("supervisor_token") is None
