@@ -215,8 +215,10 @@ class Ssh(_Model):
 
 class Weights(_Model):
     root: str = setting(
-        "~/dsv41-exl3",
-        "on the head; `model/` and `engram-src/` below it (`~` expands on the node). A directory of its own: "
+        "/srv/dsv41-exl3",
+        "on the head; `model/` and `engram-src/` below it (`~` expands on the node). Outside the home by default: "
+        "a stock Ubuntu home is 0750, which the workers' root-squashed NFS mount cannot traverse; the preflight "
+        "creates it, or prints the one `sudo install -d` line that does. A directory of its own: "
         "config refuses `~`, `/`, `/home/<user>`, system directories, relative paths and a `:` or `,` (the root "
         "is bind-mounted with `docker run -v <root>:/weights`, which splits at them), and staging and the export "
         "refuse, on the node, a root that resolves to `/`, to the SSH user's home or to a path with `:` or `,`",
@@ -263,19 +265,19 @@ class Weights(_Model):
         if not (path.startswith("/") or path.startswith("~")):
             raise ValueError(
                 "must be an absolute path or start with `~/`; a relative path depends on the "
-                "login directory, e.g. use `~/dsv41-exl3`"
+                "login directory, e.g. use `/srv/dsv41-exl3`"
             )
         parts = path.split("/")
         if path == "~" or path in _SYSTEM_DIRS or (len(parts) == 3 and parts[1] == "home"):
             raise ValueError(
-                "must be a directory of its own, e.g. `~/dsv41-exl3`: it is exported to the "
+                "must be a directory of its own, e.g. `/srv/dsv41-exl3`: it is exported to the "
                 "workers, so a home directory or a system directory would share all of it"
             )
         if ":" in path or "," in path:
             raise ValueError(
                 "must not contain `:` or `,`: the root is bind-mounted into the staging, source and copy "
                 "containers (`docker run -v <root>:/weights`), and docker's volume syntax splits at "
-                "them; use a path without them, e.g. `~/dsv41-exl3`"
+                "them; use a path without them, e.g. `/srv/dsv41-exl3`"
             )
         if any(p in {"", ".", ".."} for p in parts[1:]) or any(c.isspace() or c in "'\"\\$`" for c in path):
             raise ValueError("must be a plain path: no `.`/`..`/empty components, spaces, quotes or `$`")

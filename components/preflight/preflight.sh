@@ -204,6 +204,17 @@ EOF
  head) or weights.copyRoot (a worker, share: copy) at a larger disk"
     fi
   fi
+  # Staging (the head) and the copy (a worker) create the root as the SSH user: create it here, so a root the
+  # user may not create (/srv on a stock node) is refused now, with the one line that fixes it.
+  me=$(id -un)
+  if ! mkdir -p "$WEIGHTS_ROOT" 2>/dev/null; then
+    refuse "cannot create $WEIGHTS_ROOT as $me on $NODE; fix: on $NODE run\
+ sudo install -d -o $me -g $(id -gn) -m 0755 $WEIGHTS_ROOT"
+  elif ! (: >"$WEIGHTS_ROOT/.dsv41-write-check") 2>/dev/null; then
+    refuse "$WEIGHTS_ROOT is not writable by $me on $NODE; fix: on $NODE run sudo chown $me:$(id -gn) $WEIGHTS_ROOT"
+  else
+    rm -f "$WEIGHTS_ROOT/.dsv41-write-check"
+  fi
 fi
 
 if [ -n "$WEIGHTS_ROOT" ] && [ "$CHECK_EXPORT" = 1 ]; then

@@ -467,7 +467,7 @@ def _set(raw: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
         ("weights.root", "/srv/dsv41:ro", "must not contain `:` or `,`"),
         ("weights.root", "~/models,v2", "docker's volume syntax splits"),
         ("weights.copyRoot", "/nvme/{node}:x/dsv41", "must not contain `:` or `,`"),
-        ("weights.copyRoot", "/nvme/a,b/{node}", "e.g. `~/dsv41-exl3`"),
+        ("weights.copyRoot", "/nvme/a,b/{node}", "e.g. `/srv/dsv41-exl3`"),
         ("watchdog.memAvailableFloorGiB", 0, "greater than 0"),
         ("watchdog.memAvailableFloorGiB", 2000, "stop every rank at once"),
         ("watchdog.sampleSeconds", 0, "greater than or equal to 1"),

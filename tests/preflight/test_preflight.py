@@ -40,7 +40,7 @@ FIXTURES = Path(__file__).parents[1] / "support" / "fixtures" / "sysfs"
 GIB_KIB = 1024 * 1024
 
 # The utilities the script may use on a node besides docker and systemctl.
-NODE_TOOLS = ["sh", "awk", "sed", "tr", "cat", "timeout", "du", "date", "sleep", "dirname", "id", "ls"]
+NODE_TOOLS = ["sh", "awk", "sed", "tr", "cat", "timeout", "du", "date", "sleep", "dirname", "id", "ls", "mkdir", "rm"]
 
 FAKE_DOCKER = """#!{python}
 import json, os, subprocess, sys, time
@@ -876,3 +876,22 @@ def test_the_head_checks_the_export_path_only_with_the_nfs_share() -> None:
         worker = next(c for c in rec.of_type(COMMAND) if c.name == "preflight-spark-1-check")
         assert expected in head.inputs["create"]
         assert " CHECK_EXPORT=0;" in worker.inputs["create"]
+
+
+def test_a_weights_root_the_user_cannot_create_is_refused_with_the_sudo_line(node: FakeNode, tmp_path: Path) -> None:
+    blocked = tmp_path / "srv"
+    blocked.write_text("a file where the root's parent should be: mkdir fails, even as root")
+    spec = make_spec(weights_root=str(blocked / "dsv41-exl3"), min_free_disk_gib=1)
+    run = node.run(spec)
+    assert run.rc == 1
+    (refusal,) = run.refusals
+    me = subprocess.run(["id", "-un"], capture_output=True, text=True, check=True).stdout.strip()
+    assert f"cannot create {blocked}/dsv41-exl3 as {me}" in refusal
+    assert f"sudo install -d -o {me} -g " in refusal and refusal.endswith(f"-m 0755 {blocked}/dsv41-exl3")
+
+
+def test_a_missing_weights_root_is_created_and_checked_writable(node: FakeNode, tmp_path: Path) -> None:
+    root = tmp_path / "srv" / "dsv41-exl3"
+    run = node.run(make_spec(weights_root=str(root), min_free_disk_gib=1))
+    assert run.rc == 0, run.stderr
+    assert root.is_dir() and list(root.iterdir()) == [], "created empty: the write check leaves nothing"
