@@ -33,6 +33,7 @@ from components.image.image_check import checked_image_ids
 from components.image.node_image import NodeImage, NodeImageArgs
 from components.preflight.preflight import Preflight, PreflightArgs
 from components.preflight.spec import PreflightSpec, container_shape
+from components.rollback.history import rollback_command
 from components.serving import spec as serve_spec
 from components.serving.api_key import with_endpoint_key
 from components.serving.serving import RankInputs, ServingCluster, ServingClusterArgs
@@ -290,6 +291,7 @@ def _wire(
         container_ids=serving.container_ids,
         after=list(serving.containers.values()),
         root=root,
+        stack=stack,
     )
     outputs: dict[str, Any] = {
         "endpoint": endpoint_of(s),
@@ -302,6 +304,10 @@ def _wire(
             "latencySeconds": verifier.latency_s,
             "verifiedAt": verifier.verified_at,
         },
+        # Resolves only once the verifier passed: a failed update leaves the last verified one in the outputs.
+        "lastVerified": pulumi.Output.all(verifier.verified_at, serving.generation, image_ids).apply(
+            lambda v: {"verifiedAt": v[0], "generation": v[1], "imageIds": v[2]}
+        ),
     }
     api_key = _api_key(s)
     if api_key is not None:
@@ -382,6 +388,7 @@ def verify_after(
     container_ids: pulumi.Input[Sequence[pulumi.Input[str]]],
     after: Sequence[pulumi.Resource],
     root: pulumi.Resource,
+    stack: str,
 ) -> Verifier:
     """The rendezvous gate after every container, the ready gate after it, the verifier last.
 
@@ -438,6 +445,7 @@ def verify_after(
             warmup_timeout_s=float(s.gates.verify_timeout_seconds),
             min_decode_tokens_per_second=s.gates.min_decode_tokens_per_second,
             expected_answer=s.gates.expected_answer,
+            rollback_command=rollback_command(stack),
         ),
         opts=under(root, pulumi.ResourceOptions(depends_on=[ready])),
     )

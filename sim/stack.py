@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from components.config.paths import config_paths, full_key
 from sim import cluster
 
 REPO = Path(__file__).resolve().parents[1]
@@ -181,28 +182,11 @@ def _standin_config(
     }
 
 
-def _paths(prefix: str, value: Any) -> dict[str, str]:
-    """`--path` keys for a section: a map becomes one key per leaf (so a secret can sit beside plain leaves,
-    as `pulumi config set --secret --path` puts it), a list of strings one key per item; anything else (the
-    node list, with its empty lists) one JSON value."""
-    out: dict[str, str] = {}
-    if isinstance(value, dict) and value:
-        for k, v in value.items():
-            out.update(_paths(f"{prefix}.{k}", v))
-        return out
-    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
-        for i, v in enumerate(value):
-            out[f"{prefix}[{i}]"] = v
-        return out
-    return {prefix: value if isinstance(value, str) else json.dumps(value)}
-
-
 def config_values(config: dict[str, Any], private_key: str) -> dict[str, Any]:
     """Automation API config values (set with path=True), the SSH key as a secret under `ssh.privateKey`."""
     from pulumi import automation as auto
 
-    values = {k: auto.ConfigValue(v) for k, v in _paths(NAMESPACE, config).items()}
-    values = {k.replace(f"{NAMESPACE}.", f"{NAMESPACE}:", 1): v for k, v in values.items()}
+    values = {full_key(NAMESPACE, k): auto.ConfigValue(v) for k, v in config_paths(NAMESPACE, config).items()}
     values[f"{NAMESPACE}:ssh.privateKey"] = auto.ConfigValue(private_key, secret=True)
     return values
 

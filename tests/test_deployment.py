@@ -102,6 +102,13 @@ def test_outputs_name_the_endpoint_model_and_containers(two: recording.Recorded)
     assert out["containers"] == {"spark-0": "dsv41-exl3-dev-spark-0", "spark-1": "dsv41-exl3-dev-spark-1"}
     assert isinstance(out["clusterGeneration"], str) and len(out["clusterGeneration"]) == 16
     assert set(out["verification"]) == {"answer", "logprobs", "latencySeconds", "verifiedAt"}
+    assert set(out["lastVerified"]) == {"verifiedAt", "generation", "imageIds"}
+    assert out["lastVerified"]["generation"] == out["clusterGeneration"]
+    assert set(out["lastVerified"]["imageIds"]) == {"spark-0", "spark-1"}
+
+
+def test_a_failed_verification_names_the_rollback_of_this_stack(two: recording.Recorded) -> None:
+    assert two.named("verify").raw_inputs["rollback_command"] == "python -m components.rollback --stack dev"
 
 
 def test_each_node_is_reached_through_its_own_provider(two: recording.Recorded) -> None:

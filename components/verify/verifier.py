@@ -38,6 +38,9 @@ INPUT_KEYS = (
     "expected_answer",
     "rerun_on",
 )
+# The command that rolls the stack back, named at the end of a failed verification's message. Not an input
+# the diff compares: a new program version that adds it, or a renamed stack, re-verifies nothing.
+ROLLBACK_KEY = "rollback_command"
 OUTPUT_KEYS = ("answer", "logprobs", "latency_s", "verified_at", "decode_tokens_per_second")
 
 
@@ -160,7 +163,17 @@ class VerifierProvider(StateOnlyProvider):
 
     def outputs(self, props: Mapping[str, Any]) -> dict[str, Any]:
         inputs = VerifierInputs.from_props(props)
-        return {**inputs.to_props(), **run_verification(inputs, log_progress)}
+        try:
+            return {**inputs.to_props(), **run_verification(inputs, log_progress)}
+        except VerificationFailed as failed:
+            raise VerificationFailed(with_rollback_hint(str(failed), props.get(ROLLBACK_KEY))) from None
+
+
+def with_rollback_hint(message: str, command: Any) -> str:
+    """A failed verification's message, ending with the way back when the program gave one."""
+    if not isinstance(command, str) or not command:
+        return message
+    return f"{message}. To go back to the last verified deployment: {command}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -182,6 +195,8 @@ class VerifierArgs:
     """The first answered request may take this long after the start (JIT after a boot); the next is judged."""
     expected_answer: str
     """What the judged answer must say (`gates.expectedAnswer`); empty: any answer with real logprobs."""
+    rollback_command: str
+    """Ends a failed verification's message (`python -m components.rollback --stack NAME`); empty: none."""
 
 
 class Verifier(pulumi.dynamic.Resource, module="verify", name="Verifier"):
@@ -209,6 +224,7 @@ class Verifier(pulumi.dynamic.Resource, module="verify", name="Verifier"):
             "min_decode_tokens_per_second": args.min_decode_tokens_per_second,
             "warmup_timeout_s": args.warmup_timeout_s,
             "expected_answer": args.expected_answer,
+            ROLLBACK_KEY: args.rollback_command,
             **dict.fromkeys(OUTPUT_KEYS),
         }
         secret = pulumi.ResourceOptions(additional_secret_outputs=["api_key"])

@@ -99,6 +99,7 @@ def verifier_stack(pulumi_root: Path, env: dict[str, str], tmp_path: Path, endpo
                 min_decode_tokens_per_second=None,
                 warmup_timeout_s=None,
                 expected_answer="Paris",
+                rollback_command="",
             ),
         )
         pulumi.export("answer", v.answer)

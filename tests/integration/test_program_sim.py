@@ -411,3 +411,63 @@ def test_status_and_logs_read_the_deployed_stack_and_show_no_secret(deployed: De
     assert re.search(r"^\d{4}-\d\d-\d\dT\S+ ", logs.stdout, re.M), logs.stdout[-2000:]
     unknown = operator_command(deployed, "components.logs", "--stack", deployed.name, "no-such-node")
     assert unknown.returncode == 2 and "no-such-node" in unknown.stderr, unknown.stderr
+
+
+def config_values(d: Deployment) -> dict[str, tuple[str, bool]]:
+    return {k: (v.value, v.secret) for k, v in d.stack.get_all_config().items()}
+
+
+@pytest.mark.timeout(1200)
+def test_rollback_after_a_failed_change_restores_the_verified_config_and_endpoint(
+    deployed: Deployment, tmp_path: Path
+) -> None:
+    healthy, before = deployed.config, config_values(deployed)
+    deployed.up()  # the verified deployment to go back to: the newest succeeded update
+    deployed.write_config(deployed.with_env(SIM_FAULT="wrong-answer"))
+    message, _ = deployed.up_fails()
+    command = f"python -m components.rollback --stack {deployed.name}"
+    assert f"To go back to the last verified deployment: {command}" in message, message[-3000:]
+    failed = max(h.version for h in deployed.stack.history() if h.result == "failed")
+    env = {"DSV41_STATE_HOME": str(tmp_path)}
+
+    refused = rollback_command(deployed, "--to", str(failed), "--yes", env=env)
+    assert refused.returncode == 2 and f"--to {failed}" in refused.stderr and "verified versions" in refused.stderr
+    assert "SIM_FAULT" in json.dumps(config_values(deployed)), "a refused rollback must change nothing"
+
+    rolled = rollback_command(deployed, "--yes", env=env)
+    deployed.config = healthy  # what the stack holds now, if the rollback did its job
+    assert rolled.returncode == 0, rolled.stdout[-3000:] + rolled.stderr
+    assert "serve.extraEnv.SIM_FAULT: wrong-answer -> (unset)" in rolled.stdout, rolled.stdout[:3000]
+    assert config_values(deployed) == before, "the rollback restores the verified update's config, secrets too"
+    assert deployed.private_key.strip().splitlines()[1] not in rolled.stdout + rolled.stderr
+    assert [p.name.split(".yaml.")[0] for p in (tmp_path / "rollback").iterdir()] == [f"Pulumi.{deployed.name}"]
+    outputs = deployed.stack.outputs()
+    assert_verified(deployed, outputs)
+    assert outputs["lastVerified"].value["generation"] == outputs["clusterGeneration"].value
+    assert set(deployed.preview().change_summary) == {"same"}, deployed.ops
+
+
+@pytest.mark.timeout(300)
+def test_rollback_of_a_stack_never_verified_says_so_and_changes_nothing(
+    sim: dict[str, Any], program_env: dict[str, str], pulumi_root: Path, weights_root: Path, tmp_path: Path
+) -> None:
+    d = new_deployment(sim, f"rb-{uuid.uuid4().hex[:6]}", program_env, pulumi_root, weights_root=weights_root)
+    try:
+        before = config_values(d)
+        refused = rollback_command(d, "--yes", env={"DSV41_STATE_HOME": str(tmp_path)})
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert "no verified update in its history" in refused.stderr and "nothing was changed" in refused.stderr
+        assert config_values(d) == before and not (tmp_path / "rollback").exists()
+    finally:
+        d.stack.workspace.remove_stack(d.name, force=True)
+
+
+def rollback_command(d: Deployment, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "components.rollback", "--stack", d.name, *args],
+        cwd=REPO,
+        env={**os.environ, **d.env, **env},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )

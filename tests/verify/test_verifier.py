@@ -73,6 +73,24 @@ def test_provider_create_raises_the_one_line_diagnosis() -> None:
     assert "the model produced NaN" in message and "\n" not in message and "k-secret" not in message
 
 
+def test_a_failed_verification_ends_with_the_rollback_command() -> None:
+    command = "python -m components.rollback --stack prod"
+    with (
+        FakeVllm(Reply(status=400, body=error_body(NAN_STREAM_ERROR, "BadRequestError", 400))) as server,
+        pytest.raises(VerificationFailed) as raised,
+    ):
+        VerifierProvider().create(_props(server.url, rollback_command=command))
+    assert str(raised.value).endswith(f"To go back to the last verified deployment: {command}")
+    assert str(raised.value).startswith("verification failed (nan): ")
+
+
+def test_the_rollback_command_is_not_an_input_the_diff_compares() -> None:
+    """A program version that adds it (or a renamed command) must not re-verify a serving deployment."""
+    olds = _props("http://127.0.0.1:1/v1", answer="Paris.")
+    news = _props("http://127.0.0.1:1/v1", rollback_command="python -m components.rollback --stack dev")
+    assert not VerifierProvider().diff("verifier-1", olds, news).changes
+
+
 def test_diff_with_equal_inputs_reports_no_changes() -> None:
     olds = _props("http://127.0.0.1:1/v1", timeout_s=2.0, answer="Paris.", latency_s=0.4)
     # a new pickled provider (any code edit), int vs float and container order are not changes
@@ -168,6 +186,7 @@ def test_verifier_resource_registers_inputs_and_a_pickled_provider() -> None:
             min_decode_tokens_per_second=None,
             warmup_timeout_s=None,
             expected_answer="Paris",
+            rollback_command="python -m components.rollback --stack dev",
         ),
     )
 
