@@ -17,7 +17,7 @@ import pulumi
 from components import host_keys, labels
 from components.access.node_access import NodeAccess, NodeAccessArgs
 from components.access.stack_keys import StackKeys, StackKeysArgs
-from components.config import Loaded, Settings
+from components.config import Loaded, Node, Settings
 from components.gates.gates import (
     MODELS_TIMEOUT_S,
     POLL_INTERVAL_S,
@@ -31,7 +31,7 @@ from components.gates.gates import (
 from components.gates.live_ranks import LiveRanks, LiveRanksArgs
 from components.image.image_check import checked_image_ids
 from components.image.node_image import NodeImage, NodeImageArgs
-from components.preflight.preflight import Preflight, PreflightArgs
+from components.preflight.preflight import Preflight, PreflightArgs, PreflightCheck
 from components.preflight.spec import PreflightSpec, container_shape
 from components.rollback.history import rollback_command
 from components.serving import spec as serve_spec
@@ -127,33 +127,37 @@ def _wire(
         for n in s.nodes
     }
     copy_mode = s.weights.share == "copy"
-    preflights = {
-        n.name: Preflight(
-            f"preflight-{n.name}",
-            PreflightArgs(
-                spec=PreflightSpec(
-                    node_name=n.name,
-                    fabric_ip=n.fabric_ip,
-                    ib_hcas=tuple(n.ib_hcas),
-                    gid_index=n.gid_index,
-                    check_rdma=bool(n.rdma_devices and n.ib_hcas),
-                    min_mem_available_gib=s.preflight.min_mem_available_gib,
-                    # The head stages the weights; in copy mode each worker keeps its own copy: its disk is checked too.
-                    weights_root=s.weights.root if n is s.head else (s.copy_root_of(n) if copy_mode else None),
-                    min_free_disk_gib=s.preflight.min_free_disk_gib if n is s.head or copy_mode else None,
-                    # The workers' root-squashed NFS mount must traverse every directory down to the export.
-                    check_export_path=n is s.head and s.weights.share == "nfs",
-                    stack_label=stack,
-                    generation=generation,
-                    container_shape=container_shape(s.container.ipc_mode, s.container.memlock_bytes),
-                ),
-                connection=access[n.name].connection,
-                # Re-run exactly when this node's container will be created or replaced.
-                rerun_on=[generation, _node_spec_hash(loaded, generation, n.name)],
+
+    def preflight_args(n: Node, stop_after: Sequence[pulumi.Resource]) -> PreflightArgs:
+        return PreflightArgs(
+            spec=PreflightSpec(
+                node_name=n.name,
+                fabric_ip=n.fabric_ip,
+                ib_hcas=tuple(n.ib_hcas),
+                gid_index=n.gid_index,
+                check_rdma=bool(n.rdma_devices and n.ib_hcas),
+                min_mem_available_gib=s.preflight.min_mem_available_gib,
+                # The head stages the weights; in copy mode each worker keeps its own copy: its disk is checked too.
+                weights_root=s.weights.root if n is s.head else (s.copy_root_of(n) if copy_mode else None),
+                min_free_disk_gib=s.preflight.min_free_disk_gib if n is s.head or copy_mode else None,
+                # The workers' root-squashed NFS mount must traverse every directory down to the export.
+                check_export_path=n is s.head and s.weights.share == "nfs",
+                stack_label=stack,
+                generation=generation,
+                container_shape=container_shape(s.container.ipc_mode, s.container.memlock_bytes),
             ),
-            opts=under(root),
+            connection=access[n.name].connection,
+            # Re-run exactly when this node's container will be created or replaced.
+            rerun_on=[generation, _node_spec_hash(loaded, generation, n.name)],
+            stop_after=stop_after,
         )
-        for n in s.nodes
+
+    # The check phase everywhere first (the old ranks keep serving); the stop phase once every node passed it and
+    # holds the image, so an image change serves on while 22.5 GiB download on each node.
+    checks = {n.name: PreflightCheck(f"precheck-{n.name}", preflight_args(n, ()), opts=under(root)) for n in s.nodes}
+    stop_after = [*checks.values(), *images.values()]
+    preflights = {
+        n.name: Preflight(f"preflight-{n.name}", preflight_args(n, stop_after), opts=under(root)) for n in s.nodes
     }
 
     def weight_node(name: str) -> WeightNode:

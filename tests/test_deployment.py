@@ -48,6 +48,21 @@ def test_preflight_weights_and_image_precede_each_nodes_container(two: recording
         )
 
 
+def test_old_ranks_stop_only_after_every_nodes_check_and_image_pull(two: recording.Recorded) -> None:
+    """An image change serves on while the new image downloads: no node's stop phase runs before every node
+    holds the image and passed its check phase; the check phase waits for no pull (it fails fast)."""
+    nodes = ("spark-0", "spark-1")
+    for node in nodes:
+        stop = two.named(f"preflight-{node}-check")
+        assert " STOP=1;" in stop.inputs["create"]
+        check = two.named(f"precheck-{node}-check")
+        assert " STOP=0;" in check.inputs["create"]
+        for other in nodes:
+            assert two.depends_on(stop, two.named(f"precheck-{other}")), (node, other)
+            assert two.depends_on(stop, two.named(f"image-{other}")), (node, other)
+            assert not two.depends_on(check, two.named(f"image-{other}")), (node, other)
+
+
 def test_workers_start_before_the_head_and_never_wait_for_it(two: recording.Recorded) -> None:
     head, worker = container(two, "spark-0"), container(two, "spark-1")
     assert two.depends_on(head, worker)

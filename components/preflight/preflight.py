@@ -1,14 +1,18 @@
 """Preflight: one node is fit to take this stack's serving container, checked on the node itself.
 
-One remote.Command per node runs components/preflight/preflight.sh (rendered by spec.py) over SSH.
-It runs when `rerun_on` changes (exactly when the node's container is created or
-replaced), refuses on the node with every problem named, and otherwise reports the
-measured MemAvailable and the RoCE v2 GID index the container's NCCL env must use.
+Two phases per node, each one remote.Command running components/preflight/preflight.sh (rendered by spec.py)
+over SSH, both when `rerun_on` changes (exactly when the node's container is created or replaced):
+- `PreflightCheck`, the check phase: every check, with this stack's old containers left serving. It waits for
+  nothing but the node's SSH, so a refusal fails the update in seconds.
+- `Preflight`, the stop phase: after `stop_after` (every node's check phase and every node's image pull), it
+  stops the old containers, checks MemAvailable, and reports the RoCE v2 GID index the container's NCCL env
+  must use. So the old ranks serve until every node holds the new image and has nothing to object to.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import pulumi
 from pulumi_command import remote
@@ -34,6 +38,45 @@ class PreflightArgs:
     """Built by the caller; the provider keeps the whole connection secret."""
     rerun_on: list[pulumi.Input[str]]
     """The only inputs that re-run the check (remote.Command replaces on triggers alone)."""
+    stop_after: Sequence[pulumi.Resource] = ()
+    """The stop phase only: what must be done on every node before this node's old containers stop."""
+
+
+def _check_command(
+    name: str, spec: PreflightSpec, args: PreflightArgs, parent: pulumi.Resource, after: Sequence[pulumi.Resource]
+) -> remote.Command:
+    command = render_command(spec)  # holds no secret: the key travels only inside `connection`
+    timeout = f"{spec.command_timeout_s + _DIAL_MARGIN_S}s"
+    return remote.Command(
+        name,
+        connection=args.connection,
+        create=command,
+        # Any other input change (e.g. a new script after a program upgrade) runs `update`:
+        # the same idempotent check.
+        update=command,
+        delete=sh_command("true"),  # nothing to undo on the node
+        triggers=args.rerun_on,
+        add_previous_output_in_env=False,
+        opts=pulumi.ResourceOptions(
+            parent=parent,
+            depends_on=list(after),
+            custom_timeouts=pulumi.CustomTimeouts(create=timeout, update=timeout),
+        ),
+    )
+
+
+class PreflightCheck(pulumi.ComponentResource):
+    """The check phase on one node: every check; this stack's old containers keep serving."""
+
+    report: pulumi.Output[str]
+    """One human line: what was measured and decided on the node."""
+
+    def __init__(self, name: str, args: PreflightArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("dsv41-exl3:preflight:PreflightCheck", name, None, opts)
+        spec = replace(args.spec, stop=False)
+        self.command = _check_command(f"{name}-check", spec, args, self, ())
+        self.report = self.command.stdout.apply(lambda out: format_report(parse_output(out, spec), spec))
+        self.register_outputs({"report": self.report})
 
 
 class Preflight(pulumi.ComponentResource):
@@ -46,24 +89,8 @@ class Preflight(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: PreflightArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("dsv41-exl3:preflight:Preflight", name, None, opts)
-        spec = args.spec
-        command = render_command(spec)  # holds no secret: the key travels only inside `connection`
-        timeout = f"{spec.command_timeout_s + _DIAL_MARGIN_S}s"
-        self.command = remote.Command(
-            f"{name}-check",
-            connection=args.connection,
-            create=command,
-            # Any other input change (e.g. a new script after a program upgrade) runs `update`:
-            # the same idempotent check.
-            update=command,
-            delete=sh_command("true"),  # nothing to undo on the node
-            triggers=args.rerun_on,
-            add_previous_output_in_env=False,
-            opts=pulumi.ResourceOptions(
-                parent=self,
-                custom_timeouts=pulumi.CustomTimeouts(create=timeout, update=timeout),
-            ),
-        )
+        spec = replace(args.spec, stop=True)
+        self.command = _check_command(f"{name}-check", spec, args, self, args.stop_after)
 
         # Refusals happen on the node (the command fails); this only reads what the node reported.
         def parse(stdout: str) -> PreflightResult:

@@ -9,6 +9,8 @@
 #   LABEL_KEY         the stack label's key
 #   CONFIG_LABEL_KEY  the key of the label holding a container's config generation
 #   GENERATION        the generation this update asks for ("" = none known: stop every own container)
+#   STOP              1: the stop phase (stop this stack's other-generation containers, then check memory);
+#                     0: the check phase (every check, those containers left serving, memory checked only if none)
 #   SHAPE             the container shape this update asks for, as SHAPE_FORMAT prints it
 #   SHAPE_FORMAT      docker inspect template: IPC mode and memlock hard limit
 #   INSPECT_FORMAT    docker inspect template: name|gpu capabilities|device paths|stack label
@@ -40,6 +42,7 @@ FAILURES=''
 FINDINGS=''
 STOPPED=''
 CURRENT=''
+LEFT_SERVING=''
 GID_INDEX=''
 refuse() { FAILURES="$FAILURES$1$NL"; }  # every problem is reported, then one exit
 note() { FINDINGS="$FINDINGS$1$NL"; }
@@ -56,73 +59,6 @@ else
   DOCKER_OK=0
   refuse "docker is not reachable ($(last_line "$out")); fix: start the daemon (sudo systemctl start docker)\
  and let user $(id -un) use it (docker group), then re-run"
-fi
-
-if [ "$DOCKER_OK" = 1 ]; then
-  step "stopping this stack's running containers (label $LABEL_KEY=$STACK_LABEL)"
-  # plain `docker ps` lists running, restarting and paused containers: all of them hold memory
-  if listed=$(timeout "$DOCKER_TIMEOUT_S" docker ps --filter "label=$LABEL_KEY=$STACK_LABEL" \
-           --format "{{.ID}} {{.Names}} {{.Label \"$CONFIG_LABEL_KEY\"}}" 2>&1); then
-    # A container already on the generation and the container shape this update asks for is not being
-    # replaced: leave it serving, and skip the memory check (a running deployment legitimately leaves ~5 GiB).
-    # Another shape (container.ipcMode, memlockBytes) replaces every rank under the same generation, and a new
-    # worker must not meet the old head still listening on the master port: those are stopped too.
-    own=''
-    while read -r id name gen; do
-      [ -n "$id" ] || continue
-      if [ -n "$GENERATION" ] && [ "$gen" = "$GENERATION" ]; then
-        # a container gone between `ps` and `inspect` needs no stop
-        have=$(timeout "$DOCKER_TIMEOUT_S" docker inspect --format "$SHAPE_FORMAT" "$id" 2>/dev/null) || continue
-        if [ "$have" = "$SHAPE" ]; then
-          CURRENT="$CURRENT$name$NL"
-          continue
-        fi
-      fi
-      own="$own$id $name$NL"
-    done <<EOF
-$listed
-EOF
-    if [ -n "$CURRENT" ]; then
-      note "$(printf '%s' "$CURRENT" | tr '\n' ' ')already serves generation $GENERATION:\
- left running, memory check skipped"
-    fi
-    if [ -n "$own" ]; then
-      ids=$(printf '%s\n' "$own" | awk 'NF { print $1 }')
-      names=$(printf '%s\n' "$own" | awk 'NF { printf "%s%s", (n++ ? " " : ""), $2 }')
-      # shellcheck disable=SC2086 # ids are hex words
-      if timeout $((STOP_TIMEOUT_S + DOCKER_TIMEOUT_S)) docker stop -t "$STOP_TIMEOUT_S" $ids >/dev/null; then
-        STOPPED=$(printf '%s\n' "$own" | awk 'NF { print $2 }')
-        note "stopped this stack's container(s): $names"
-      else
-        refuse "could not stop this stack's container(s) $names; fix: run docker rm -f $names on $NODE, then re-run"
-      fi
-    fi
-  else
-    refuse "docker ps failed ($(last_line "$listed")); fix: check the docker daemon on $NODE, then re-run"
-  fi
-fi
-
-step "MemAvailable"
-mem_gib() {  # kB in /proc/meminfo are KiB
-  awk '$1 == "MemAvailable:" { printf "%.2f", $2 / 1048576; found = 1 } END { exit !found }' "$MEMINFO" 2>/dev/null
-}
-if MEM=$(mem_gib); then
-  if [ -n "$STOPPED" ] && ! ge "$MEM" "$MIN_MEM"; then
-    # the stopped containers' unified memory comes back over a few seconds
-    deadline=$(( $(date +%s) + MEM_SETTLE_S ))
-    while ! ge "$MEM" "$MIN_MEM" && [ "$(date +%s)" -lt "$deadline" ]; do
-      sleep 1
-      MEM=$(mem_gib) || break
-    done
-  fi
-  if [ -z "$CURRENT" ] && ! ge "$MEM" "$MIN_MEM"; then
-    refuse "MemAvailable is $MEM GiB, below the required $MIN_MEM GiB; fix: stop what holds memory on $NODE\
- (ps aux --sort=-rss | head; docker ps), or if it is page cache run as root:\
- sync; echo 3 > /proc/sys/vm/drop_caches"
-  fi
-else
-  MEM=''
-  refuse "cannot read MemAvailable from $MEMINFO; fix: this preflight needs a Linux /proc/meminfo"
 fi
 
 if command -v systemctl >/dev/null 2>&1; then
@@ -264,6 +200,83 @@ EOF
     refuse "the GID check printed no decision; fix: run the preflight script by hand on $NODE and read its stderr"
   fi
   [ -n "$GID_INDEX" ] && note "RoCE v2 GID index $GID_INDEX on $HCAS"
+fi
+
+# Last: every other check has passed (or refused) by now. This stack's containers of another generation are
+# stopped only in the stop phase (STOP=1, which runs once every node holds the new image and passed its check
+# phase) and only when nothing above refused: until then the old ranks keep serving.
+if [ "$DOCKER_OK" = 1 ]; then
+  step "this stack's running containers (label $LABEL_KEY=$STACK_LABEL)"
+  # plain `docker ps` lists running, restarting and paused containers: all of them hold memory
+  if listed=$(timeout "$DOCKER_TIMEOUT_S" docker ps --filter "label=$LABEL_KEY=$STACK_LABEL" \
+           --format "{{.ID}} {{.Names}} {{.Label \"$CONFIG_LABEL_KEY\"}}" 2>&1); then
+    # A container already on the generation and the container shape this update asks for is not being
+    # replaced: leave it serving, and skip the memory check (a running deployment legitimately leaves ~5 GiB).
+    # Another shape (container.ipcMode, memlockBytes) replaces every rank under the same generation, and a new
+    # worker must not meet the old head still listening on the master port: those are stopped too.
+    own=''
+    while read -r id name gen; do
+      [ -n "$id" ] || continue
+      if [ -n "$GENERATION" ] && [ "$gen" = "$GENERATION" ]; then
+        # a container gone between `ps` and `inspect` needs no stop
+        have=$(timeout "$DOCKER_TIMEOUT_S" docker inspect --format "$SHAPE_FORMAT" "$id" 2>/dev/null) || continue
+        if [ "$have" = "$SHAPE" ]; then
+          CURRENT="$CURRENT$name$NL"
+          continue
+        fi
+      fi
+      own="$own$id $name$NL"
+    done <<EOF
+$listed
+EOF
+    if [ -n "$CURRENT" ]; then
+      note "$(printf '%s' "$CURRENT" | tr '\n' ' ')already serves generation $GENERATION:\
+ left running, memory check skipped"
+    fi
+    if [ -n "$own" ]; then
+      ids=$(printf '%s\n' "$own" | awk 'NF { print $1 }')
+      names=$(printf '%s\n' "$own" | awk 'NF { printf "%s%s", (n++ ? " " : ""), $2 }')
+      # shellcheck disable=SC2086 # ids are hex words
+      if [ "$STOP" != 1 ]; then
+        LEFT_SERVING=1
+        note "this stack's container(s) $names left serving: they stop once every node holds the image and\
+ passed this check; memory is checked then"
+      elif [ -n "$FAILURES" ]; then
+        LEFT_SERVING=1
+        note "this stack's container(s) $names left serving: the checks above refused"
+      elif timeout $((STOP_TIMEOUT_S + DOCKER_TIMEOUT_S)) docker stop -t "$STOP_TIMEOUT_S" $ids >/dev/null; then
+        STOPPED=$(printf '%s\n' "$own" | awk 'NF { print $2 }')
+        note "stopped this stack's container(s): $names"
+      else
+        refuse "could not stop this stack's container(s) $names; fix: run docker rm -f $names on $NODE, then re-run"
+      fi
+    fi
+  else
+    refuse "docker ps failed ($(last_line "$listed")); fix: check the docker daemon on $NODE, then re-run"
+  fi
+fi
+
+step "MemAvailable"
+mem_gib() {  # kB in /proc/meminfo are KiB
+  awk '$1 == "MemAvailable:" { printf "%.2f", $2 / 1048576; found = 1 } END { exit !found }' "$MEMINFO" 2>/dev/null
+}
+if MEM=$(mem_gib); then
+  if [ -n "$STOPPED" ] && ! ge "$MEM" "$MIN_MEM"; then
+    # the stopped containers' unified memory comes back over a few seconds
+    deadline=$(( $(date +%s) + MEM_SETTLE_S ))
+    while ! ge "$MEM" "$MIN_MEM" && [ "$(date +%s)" -lt "$deadline" ]; do
+      sleep 1
+      MEM=$(mem_gib) || break
+    done
+  fi
+  if [ -z "$CURRENT" ] && [ -z "$LEFT_SERVING" ] && ! ge "$MEM" "$MIN_MEM"; then
+    refuse "MemAvailable is $MEM GiB, below the required $MIN_MEM GiB; fix: stop what holds memory on $NODE\
+ (ps aux --sort=-rss | head; docker ps), or if it is page cache run as root:\
+ sync; echo 3 > /proc/sys/vm/drop_caches"
+  fi
+else
+  MEM=''
+  refuse "cannot read MemAvailable from $MEMINFO; fix: this preflight needs a Linux /proc/meminfo"
 fi
 
 if [ -n "$FAILURES" ]; then

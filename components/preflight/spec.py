@@ -7,17 +7,22 @@ parses the one JSON line the script prints on success.
 
 What the script does, in order (all problems are reported together, not the first only):
 1. docker reachable;
-2. stop this stack's own running containers (label dsv41-exl3.stack=<stack label>): they
-   hold ~113 GiB of unified memory and the memory check below would refuse every update;
-3. MemAvailable (never "used") >= the minimum, waiting a bounded time after a stop for the
-   memory to come back;
-4. no enabled user systemd unit that starts vllm, sglang or ray (recipe gotcha 4);
-5. no container of anyone else holding the GPU or /dev/infiniband;
-6. head only: free disk at the weights root plus what is already staged there;
+2. no enabled user systemd unit that starts vllm, sglang or ray (recipe gotcha 4);
+3. no container of anyone else holding the GPU or /dev/infiniband;
+4. head only: free disk at the weights root plus what is already staged there;
    with the NFS share, every existing directory from / down to the weights root (and its model/
    and engram-src/) traversable by others (o+x): the workers mount the export with root squashed,
    and Ubuntu 24.04 creates home directories 0750, so the mount would fail after hours of staging;
-7. RDMA: /dev/infiniband exists, each HCA's port is ACTIVE, and the RoCE v2 GID index.
+5. RDMA: /dev/infiniband exists, each HCA's port is ACTIVE, and the RoCE v2 GID index;
+6. this stack's own running containers (label dsv41-exl3.stack=<stack label>) of another generation: they hold
+   ~113 GiB of unified memory, so the memory check below would refuse every update. They are stopped only in the
+   stop phase (`stop`), and only when nothing above refused; the check phase leaves them serving;
+7. MemAvailable (never "used") >= the minimum, waiting a bounded time after a stop for the memory to come
+   back; skipped while the old containers still serve (the stop phase checks it).
+
+Each node runs the script twice on an update that replaces its container: the check phase as soon as the node is
+reachable (a refusal fails the update in seconds, the old ranks still serving), the stop phase once every node
+holds the image and passed its check phase, so an image change keeps serving while the new image downloads.
 
 Paths are overridable through env variables (tests point them at fixture trees); the
 defaults are the real ones and the Pulumi args never carry them.
@@ -88,6 +93,9 @@ class PreflightSpec:
     """container_shape() of this update: an own container on the generation but of another shape is stopped."""
     check_export_path: bool
     """Head with the NFS share: every directory on the weights root's path must be o+x."""
+    stop: bool = True
+    """The stop phase (stop this stack's containers of another generation, then check memory); False: the check
+    phase, which leaves them serving."""
     # The bounds below are the preflight's own steps, not operator settings (no config key): tests shorten them.
     command_timeout_s: int = 120
     stop_timeout_s: int = 30
@@ -174,6 +182,7 @@ def render_script(spec: PreflightSpec) -> str:
             "LABEL_KEY": STACK_LABEL_KEY,
             "CONFIG_LABEL_KEY": CONFIG_LABEL_KEY,
             "GENERATION": spec.generation,
+            "STOP": "1" if spec.stop else "0",
             "SHAPE": spec.container_shape,
             "SHAPE_FORMAT": SHAPE_FORMAT,
             "INSPECT_FORMAT": INSPECT_FORMAT,

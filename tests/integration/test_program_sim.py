@@ -471,3 +471,98 @@ def rollback_command(d: Deployment, *args: str, env: dict[str, str]) -> subproce
         text=True,
         timeout=900,
     )
+
+
+def build_next_image(d: Deployment, on_index: int) -> str:
+    """A new build of the deployment's image (one more label: a new image id), made on one node's docker only."""
+    from sim import cluster
+
+    tag = f"{d.config['image']}-next-{uuid.uuid4().hex[:6]}"
+    built = subprocess.run(
+        ["docker", "-H", cluster.default_layout().docker_host(on_index), "build", "-q", "-t", tag, "-"],
+        input=f"FROM {d.config['image']}\nLABEL dsv41-exl3.test-build={tag.rsplit('-', 1)[-1]}\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert built.returncode == 0, built.stdout + built.stderr
+    return tag
+
+
+def answers(outputs: dict[str, Any]) -> bool:
+    import requests
+
+    try:
+        reply = requests.get(
+            f"{outputs['endpoint'].value}/models",
+            headers={"Authorization": f"Bearer {outputs['apiKey'].value}"},
+            timeout=2,
+        )
+    except requests.RequestException:
+        return False
+    return reply.status_code == 200
+
+
+def ranks_running(d: Deployment) -> dict[int, str]:
+    return {
+        n["index"]: docker_on(n["index"], "inspect", "--format", "{{.Id}} {{.State.Running}}", d.container(n)).stdout
+        for n in d.sim["nodes"]
+    }
+
+
+@pytest.mark.timeout(1500)
+def test_an_image_change_serves_on_until_every_node_has_pulled_and_a_failed_pull_names_the_node(
+    deployed: Deployment,
+) -> None:
+    import threading
+
+    from pulumi import automation as auto
+
+    healthy = deployed.config
+    outputs = deployed.up().outputs
+    first, last = deployed.sim["nodes"][0], deployed.sim["nodes"][-1]
+    tag = build_next_image(deployed, first["index"])  # on the head only, not pushed: the others cannot pull it
+    before = ranks_running(deployed)
+    try:
+        deployed.write_config({**healthy, "image": tag})
+        message, _ = deployed.up_fails()
+        assert f"image-node-{last['index']}-pull" in message, message[-3000:]
+        assert ranks_running(deployed) == before, "a failed pull must leave every old rank as it was, running"
+        assert answers(outputs), "the old endpoint must still answer after a failed pull"
+
+        pushed = docker_on(first["index"], "push", tag)
+        assert pushed.returncode == 0, pushed.stderr
+        probes: list[tuple[float, bool]] = []
+        events: list[tuple[float, str, str]] = []  # (when, pre|outputs, resource name)
+        done = threading.Event()
+
+        def probe() -> None:
+            while not done.is_set():
+                probes.append((time.monotonic(), answers(outputs)))
+                time.sleep(0.3)
+
+        def record(event: auto.EngineEvent) -> None:
+            for kind, item in (("pre", event.resource_pre_event), ("outputs", event.res_outputs_event)):
+                if item is not None:
+                    events.append((time.monotonic(), kind, item.metadata.urn.split("::")[-1]))
+
+        prober = threading.Thread(target=probe, daemon=True)
+        prober.start()
+        try:
+            up = deployed.stack.up(on_event=record, on_output=lambda _l: None, color="never")
+        finally:
+            done.set()
+            prober.join(5)
+        assert_verified(deployed, up.outputs)
+        pulled = [t for t, kind, name in events if kind == "outputs" and re.fullmatch(r"image-node-\d+-pull", name)]
+        stops = [t for t, kind, name in events if kind == "pre" and re.fullmatch(r"preflight-node-\d+-check", name)]
+        assert len(pulled) == len(deployed.sim["nodes"]) and stops, events
+        assert min(stops) > max(pulled), "no node's old rank may stop before every node holds the new image"
+        served = [ok for t, ok in probes if t <= max(pulled)]
+        assert served and all(served), f"the old endpoint failed to answer while the image downloaded: {probes}"
+        assert not all(ok for _, ok in probes), "the probe never saw the boot: it measured nothing"
+    finally:
+        deployed.write_config(healthy)
+        assert_verified(deployed, deployed.up().outputs)
+        for node in deployed.sim["nodes"]:
+            docker_on(node["index"], "rmi", tag)

@@ -383,6 +383,35 @@ def test_a_new_generation_stops_the_running_one_and_checks_memory(node: FakeNode
     assert run.rc == 1 and any("MemAvailable is 5.00 GiB" in r for r in run.refusals)
 
 
+def test_the_check_phase_leaves_the_old_generation_serving_and_defers_the_memory_check(node: FakeNode) -> None:
+    """An image change: while the new image downloads on some node, every node's old rank keeps serving."""
+    node.containers = [
+        container("a1a1a1", "dsv41-exl3-dev-head", stack="dev", labels={"dsv41-exl3.config": "gen-old"}),
+    ]
+    node.mem_available_kib = 5 * GIB_KIB  # the old rank holds the rest: no refusal for it in this phase
+    run = node.run(make_spec(generation="gen-new", stop=False))
+    assert run.rc == 0, run.stderr
+    assert run.calls("stop") == []
+    findings = parse_output(run.stdout, make_spec()).findings
+    assert any("dsv41-exl3-dev-head left serving: they stop once every node holds the image" in f for f in findings)
+
+
+def test_the_check_phase_still_refuses_everything_else(node: FakeNode) -> None:
+    node.containers = [
+        container("a1a1a1", "dsv41-exl3-dev-head", stack="dev", labels={"dsv41-exl3.config": "gen-old"}),
+        container("c1c1c1", "comfyui", gpu=True),
+    ]
+    run = node.run(make_spec(generation="gen-new", stop=False))
+    assert run.rc == 1 and run.calls("stop") == []
+    assert ["container comfyui" in r for r in run.refusals] == [True]
+
+
+def test_the_check_phase_checks_memory_when_nothing_of_the_stack_runs(node: FakeNode) -> None:
+    node.mem_available_kib = 5 * GIB_KIB
+    run = node.run(make_spec(stop=False))
+    assert run.rc == 1 and any("MemAvailable is 5.00 GiB" in r for r in run.refusals)
+
+
 def test_a_failed_stop_is_refused_as_our_own_container_not_a_foreign_one(node: FakeNode) -> None:
     node.containers = [OWN_HEAD]
     node.stop_fails = True
@@ -481,7 +510,7 @@ def test_foreign_containers_holding_the_gpu_or_rdma_devices_are_refused_by_name(
     assert "container dsv41-exl3-prod-head (not of this stack) holds the GPU and /dev/infiniband;" in refusals
     assert "nginx" not in refusals and "old-trainer" not in refusals and "dsv41-exl3-dev-head" not in refusals
     assert len(run.refusals) == 3
-    assert run.calls("stop") == [["stop", "-t", "2", "a1a1a1"]], "foreign containers are never stopped"
+    assert run.calls("stop") == [], "foreign containers are never stopped, and this stack's serve on while it refuses"
 
 
 def test_unreachable_docker_is_a_clear_failure_and_nothing_is_stopped(node: FakeNode) -> None:

@@ -20,8 +20,8 @@ CONTAINER = "docker:index/container:Container"
 
 def fake_stdout(args: pulumi.runtime.MockResourceArgs) -> dict[str, Any]:
     """What the nodes would print: the preflight's JSON line, the staging manifest."""
-    if "-preflight-" in f"-{args.name}-" or args.name.startswith("preflight-"):
-        node = args.name.removeprefix("preflight-").removesuffix("-check")
+    if args.name.startswith(("preflight-", "precheck-")):
+        node = args.name.removeprefix("preflight-").removeprefix("precheck-").removesuffix("-check")
         # RDMA nodes as on hardware: each resolves its own RoCE v2 GID, and they differ.
         return {
             "stdout": json.dumps(
