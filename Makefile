@@ -83,12 +83,17 @@ clean: ## remove the venv and tool caches (keeps .state/)
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
 	find . -name __pycache__ -type d -prune -not -path './.git/*' -exec rm -rf {} +
 
-# Usage: make stack STACK=sparks [FORCE=1]. Writes Pulumi.sparks.yaml (git-ignored) and creates the stack.
-stack: venv ## write Pulumi.$(STACK).yaml from the template and create the stack
+# Usage: make stack STACK=sparks [FORCE=1] [HOSTS="user@head user@worker" [IDENTITY=~/.ssh/id_ed25519]
+#        [KNOWN_HOSTS=file]]. Writes Pulumi.sparks.yaml (git-ignored), filled in by discovery of HOSTS when given,
+# creates the stack, and stores IDENTITY's key as the encrypted ssh.privateKey.
+stack: venv ## write Pulumi.$(STACK).yaml from the template (and discovery of HOSTS) and create the stack
 	@test -n "$(STACK)" || { echo "make stack: STACK is required, e.g. make stack STACK=sparks" >&2; exit 2; }
-	$(PY) -m components.stack_file --stack "$(STACK)" $(if $(FORCE),--force)
+	$(PY) -m components.stack_file --stack "$(STACK)" $(if $(FORCE),--force) $(if $(HOSTS),--hosts $(HOSTS)) \
+	    $(if $(IDENTITY),--identity "$(IDENTITY)") $(if $(KNOWN_HOSTS),--known-hosts "$(KNOWN_HOSTS)")
 	@$(WITH_ENV) pulumi stack select --create "$(STACK)" --non-interactive >/dev/null && \
 	    echo "stack $(STACK) selected (state: $${PULUMI_BACKEND_URL})"
+	@$(if $(IDENTITY),$(WITH_ENV) pulumi config set --stack "$(STACK)" --secret --path ssh.privateKey \
+	    < "$(IDENTITY)" && echo "ssh.privateKey set from $(IDENTITY), encrypted",true)
 
 move-state: ## move stacks kept in the clone (.state/backend, before 0.8) to the state directory outside it
 	bash toolchain/move_state.sh

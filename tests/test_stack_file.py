@@ -63,3 +63,39 @@ def test_the_cli_reports_a_refusal_in_one_line(repo: Path, capsys: pytest.Captur
     assert stack_file.main(["--stack", "dev"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("make stack: STACK='dev' is the committed template") and err.count("\n") == 1
+
+
+def test_discovered_nodes_and_root_replace_the_templates_blocks_and_the_rest_stays(
+    repo: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.discover.test_cli import HEAD, WORKER, FakePin, FakeSsh
+
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    ssh = FakeSsh({"10.0.0.1": HEAD, "10.0.0.2": WORKER})
+    text = stack_file.discovered_text(
+        ["nvidia@10.0.0.1", "nvidia@10.0.0.2"], None, str(repo / "kh"), repo, run=ssh, pin=FakePin()
+    )
+    path = stack_file.write("sparks", repo, template=text)
+    loaded = yaml.safe_load(path.read_text())["config"]
+    template = yaml.safe_load((repo / "Pulumi.dev.yaml").read_text())["config"]
+    nodes = loaded["dsv41-exl3:nodes"]
+    assert [n["host"] for n in nodes] == ["10.0.0.1", "10.0.0.2"]
+    assert nodes[0]["fabricIp"] == "192.168.100.1" and nodes[0]["ibHcas"] == ["rocep1s0f1"]
+    assert loaded["dsv41-exl3:weights"]["root"] == "/srv/dsv41-exl3"
+    assert loaded["dsv41-exl3:ssh"] == {"knownHostsFile": str(repo / "kh")}
+    for key in set(template) - {"dsv41-exl3:nodes", "dsv41-exl3:weights"}:
+        assert loaded[key] == template[key], key
+    assert "<" not in "".join(line for line in path.read_text().splitlines() if not line.startswith("#"))
+    assert "# node 1 (head): nvidia@10.0.0.1" in capsys.readouterr().err
+
+
+def test_an_unreachable_host_writes_nothing(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.discover.test_cli import HEAD, UNREACHABLE, FakePin, FakeSsh, done
+
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    ssh = FakeSsh({"10.0.0.1": HEAD, "10.0.0.2": done(stderr=UNREACHABLE, returncode=255)})
+    with pytest.raises(
+        StackFileError, match=r"node 2 \(worker\) nvidia@10\.0\.0\.2: ssh: connect.*Nothing was written"
+    ):
+        stack_file.discovered_text(["nvidia@10.0.0.1", "nvidia@10.0.0.2"], None, None, repo, run=ssh, pin=FakePin())
+    assert sorted(p.name for p in repo.iterdir()) == ["Pulumi.dev.yaml"]

@@ -989,29 +989,47 @@ def _read_identity(path: str) -> str:
     return text
 
 
-def main(argv: Sequence[str] | None = None, run: Run = run_ssh, pin: Pin = host_keys.pin_all) -> int:
-    try:
-        options = _parser().parse_args(argv)
-        specs = [parse_target(t) for t in options.targets]
-        seen: dict[tuple[str, int], str] = {}
-        for arg, s in zip(options.targets, specs, strict=True):
-            if (s.host, s.port) in seen:
-                raise OperatorError(f"{arg!r} names the same node as {seen[(s.host, s.port)]!r}: give each node once")
-            seen[(s.host, s.port)] = arg
-        key = _read_identity(options.identity) if options.identity else None
-    except OperatorError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_USAGE
+def discover(
+    target_args: Sequence[str],
+    identity: str | None,
+    known_hosts: str | None,
+    run: Run = run_ssh,
+    pin: Pin = host_keys.pin_all,
+) -> Report:
+    """Every node's report (the first is the head); a bad argument raises OperatorError before any connection."""
+    specs = [parse_target(t) for t in target_args]
+    seen: dict[tuple[str, int], str] = {}
+    for arg, s in zip(target_args, specs, strict=True):
+        if (s.host, s.port) in seen:
+            raise OperatorError(f"{arg!r} names the same node as {seen[(s.host, s.port)]!r}: give each node once")
+        seen[(s.host, s.port)] = arg
+    key = _read_identity(identity) if identity else None
     agent = os.environ.get("SSH_AUTH_SOCK") or None
-    known = str(Path(options.known_hosts).expanduser().absolute()) if options.known_hosts else None
+    known = str(Path(known_hosts).expanduser().absolute()) if known_hosts else None
     targets = [
         SshTarget(host=s.host, port=s.port, user=s.user, private_key=key, agent_socket=agent, known_hosts_file=known)
         for s in specs
     ]
-    identity = str(Path(options.identity).expanduser()) if options.identity else None
-    report = Report(collect(specs, targets, run=run, pin=pin), identity=identity, agent=agent, known_hosts=known)
-    for n in report.nodes:
-        if n.reached.error is not None:
-            print(f"error: node {n.index + 1} ({n.role}) {n.spec.text}: {n.reached.error}", file=sys.stderr)
+    path = str(Path(identity).expanduser()) if identity else None
+    return Report(collect(specs, targets, run=run, pin=pin), identity=path, agent=agent, known_hosts=known)
+
+
+def unreached_lines(report: Report) -> list[str]:
+    return [
+        f"error: node {n.index + 1} ({n.role}) {n.spec.text}: {n.reached.error}"
+        for n in report.nodes
+        if n.reached.error is not None
+    ]
+
+
+def main(argv: Sequence[str] | None = None, run: Run = run_ssh, pin: Pin = host_keys.pin_all) -> int:
+    try:
+        options = _parser().parse_args(argv)
+        report = discover(options.targets, options.identity, options.known_hosts, run=run, pin=pin)
+    except OperatorError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    for line in unreached_lines(report):
+        print(line, file=sys.stderr)
     print(json.dumps(as_json(report), indent=1) if options.json else format_report(report))
     return EXIT_OK if report.ok else EXIT_UNDECIDED

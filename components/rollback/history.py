@@ -79,10 +79,9 @@ def choose(history: Sequence[Update], stack: str, to: int | None) -> Update:
             return update
     names = ", ".join(str(u.version) for u in verified[:LISTED]) + (" ..." if len(verified) > LISTED else "")
     known = next((u for u in history if u.version == to), None)
-    what = "is not in its history" if known is None else f"was a {known.kind} that {known.result}"
+    what = f"has no version {to}" if known is None else f"version {to} was not verified ({known.kind} {known.result})"
     raise RollbackError(
-        f"--to {to}: version {to} of stack {stack!r} {what}, so it was never verified; "
-        f"verified versions (newest first): {names}; nothing was changed"
+        f"--to {to}: stack {stack!r} {what}; verified versions (newest first): {names}; nothing was changed"
     )
 
 

@@ -64,21 +64,22 @@ def open_stack(name: str) -> Stack:
 
 
 def history_of(stack: Stack) -> list[Update]:
-    updates = []
-    for summary in stack.history(show_secrets=True):
-        if summary.version is None:
-            continue
-        updates.append(
-            Update(
-                version=int(summary.version),
-                kind=str(summary.kind),
-                result=str(summary.result),
-                started=summary.start_time if isinstance(summary.start_time, datetime) else datetime.now(),
-                message=str(summary.message or ""),
-                config={k: Value(str(v.value), bool(v.secret)) for k, v in summary.config.items()},
-            )
+    """The stack's history, each update numbered. A self-managed backend (a file or bucket) reports version 0 for
+    every update; then they are numbered from the oldest, 1, as the Pulumi Cloud backend numbers them."""
+    summaries = list(reversed(list(stack.history(show_secrets=True))))  # the CLI lists the newest first
+    given = [s.version for s in summaries]
+    real = all(isinstance(v, int) and v > 0 for v in given) and len(set(given)) == len(given)
+    return [
+        Update(
+            version=int(summary.version) if real else number,
+            kind=str(summary.kind),
+            result=str(summary.result),
+            started=summary.start_time if isinstance(summary.start_time, datetime) else datetime.now(),
+            message=str(summary.message or ""),
+            config={k: Value(str(v.value), bool(v.secret)) for k, v in summary.config.items()},
         )
-    return updates
+        for number, summary in enumerate(summaries, 1)
+    ]
 
 
 def stack_file(name: str, root: Path = REPO_ROOT) -> Path:

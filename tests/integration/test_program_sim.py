@@ -427,7 +427,9 @@ def test_rollback_after_a_failed_change_restores_the_verified_config_and_endpoin
     message, _ = deployed.up_fails()
     command = f"python -m components.rollback --stack {deployed.name}"
     assert f"To go back to the last verified deployment: {command}" in message, message[-3000:]
-    failed = max(h.version for h in deployed.stack.history() if h.result == "failed")
+    from components.rollback.rollback import history_of
+
+    failed = max(u.version for u in history_of(deployed.stack) if u.result == "failed")
     env = {"DSV41_STATE_HOME": str(tmp_path)}
 
     refused = rollback_command(deployed, "--to", str(failed), "--yes", env=env)

@@ -73,10 +73,11 @@ class FakeStack:
 
 
 def history() -> list[Summary]:
+    """Newest first, as the CLI lists it; numbered by the backend (Pulumi Cloud)."""
     return [
-        Summary(1, "update", "succeeded", config("img:1", KEY_OLD)),
+        Summary(3, "update", "in-progress", {}),
         Summary(2, "update", "failed", config("img:2", KEY_NOW)),
-        Summary(None, "update", "in-progress", {}),
+        Summary(1, "update", "succeeded", config("img:1", KEY_OLD)),
     ]
 
 
@@ -173,5 +174,18 @@ def test_a_config_write_that_fails_puts_the_stack_file_back(root: Path, capsys: 
 def test_list_marks_the_verified_versions(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert run(FakeStack(history()), root, "--list") == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("          version 2 (update failed")
-    assert lines[1].startswith("verified  version 1 (update succeeded")
+    assert lines[0].startswith("          version 3 (update in-progress")
+    assert lines[1].startswith("          version 2 (update failed")
+    assert lines[2].startswith("verified  version 1 (update succeeded")
+
+
+def test_a_self_managed_backends_zero_versions_are_numbered_from_the_oldest(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file or bucket backend reports version 0 for every update (seen with pulumi v3.260.0)."""
+    zeros = [Summary(0, s.kind, s.result, s.config) for s in history()]
+    stack = FakeStack(zeros)
+    assert run(stack, root, "--yes", "--to", "2") == 2
+    assert "stack 'dev' version 2 was not verified (update failed)" in capsys.readouterr().err
+    assert run(stack, root, "--yes") == 0
+    assert stack.calls[-1] == ("up", "rollback to version 1")
