@@ -93,7 +93,7 @@ stack: venv ## write Pulumi.$(STACK).yaml from the template (and discovery of HO
 	@$(WITH_ENV) pulumi stack select --create "$(STACK)" --non-interactive >/dev/null && \
 	    echo "stack $(STACK) selected (state: $${PULUMI_BACKEND_URL})"
 	@$(if $(IDENTITY),$(WITH_ENV) pulumi config set --stack "$(STACK)" --secret --path ssh.privateKey \
-	    < "$(IDENTITY)" && echo "ssh.privateKey set from $(IDENTITY), encrypted",true)
+	    < "$(IDENTITY)" && echo "ssh.privateKey set from $(IDENTITY) (encrypted)",true)
 
 move-state: ## move stacks kept in the clone (.state/backend, before 0.8) to the state directory outside it
 	bash toolchain/move_state.sh
