@@ -17,7 +17,7 @@ VENV_STAMP := $(VENV)/.installed-$(REQ_HASH)
 WITH_ENV := . toolchain/env.sh &&
 
 .PHONY: stack move-state config-table help venv toolchain plugins env lint typecheck test-unit test-engine test-sim test clean clean-cache demo demo-down \
-	bench-heal
+	bench-heal bench-image
 
 venv: $(VENV_STAMP) ## the Python venv from the pinned requirements
 
@@ -150,4 +150,7 @@ bench: toolchain ## as root, ~21 min: the benchmarks -> BENCHMARKS.md
 bench-heal: toolchain ## the supervisor's heal time on sim nodes 1-2
 	@test -f .state/sim/sim.json || $(MAKE) --no-print-directory sim-up
 	$(WITH_ENV) $(PY) -m bench.heal
+bench-image: toolchain ## how long an image change leaves the endpoint silent, against the boot, on sim nodes 1-2
+	@test -f .state/sim/sim.json || $(MAKE) --no-print-directory sim-up
+	$(WITH_ENV) $(PY) -m bench.image_change
 # --- end benchmarks

@@ -207,3 +207,23 @@ def remove_deployment(d: Deployment) -> None:
         d.stack.destroy(on_output=lambda _l: None, color="never")
     finally:
         d.stack.workspace.remove_stack(d.name, force=True)
+
+
+def build_image_variant(image: str, on_index: int, tag_suffix: str, pad_mb: int = 0) -> str:
+    """A new build of `image` (one more label, a new image id) on one sim node's docker only, not pushed.
+
+    `pad_mb`: a layer of that many MiB of random bytes, so that pulling the build takes measurable time."""
+    tag = f"{image}-{tag_suffix}"
+    steps = [f"FROM {image}", f"LABEL dsv41-exl3.test-build={tag_suffix}"]
+    if pad_mb:
+        steps.append(f"RUN head -c {pad_mb}M /dev/urandom > /dsv41-pad")
+    built = subprocess.run(
+        ["docker", "-H", cluster.default_layout().docker_host(on_index), "build", "-q", "-t", tag, "-"],
+        input="\n".join(steps) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=STEP_TIMEOUT,
+    )
+    if built.returncode != 0:
+        raise RuntimeError(f"docker build of {tag} on node {on_index} failed: {built.stdout}{built.stderr}")
+    return tag

@@ -24,6 +24,8 @@ from typing import Any
 import pytest
 from program_support import REPO, Deployment, assert_verified, docker_on, new_deployment, remove_deployment
 
+from sim.deploy import build_image_variant
+
 pytestmark = [pytest.mark.sim, pytest.mark.engine]
 
 
@@ -475,22 +477,6 @@ def rollback_command(d: Deployment, *args: str, env: dict[str, str]) -> subproce
     )
 
 
-def build_next_image(d: Deployment, on_index: int) -> str:
-    """A new build of the deployment's image (one more label: a new image id), made on one node's docker only."""
-    from sim import cluster
-
-    tag = f"{d.config['image']}-next-{uuid.uuid4().hex[:6]}"
-    built = subprocess.run(
-        ["docker", "-H", cluster.default_layout().docker_host(on_index), "build", "-q", "-t", tag, "-"],
-        input=f"FROM {d.config['image']}\nLABEL dsv41-exl3.test-build={tag.rsplit('-', 1)[-1]}\n",
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert built.returncode == 0, built.stdout + built.stderr
-    return tag
-
-
 def answers(outputs: dict[str, Any]) -> bool:
     import requests
 
@@ -523,7 +509,8 @@ def test_an_image_change_serves_on_until_every_node_has_pulled_and_a_failed_pull
     healthy = deployed.config
     outputs = deployed.up().outputs
     first, last = deployed.sim["nodes"][0], deployed.sim["nodes"][-1]
-    tag = build_next_image(deployed, first["index"])  # on the head only, not pushed: the others cannot pull it
+    # On the head only, not pushed: the others cannot pull it.
+    tag = build_image_variant(deployed.config["image"], first["index"], f"next-{uuid.uuid4().hex[:6]}")
     before = ranks_running(deployed)
     try:
         deployed.write_config({**healthy, "image": tag})
