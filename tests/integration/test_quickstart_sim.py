@@ -75,7 +75,8 @@ def the_users_edit(discovered: dict[str, Any], sim_keys: dict[str, Any]) -> dict
     nodes = []
     for found, wanted in zip(discovered[f"{NS}:nodes"], sim_keys["nodes"], strict=True):
         left = {k for k, v in found.items() if v == NOT_DECIDED} | LOOPBACK_CANNOT_HAVE
-        nodes.append({**found, **{k: v for k, v in wanted.items() if k in left or k not in found}})
+        kept = {k: v for k, v in found.items() if k not in left}  # a key the sim leaves unset goes too
+        nodes.append({**kept, **{k: v for k, v in wanted.items() if k in left or k not in found}})
     edited = {**discovered, f"{NS}:nodes": nodes}
     for section in ("weights", "image", "imagePullTimeoutMinutes", "serve", "container", "preflight", "gates"):
         edited[f"{NS}:{section}"] = sim_keys[section]
