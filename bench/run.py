@@ -8,12 +8,15 @@ the end-to-end tests do not use (BENCH_NODES), and are destroyed and removed at 
 
     python -m bench.run            # measure, write bench/results.json and BENCHMARKS.md
     python -m bench.run --render   # redraw BENCHMARKS.md from bench/results.json
+    python -m bench.run --staging-only  # only the staging rates (loopback hub, no cluster), merged into them
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
+import io
 import json
 import os
 import re
@@ -34,6 +37,7 @@ from pulumi import automation as auto
 
 from bench import report
 from bench.report import SPECS
+from components.config import Weights
 from components.gates.decisions import EXIT_DRAIN_S, NEAR_READY_POLL_S
 from components.scripts import sh_command
 from components.weights import manifest as wm
@@ -753,10 +757,145 @@ def copy_loopback(runs: int, size_mib: int = 1024, files: int = 8, streams: int 
     return rates
 
 
+# The staging figures: 41 shards (the model's 39, the base's 47 and 48) of STAGING_SHARD_MIB each from the hub
+# stand-in on loopback, every download capped at STAGING_RATE_MIB_S (a CDN caps one stream; the link does not).
+STAGING_SHARD_MIB = 3
+STAGING_RATE_MIB_S = 4
+STAGING_STREAMS = (1, 8)
+
+
+def staging_checkpoint(shard_bytes: int) -> dict[str, dict[str, bytes]]:
+    """The sim's checkpoint with every shard staging fetches made `shard_bytes` long (random content: the
+    program hashes it all the same); the index, configs and the shards it never fetches stay as they are."""
+    repos = checkpoint.build()
+    for name in list(repos[checkpoint.MODEL_REPO]):
+        if name.endswith(".safetensors"):
+            repos[checkpoint.MODEL_REPO][name] = os.urandom(shard_bytes)
+    for i in wm.ENGRAM_SHARDS:
+        repos[checkpoint.BASE_REPO][wm.engram_shard_name(i)] = os.urandom(shard_bytes)
+    return repos
+
+
+def staging_loopback(
+    runs: int,
+    shard_mib: int = STAGING_SHARD_MIB,
+    rate_mib_s: int = STAGING_RATE_MIB_S,
+    streams: tuple[int, ...] = STAGING_STREAMS,
+) -> dict[str, Any]:
+    """stage_weights.py (the program the head's container runs, with this machine's python and
+    huggingface_hub) against the hub stand-in on 127.0.0.1, each connection capped, a fresh root each run, the
+    stream counts alternating within each run: {"mib_s": {streams: [aggregate MiB/s]}, "last_lines": ...}."""
+    from sim import hub as sim_hub
+
+    hub = sim_hub.Hub(repos=staging_checkpoint(shard_mib << 20), rate_per_connection=rate_mib_s << 20)
+    server = sim_hub.serve("127.0.0.1", 0, hub)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+    script = REPO / "components" / "weights" / "stage_weights.py"
+    rates: dict[str, list[float]] = {str(n): [] for n in streams}
+    lines: dict[str, str] = {}
+    files = 0
+    hub_log = io.StringIO()  # the hub's line per request: kept out of the bench's output
+    try:
+        for run in range(runs):
+            for n in streams:
+                with tempfile.TemporaryDirectory(prefix="dsv41-bench-stage-", dir="/var/tmp") as tmp:
+                    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower() and k != "HF_TOKEN"}
+                    env.update(
+                        HF_ENDPOINT=endpoint,
+                        HF_HOME=f"{tmp}/hf-home",
+                        HF_HUB_OFFLINE="0",
+                        HF_HUB_ENABLE_HF_TRANSFER="0",
+                        HF_HUB_DISABLE_PROGRESS_BARS="1",
+                        HF_HUB_DISABLE_TELEMETRY="1",
+                        NO_PROXY="*",
+                    )
+                    plan = wm.staging_plan(
+                        model_repo=checkpoint.MODEL_REPO,
+                        engram_repo=checkpoint.BASE_REPO,
+                        revision="main",
+                        download_streams=n,
+                    )
+                    began = time.monotonic()
+                    with contextlib.redirect_stderr(hub_log):
+                        done = subprocess.run(
+                            [sys.executable, str(script), "--plan", json.dumps(plan), "--dest-root", f"{tmp}/root"]
+                            + ["--host-root", f"{tmp}/root"],
+                            env=env,
+                            input="\n",
+                            capture_output=True,
+                            text=True,
+                            timeout=900,
+                        )
+                    elapsed = time.monotonic() - began
+                if done.returncode != 0:
+                    raise RuntimeError(f"staging from the loopback hub failed: {done.stderr[-1500:]}")
+                staged_files = wm.parse_stage_output(done.stdout).files
+                files, staged = len(staged_files), sum(staged_files.values())
+                rates[str(n)].append(staged / (1 << 20) / elapsed)
+                progress = [ln for ln in done.stderr.splitlines() if ln.startswith("stage_weights: progress ")]
+                lines[str(n)] = progress[-1] if progress else ""
+                print(f"bench: staging run {run + 1}, {n} stream(s): {rates[str(n)][-1]:.1f} MiB/s", flush=True)
+    finally:
+        server.shutdown()
+        server.server_close()
+    return {"mib_s": rates, "last_lines": lines, "shard_mib": shard_mib, "rate_mib_s": rate_mib_s, "files": files}
+
+
+def analyse_staging(loop: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The two staging figures, each with what it was measured on; the 8-stream note gives the speed-up."""
+    one, eight = loop["mib_s"]["1"], loop["mib_s"]["8"]
+    speedup = report.summarize(eight).value / report.summarize(one).value
+    setup = (
+        f"stage_weights.py from the hub stand-in on 127.0.0.1 capping every connection at {loop['rate_mib_s']} MiB/s "
+        f"(`sim/hub.py --rate-per-connection`), 41 shards of {loop['shard_mib']} MiB and the small files "
+        f"({loop['files']} files), a fresh root each run: bytes staged over the program's wall time (python "
+        "start, listing, hashing included)"
+    )
+    return {
+        "staging_loopback_mib_s@1": report.measured(
+            SPECS["staging_loopback_mib_s@1"],
+            one,
+            f"{setup}; weights.downloadStreams 1, what staging did before the setting. Program's own last line: "
+            f"`{loop['last_lines'].get('1', '')}`.",
+        ),
+        "staging_loopback_mib_s@8": report.measured(
+            SPECS["staging_loopback_mib_s@8"],
+            eight,
+            f"{setup}; weights.downloadStreams 8 (the default), {speedup:.1f} x the 1-stream rate in the same "
+            "runs (alternating). Below 8 x: 41 shards are 6 rounds of 8 (the last holds one), and the fixed "
+            f"start-up and listing. Program's own last line: `{loop['last_lines'].get('8', '')}`.",
+        ),
+    }
+
+
+def merge_staging(loop: dict[str, Any], commit: str, measured: str) -> int:
+    """--staging-only: both staging rows from one run replace theirs in results.json; the rest stays."""
+    results = json.loads(RESULTS.read_text())
+    results["metrics"].update(analyse_staging(loop))
+    results["metrics"] = {k: results["metrics"][k] for k in SPECS if k in results["metrics"]}
+    results["raw"]["staging_loopback"] = loop
+    results["conditions"] = [c for c in results["conditions"] if not c.startswith("Staging figures")] + [
+        f"Staging figures (`--staging-only`, {len(loop['mib_s']['1'])} runs per stream count) measured {measured} "
+        f"at {commit}, load average {loadavg()} at the end; the others as measured in the run named above."
+    ]
+    RESULTS.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    render()
+    for key in ("staging_loopback_mib_s@1", "staging_loopback_mib_s@8"):
+        print(f"bench: {key:28s} {results['metrics'][key]['status']:13s} {results['metrics'][key]['value']}")
+    return 0
+
+
 def stage_weights(sim: dict[str, Any], root: Path) -> float:
     """The program's own staging command, run on the head over ssh with the image from the registry, so every
     stack's weights layer finds the checkpoint staged (as on a cluster that has deployed before)."""
-    plan = wm.staging_plan(model_repo=checkpoint.MODEL_REPO, engram_repo=checkpoint.BASE_REPO, revision="main")
+    plan = wm.staging_plan(
+        model_repo=checkpoint.MODEL_REPO,
+        engram_repo=checkpoint.BASE_REPO,
+        revision="main",
+        download_streams=Weights.model_fields["download_streams"].default,
+    )
     command = wm.render_stage_command(
         root=str(root),
         image=sim["image"],
@@ -1346,10 +1485,23 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="measure only preview_s at 2 and 8 nodes (one run) and merge them into bench/results.json",
     )
+    parser.add_argument(
+        "--staging-only",
+        action="store_true",
+        help="measure only the staging rates (1 and 8 streams, loopback hub; no sim cluster or toolchain needed) "
+        "and merge them into bench/results.json",
+    )
     args = parser.parse_args(argv)
     if args.render:
         render()
         return 0
+    if args.staging_only:
+        if args.runs < report.MIN_RUNS:
+            parser.error(f"--runs {args.runs}: each figure is the median of at least {report.MIN_RUNS} runs")
+        began = utc_now()
+        loop = staging_loopback(args.runs)
+        commit = _sh("git", "-C", str(REPO), "rev-parse", "--short", "HEAD").strip()
+        return merge_staging(loop, commit, f"{began} .. {utc_now()}")
     if args.from_raw:
         raw = json.loads(args.from_raw.read_text())
         return write_results(
@@ -1409,6 +1561,7 @@ def main(argv: list[str] | None = None) -> int:
         copies = repeat("copy-mode stack", args.runs, b.copy_cycle)
         loopback = copy_loopback(args.runs)
         print(f"bench: copy loopback {loopback} MiB/s", flush=True)
+        staging_loop = staging_loopback(args.runs)
         toolchain = time_toolchain(args.runs)
         print(f"bench: toolchain warm {toolchain}", flush=True)
     finally:
@@ -1423,6 +1576,7 @@ def main(argv: list[str] | None = None) -> int:
         "toolchain_warm_s": toolchain,
         "copies": copies,
         "copy_loopback_mib_s": loopback,
+        "staging_loopback": staging_loop,
         "discarded": DISCARDED,
         "commit": commit,
         "measured": f"{measured_from} .. {utc_now()}",
@@ -1500,6 +1654,8 @@ def write_results(raw: dict[str, Any], sim: dict[str, Any], bench_began: float) 
     measured = analyse(cycles, eight, toolchain, eight_error)
     if raw.get("copies"):
         measured.update(analyse_copy(raw["copies"], raw["copy_loopback_mib_s"], cycles))
+    if raw.get("staging_loopback"):
+        measured.update(analyse_staging(raw["staging_loopback"]))
     if raw.get("reals"):
         measured.update(analyse_real(raw["reals"]))
     results: dict[str, Any] = {

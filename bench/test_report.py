@@ -265,3 +265,35 @@ def test_the_preview_breakdown_reaches_the_8_node_record() -> None:
     assert rec["status"] == report.MISSED and "step generator" in rec["cause"]
     met = run.analyse_previews(previews2, {**eight, "previews": [{"wall_s": 6.0, "ssh": 0}] * 3})["preview_s@8"]
     assert met["status"] == report.MET and "cause" not in met
+
+
+def test_staging_figures_give_both_rates_and_the_speed_up_in_one_record_each() -> None:
+    loop = {
+        "mib_s": {"1": [3.6, 3.7, 3.8], "8": [21.0, 22.2, 23.0]},
+        "last_lines": {"1": "stage_weights: progress a", "8": "stage_weights: progress b"},
+        "shard_mib": 3,
+        "rate_mib_s": 4,
+        "files": 48,
+    }
+    out = run.analyse_staging(loop)
+    assert set(out) == {"staging_loopback_mib_s@1", "staging_loopback_mib_s@8"} <= set(SPECS)
+    assert out["staging_loopback_mib_s@1"]["value"] == 3.7 and out["staging_loopback_mib_s@8"]["value"] == 22.2
+    assert "6.0 x the 1-stream rate" in out["staging_loopback_mib_s@8"]["note"]
+    assert "capping every connection at 4 MiB/s" in out["staging_loopback_mib_s@1"]["note"]
+    assert "(48 files)" in out["staging_loopback_mib_s@8"]["note"]
+    report.render_markdown(_results(out))
+
+
+def test_the_staging_checkpoint_enlarges_only_the_shards_staging_fetches() -> None:
+    from components.weights import manifest as wm
+    from sim import checkpoint
+
+    repos = run.staging_checkpoint(1000)
+    model = repos[checkpoint.MODEL_REPO]
+    assert sum(1 for n, d in model.items() if n.endswith(".safetensors") and len(d) == 1000) == 39
+    base = repos[checkpoint.BASE_REPO]
+    assert [len(base[wm.engram_shard_name(i)]) for i in (1, 47, 48)][1:] == [1000, 1000]
+    assert (
+        len(base[wm.engram_shard_name(1)]) != 1000
+        and base[wm.ENGRAM_INDEX] == checkpoint.build()[checkpoint.BASE_REPO][wm.ENGRAM_INDEX]
+    )

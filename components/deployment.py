@@ -31,6 +31,7 @@ from components.gates.gates import (
 from components.gates.live_ranks import LiveRanks, LiveRanksArgs
 from components.image.image_check import checked_image_ids
 from components.image.node_image import NodeImage, NodeImageArgs
+from components.observability.observability import Observability, ObservabilityArgs, ObservedNode
 from components.preflight.preflight import Preflight, PreflightArgs, PreflightCheck
 from components.preflight.spec import PreflightSpec, container_shape
 from components.rollback.history import rollback_command
@@ -42,6 +43,7 @@ from components.supervisor.supervisor import (
     Supervisor,
     SupervisorArgs,
     SupervisorNode,
+    agent_url,
     leader_url,
     supervisor_token,
 )
@@ -189,6 +191,7 @@ def _wire(
             hf_token=pulumi.Output.secret(s.weights.hf_token.get_secret_value()) if s.weights.hf_token else None,
             hf_endpoint=s.weights.hf_endpoint,
             stage_timeout_s=s.weights.stage_timeout_minutes * 60,
+            download_streams=s.weights.download_streams,
             stack_prefix=prefix,
             copy=CopySettings(
                 ssh_private_key=_private_key(s),
@@ -342,6 +345,34 @@ def _wire(
             opts=under(root),
         )
         outputs["supervisor"] = {"url": supervisor.url, "token": pulumi.Output.secret(token)}
+        if s.observing:
+            observed = Observability(
+                "observability",
+                ObservabilityArgs(
+                    settings=s,
+                    stack=stack,
+                    stack_prefix=prefix,
+                    token=token,
+                    generation=serving.generation,
+                    api_key=_api_key(s),
+                    nodes=[
+                        ObservedNode(
+                            name=n.name,
+                            index=i,
+                            connection=access[n.name].connection,
+                            docker_provider=access[n.name].docker_provider,
+                            image_id=image_ids[n.name],
+                            agent_url=agent_url(s, i),
+                        )
+                        for i, n in enumerate(s.nodes)
+                    ],
+                    after=list(supervisor.containers.values()),
+                ),
+                opts=under(root),
+            )
+            outputs["prometheusUrl"] = observed.prometheus_url
+    elif s.observability.enabled:
+        pulumi.log.warn("observability.enabled: true does nothing without the supervisor (supervisor.enabled: false)")
     return outputs
 
 

@@ -20,6 +20,11 @@ SIM_HUB_MISSING (comma-separated, read at start) or on a line of the --faults fi
 so a test can flip it while the hub runs). A missing file is absent from listings and 404s with
 `X-Error-Code: EntryNotFound`. A line `listed:{org}/{name}/{path}` keeps the file in listings but 404s on
 download (a stale listing). One line per request is logged to stderr: `METHOD path status`.
+
+Throttle, for the staging bench: every file body (`resolve`) is sent at most at N bytes per second per
+connection (each download its own cap, as a CDN caps one stream), N from `--rate-per-connection`, else the env
+var SIM_HUB_RATE_PER_CONNECTION (read at start), overridden while the --faults file holds a line `rate:N`
+(`rate:0`: no cap). Listings and model info are never throttled.
 """
 
 from __future__ import annotations
@@ -27,11 +32,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import io
 import ipaddress
 import json
 import os
 import sys
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -47,20 +54,35 @@ DEFAULT_PORT = 5080
 class Faults:
     hidden: frozenset[str] = frozenset()  # absent everywhere
     unresolvable: frozenset[str] = frozenset()  # listed, but 404 on resolve
+    rate: int | None = None  # `rate:N`: bytes per second per connection (0: no cap); None: the hub's own
 
     @staticmethod
     def parse(entries: Iterable[str]) -> Faults:
         hidden: set[str] = set()
         unresolvable: set[str] = set()
+        rate: int | None = None
         for raw in entries:
             entry = raw.strip()
             if not entry or entry.startswith("#"):
                 continue
             if entry.startswith("listed:"):
                 unresolvable.add(entry[len("listed:") :].strip().strip("/"))
+            elif entry.startswith("rate:"):
+                rate = parse_rate(entry[len("rate:") :], "the faults file's rate: line")
             else:
                 hidden.add(entry.strip("/"))
-        return Faults(frozenset(hidden), frozenset(unresolvable))
+        return Faults(frozenset(hidden), frozenset(unresolvable), rate)
+
+
+def parse_rate(text: str, where: str) -> int:
+    """A per-connection cap in bytes per second: a whole number, 0 for none."""
+    try:
+        rate = int(text.strip())
+    except ValueError:
+        raise ValueError(f"{where} is {text.strip()!r}: give bytes per second per connection, e.g. 4194304") from None
+    if rate < 0:
+        raise ValueError(f"{where} is {rate}: give bytes per second per connection (0: no cap)")
+    return rate
 
 
 @dataclass
@@ -68,6 +90,7 @@ class Hub:
     repos: dict[str, dict[str, bytes]]
     env_missing: tuple[str, ...] = ()
     faults_file: Path | None = None
+    rate_per_connection: int = 0  # bytes per second each file body is sent at, at most; 0: no cap
     commits: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -90,6 +113,11 @@ class Hub:
         if key in faults.hidden or key in faults.unresolvable:
             return None
         return self.repos[repo].get(path)
+
+    def rate(self) -> int:
+        """The cap for a body starting now: the faults file's `rate:` line while it has one, else the hub's."""
+        live = self.faults().rate
+        return self.rate_per_connection if live is None else live
 
     def known_revision(self, repo: str, rev: str) -> bool:
         return rev in ("main", self.commits[repo])
@@ -149,7 +177,9 @@ def make_handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (http.server's signature)
             pass
 
-        def _send(self, code: int, body: bytes = b"", headers: dict[str, str] | None = None) -> None:
+        def _send(
+            self, code: int, body: bytes = b"", headers: dict[str, str] | None = None, *, paced: bool = False
+        ) -> None:
             self.send_response(code)
             for key, value in (headers or {}).items():
                 self.send_header(key, value)
@@ -157,7 +187,11 @@ def make_handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
                 self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             if self.command != "HEAD":
-                self.wfile.write(body)
+                rate = hub.rate() if paced else 0
+                if rate:
+                    write_paced(self.wfile, body, rate)
+                else:
+                    self.wfile.write(body)
             print(f"{self.command} {self.path} {code}", file=sys.stderr, flush=True)
 
         def _error(self, code: int, error_code: str, message: str) -> None:
@@ -228,14 +262,14 @@ def make_handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
             }
             span = _parse_range(self.headers.get("Range"), len(data))
             if span is None:
-                self._send(200, data, headers)
+                self._send(200, data, headers, paced=True)
                 return
             start, end = span
             if start >= len(data):
                 self._send(416, b"", {"Content-Range": f"bytes */{len(data)}"})
                 return
             headers["Content-Range"] = f"bytes {start}-{end}/{len(data)}"
-            self._send(206, data[start : end + 1], headers)
+            self._send(206, data[start : end + 1], headers, paced=True)
 
         def _route(self) -> None:
             raw = [unquote(p) for p in urlsplit(self.path).path.strip("/").split("/")]
@@ -261,6 +295,24 @@ def make_handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+def write_paced(
+    out: io.BufferedIOBase,
+    body: bytes,
+    rate: int,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """Write `body` at `rate` bytes per second at most: in pieces of 1/50 s (1 KiB to 256 KiB), each sent no
+    earlier than its share of the time allows."""
+    step = min(max(rate // 50, 1 << 10), 256 << 10)
+    began = clock()
+    for sent in range(0, len(body), step):
+        out.write(body[sent : sent + step])
+        ahead = (sent + step) / rate - (clock() - began)
+        if ahead > 0:
+            sleep(ahead)
+
+
 def serve(host: str, port: int, hub: Hub) -> ThreadingHTTPServer:
     if not ipaddress.ip_address(host).is_loopback:
         raise ValueError(f"hub host={host!r} is not a loopback address; the stand-in only listens on 127.0.0.0/8")
@@ -275,12 +327,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
     parser.add_argument("--faults", type=Path, help="file naming missing files, re-read on every request")
     parser.add_argument("--pidfile", type=Path)
+    parser.add_argument(
+        "--rate-per-connection",
+        type=lambda v: parse_rate(v, "--rate-per-connection"),
+        default=None,
+        help="bytes per second each download is sent at, at most (default: SIM_HUB_RATE_PER_CONNECTION, else none)",
+    )
     ns = parser.parse_args(argv)
     env_missing = tuple(e for e in os.environ.get("SIM_HUB_MISSING", "").split(",") if e.strip())
-    server = serve(ns.host, ns.port, Hub(repos=checkpoint.build(), env_missing=env_missing, faults_file=ns.faults))
+    rate = ns.rate_per_connection
+    if rate is None:
+        rate = parse_rate(os.environ.get("SIM_HUB_RATE_PER_CONNECTION") or "0", "SIM_HUB_RATE_PER_CONNECTION")
+    hub = Hub(repos=checkpoint.build(), env_missing=env_missing, faults_file=ns.faults, rate_per_connection=rate)
+    server = serve(ns.host, ns.port, hub)
     if ns.pidfile:
         ns.pidfile.write_text(f"{os.getpid()}\n")
-    print(f"hub stand-in on http://{ns.host}:{server.server_address[1]}", file=sys.stderr, flush=True)
+    capped = f", each download capped at {rate} B/s" if rate else ""
+    print(f"hub stand-in on http://{ns.host}:{server.server_address[1]}{capped}", file=sys.stderr, flush=True)
     server.serve_forever()
 
 

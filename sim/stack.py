@@ -98,12 +98,15 @@ def sim_config(
     copy_root: str | None = None,
     server: str = "standin",
     supervisor: bool = False,
+    observability: bool = False,
 ) -> dict[str, Any]:
     """The namespace's keys (plain JSON values) for a stack on the running sim; ssh.privateKey is separate.
 
     `server`: `standin` (the tests' default: fast, with faults by `extra_env`) or `real` (real vLLM).
     `supervisor`: off by default in tests, whose faults are for the next `pulumi up` to find; on for the
-    supervisor's own tests and the demo."""
+    supervisor's own tests and the demo.
+    `observability`: Prometheus, the exporters and node exporters (components/observability) from the sim's
+    Prometheus image; needs the supervisor and the real image (the stand-in image has no prometheus_client)."""
     if server not in SERVERS:
         raise ValueError(f"server={server!r}: use one of {', '.join(SERVERS)}")
     chosen = sim["nodes"][:nodes] if nodes else sim["nodes"]
@@ -126,6 +129,19 @@ def sim_config(
             config[section] = {**config[section], **values}
     # The agents' port: one per stack, as the master port is (several test stacks share the sim's nodes).
     config["supervisor"] = {"port": master_port + 1000} if supervisor else {"enabled": False}
+    config["observability"] = {"enabled": False}
+    if observability:
+        if "prometheus" not in sim.get("images", {}):
+            raise SystemExit("the running sim has no Prometheus image: run `make sim-up` again to build it")
+        config["observability"] = {
+            "prometheusImage": sim["images"]["prometheus"],
+            "nodeExporterImage": sim["images"]["prometheus"],
+            # One set of ports per stack, beside the agents' (several test stacks share the sim's nodes).
+            "port": master_port + 1001,
+            "exporterPort": master_port + 1002,
+            "nodeExporterPort": master_port + 1003,
+            "scrapeSeconds": 5,
+        }
     return config
 
 
@@ -235,7 +251,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     sim = read_sim()
     key = Path(sim["ssh"]["key"]).read_text()
-    init_stack(args.stack, sim_config(sim, weights_root=args.weights_root, server=args.server, supervisor=True), key)
+    # The demo observes itself when the sim has a Prometheus image and the exporter's prometheus_client (real).
+    observe = args.server == "real" and "prometheus" in sim.get("images", {})
+    config = sim_config(sim, weights_root=args.weights_root, server=args.server, supervisor=True, observability=observe)
+    init_stack(args.stack, config, key)
     print(
         f"stack {args.stack}: config written for the simulated cluster ({len(sim['nodes'])} nodes, "
         f"{args.server} server)",

@@ -300,12 +300,16 @@ def test_everything_named_on_a_node_is_per_stack_and_rank_names_are_unchanged() 
         assert f".local/share/{prefix}" in commands["watchdog-spark-0-install"].inputs["create"]
         assert f".local/state/{prefix}" in commands["watchdog-key-spark-0-keygen"].inputs["create"]
         names = sorted(c.inputs["name"] for c in rec.of_type(CONTAINER))
-        assert names == [
-            f"{prefix}-spark-0",
-            f"{prefix}-spark-1",
-            f"{prefix}-supervisor-spark-0",
-            f"{prefix}-supervisor-spark-1",
-        ]
+        assert names == sorted(
+            [
+                f"{prefix}-spark-0",
+                f"{prefix}-spark-1",
+                f"{prefix}-supervisor-spark-0",
+                f"{prefix}-supervisor-spark-1",
+                *sorted(f"{prefix}-{c}-{n}" for c in ("exporter", "node-exporter") for n in ("spark-0", "spark-1")),
+                f"{prefix}-prometheus",
+            ]
+        )
         creates[stack] = {n: c.inputs["create"] for n, c in commands.items()}
     shared = [n for n in creates["dev"] if n in creates["prod"] and creates["dev"][n] == creates["prod"][n]]
     # The head's own check only stats files: it names nothing on the node.
@@ -379,7 +383,7 @@ def test_destroy_removes_the_supervisor_before_any_rank(two: recording.Recorded)
             todo.pop()
         return seen
 
-    agents = [c for c in two.of_type(CONTAINER) if not c.name.startswith("serving-")]
+    agents = [c for c in two.of_type(CONTAINER) if c.name.startswith("supervisor-")]
     assert len(agents) == 2, [c.name for c in two.of_type(CONTAINER)]
     for agent in agents:
         before = waits_for(agent)

@@ -243,6 +243,14 @@ class Weights(_Model):
         shown="`weights.root`",
     )
     copy_streams: int = setting(4, "`share: copy`: files copied at once to each worker", ge=1, le=64)
+    download_streams: int = setting(
+        8,
+        "files staging downloads from the hub at once (the upstream launcher's downloader uses 8), each hashed "
+        "as it is written; a stopped one resumes where it stopped on the next run. A progress line (bytes, "
+        "rate, ETA) shows in the up's output every few seconds",
+        ge=1,
+        le=64,
+    )
     hf_token: SecretStr | None = setting(
         None,
         "Hugging Face token, passed on stdin only, down to the staging program in its container (never "
@@ -593,6 +601,61 @@ class Supervisor(_Model):
         return v
 
 
+class Observability(_Model):
+    """Prometheus on the head, the program's exporter on every node, alert rules (components/observability/)."""
+
+    # None: on exactly when the supervisor is (its agents are what the exporter reads).
+    enabled: bool | None = setting(
+        None,
+        "a Prometheus on the head scraping vLLM's `/metrics`, the program's exporter on every node and the node "
+        "exporters, with the alert rules of `components/observability/rules.yml`; needs the supervisor",
+        shown="`supervisor.enabled`",
+    )
+    prometheus_image: str = setting(
+        "prom/prometheus:v2.42.0",
+        "the Prometheus server's image, pulled on the head (the simulated cluster builds one from Debian's "
+        "`prometheus` package)",
+    )
+    node_exporter_image: str = setting(
+        "prom/node-exporter:v1.5.0",
+        "the node exporter's image, pulled on every node; empty: no node exporter",
+    )
+    port: int = setting(18390, "Prometheus' port on the head's SSH address (`prometheusUrl`)", ge=1024, le=65535)
+    exporter_port: int = setting(
+        18392, "the program's exporter on each node's `fabricIp`, scraped by the head", ge=1024, le=65535
+    )
+    node_exporter_port: int = setting(18393, "the node exporter on each node's `fabricIp`", ge=1024, le=65535)
+    scrape_seconds: int = setting(15, "Prometheus' scrape and rule evaluation interval", ge=5, le=300)
+    retention_hours: int = setting(
+        168, "`--storage.tsdb.retention.time`: how long samples are kept on the head", ge=1, le=8760
+    )
+    retention_mib: int = setting(
+        1024,
+        "`--storage.tsdb.retention.size`: the samples' bound on the head's disk",
+        ge=64,
+        le=1048576,
+        alias="retentionMiB",
+    )
+    # The head runs at ~4 GiB MemAvailable when serving: Prometheus is bounded well below that.
+    memory_mib: int = setting(
+        512,
+        "the Prometheus container's memory limit (`--memory`, no swap); the head serves at about 4 GiB MemAvailable",
+        ge=128,
+        le=8192,
+        alias="memoryMiB",
+    )
+    keep_data: bool = setting(
+        False, "`destroy` keeps Prometheus' data volume (`<stack prefix>-prometheus-data`) instead of removing it"
+    )
+
+    @field_validator("prometheus_image", "node_exporter_image")
+    @classmethod
+    def _image(cls, v: str) -> str:
+        if v and not _IMAGE.fullmatch(v):
+            raise ValueError("must be a docker image reference, e.g. `prom/prometheus:v2.42.0`")
+        return v
+
+
 class Settings(_Model):
     nodes: list[Node] = setting(
         meaning="the Sparks; the first is the head (rank 0). Node count = tensor-parallel size: 2, 4 or 8"
@@ -607,6 +670,7 @@ class Settings(_Model):
     container: Container = Container()
     gates: Gates = Gates()
     supervisor: Supervisor = Supervisor()
+    observability: Observability = Observability()
 
     @field_validator("image")
     @classmethod
@@ -632,6 +696,12 @@ class Settings(_Model):
     @property
     def workers(self) -> list[Node]:
         return self.nodes[1:]
+
+    @property
+    def observing(self) -> bool:
+        """Whether the observability layer is deployed: `observability.enabled`, by default `supervisor.enabled`."""
+        enabled = self.observability.enabled
+        return self.supervisor.enabled if enabled is None else enabled and self.supervisor.enabled
 
     @property
     def tensor_parallel_size(self) -> int:

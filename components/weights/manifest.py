@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from components import scripts
-from components.weights.stage_weights import MANIFEST_MARKER
+from components.weights.stage_weights import MANIFEST_MARKER, MAX_STREAMS
 
 MODEL_DIR = "model"
 ENGRAM_DIR = "engram-src"
@@ -78,16 +78,24 @@ def engram_shard_name(index: int, total: int = ENGRAM_SHARD_TOTAL) -> str:
     return f"model-{index:05d}-of-{total:05d}.safetensors"
 
 
-def staging_plan(*, model_repo: str, engram_repo: str, revision: str) -> dict[str, Any]:
-    """The plan `stage_weights.py` enforces: repos, destinations, selected files and count rules."""
+def staging_plan(
+    *, model_repo: str, engram_repo: str, revision: str, download_streams: int | None = None
+) -> dict[str, Any]:
+    """The plan `stage_weights.py` enforces: repos, destinations, selected files and count rules, and how many
+    files it downloads at once (`weights.downloadStreams`; None leaves the count out: one at a time)."""
     for key, repo in (("model_repo", model_repo), ("engram_repo", engram_repo)):
         if not re.fullmatch(r"[\w.-]+/[\w.-]+", repo):
             raise ValueError(f"{key}={repo!r} is not a Hugging Face repo id; use 'org/name'")
     if not revision or any(c.isspace() for c in revision):
         # Invariant: the config refuses such a `weights.revision`; the revision is written into the staging script.
         raise ValueError(f"revision={revision!r} is not a git revision; use a branch, tag or commit")
+    if download_streams is not None and not 1 <= download_streams <= MAX_STREAMS:
+        # Invariant: the config bounds `weights.downloadStreams` the same way.
+        raise ValueError(f"download_streams={download_streams} must be from 1 to {MAX_STREAMS}")
     engram_shards = [engram_shard_name(i) for i in ENGRAM_SHARDS]
+    streams = {} if download_streams is None else {"download_streams": download_streams}
     return {
+        **streams,
         "revision": revision,
         "repos": [
             {"repo": model_repo, "dest": MODEL_DIR, "files": None, "safetensors_count": MODEL_SHARD_COUNT},

@@ -8,9 +8,17 @@ Per repo: resolve the revision to its commit, list the files at that commit with
 content ids (the LFS sha256 of large files, the git blob id of small ones), refuse a listing that names
 any path outside the repo (absolute, `..`, backslash, NUL, control character: a mirror could list `../x`),
 select the planned ones (a planned file missing on the hub is an error naming it); every repo is listed and
-checked before anything is written. Then download ONE FILE AT A TIME into <dest-root>/<dest>/. Each
-download is hashed as it is written (sha256, and the git blob id), checked against the listing, and only
-then moved into place: huggingface_hub checks sizes only.
+checked before anything is written. Then download the files into <dest-root>/<dest>/, the plan's
+`download_streams` at once (one at a time when the plan names no count), largest first. Each download is
+hashed as it is written (sha256, or the git blob id of a non-LFS file), checked against the listing, and
+only then moved into place: huggingface_hub checks sizes only. The first failure stops the rest: no new file
+starts, the running ones stop at their next chunk, and the failure is reported once they have.
+
+A download is written to a partial file named by the content id it should end as. One that stops early (a
+failure of another file, a dropped connection after the client's retries, the staging timeout) is kept; the
+next run hashes the bytes it holds from the first one and asks the hub for the rest (`Range`), so the final
+check still covers every byte. A partial of other content, or of a file the listing identifies by size only,
+is not resumed. Every few seconds a progress line (bytes, rate, ETA, streams, files) goes to stderr.
 
 What was staged is recorded in <dest-root>/dsv41-weights-manifest.json (per file: repo, commit,
 size, sha256, how it was verified, mtime), updated after every file. A later run compares records
@@ -36,8 +44,12 @@ import json
 import os
 import re
 import sys
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 
@@ -50,6 +62,26 @@ PARTIAL_SUFFIX = ".dsv41-partial"
 # huggingface_hub's own local_dir metadata (left by earlier versions of this script): not weights.
 _CLIENT_METADATA_DIR = ".cache"
 _HASH_CHUNK = 8 << 20
+# Files downloaded at once: the plan's `download_streams` (weights.downloadStreams); a plan without it (rendered
+# by a caller that predates the setting) stages one file at a time, as this program did then.
+UNPLANNED_STREAMS = 1
+MAX_STREAMS = 64
+# A progress line every PROGRESS_EVERY_S, every PROGRESS_LATER_EVERY_S after PROGRESS_LATER_AFTER_S: the lines
+# are the command's stderr, which the stack's state keeps (hours of 5 s lines would be thousands).
+PROGRESS_EVERY_S = 5.0
+PROGRESS_LATER_AFTER_S = 600.0
+PROGRESS_LATER_EVERY_S = 30.0
+# The rate shown is over this window: recent enough to follow the link, long enough not to jump per chunk.
+RATE_WINDOW_S = 30.0
+
+_OUT = threading.Lock()
+
+
+def say(message: str) -> None:
+    """One whole `stage_weights:` line on stderr; the lock keeps lines of concurrent downloads apart."""
+    with _OUT:
+        sys.stderr.write(f"stage_weights: {message}\n")
+        sys.stderr.flush()
 
 
 class StageError(Exception):
@@ -250,42 +282,74 @@ def list_tree(api: Any, repo: str, revision: str, endpoint: str | None = None) -
 
 
 class _Digests:
-    """sha256 and the git blob id of one file's bytes, fed as they are written or read."""
+    """sha256 and the git blob id of one file's bytes, fed as they are written or read.
 
-    def __init__(self, size: int) -> None:
+    `git=False` leaves the blob id out: an LFS file is identified by its sha256 (its listed blob id is the
+    pointer's), and not computing a second digest of hundreds of GiB halves the hashing."""
+
+    def __init__(self, size: int, git: bool = True) -> None:
         self._size = size
+        self._with_git = git
         self.reset()
 
     def reset(self) -> None:
         self.sha256 = hashlib.sha256()
-        self.git = hashlib.sha1(b"blob %d\0" % self._size)  # noqa: S324 (git's blob id is sha1 by definition)
+        # git's blob id is sha1 by definition
+        self.git = hashlib.sha1(b"blob %d\0" % self._size) if self._with_git else None  # noqa: S324
 
     def update(self, chunk: bytes) -> None:
         self.sha256.update(chunk)
-        self.git.update(chunk)
+        if self.git is not None:
+            self.git.update(chunk)
 
     def mismatch(self, listed: HubFile) -> str | None:
         """What does not match the listing, or None."""
         if listed.sha256 and self.sha256.hexdigest() != listed.sha256:
             return f"sha256 {self.sha256.hexdigest()}, the hub lists {listed.sha256}"
-        if not listed.sha256 and listed.blob_id and self.git.hexdigest() != listed.blob_id:
-            return f"git blob id {self.git.hexdigest()}, the hub lists {listed.blob_id}"
+        if not listed.sha256 and listed.blob_id:
+            got = self.git.hexdigest() if self.git is not None else "(not computed)"
+            if got != listed.blob_id:
+                return f"git blob id {got}, the hub lists {listed.blob_id}"
         return None
+
+
+def digests_for(listed: HubFile) -> _Digests:
+    """The digests that identify `listed`: the git blob id only when the hub gives no sha256."""
+    return _Digests(listed.size, git=listed.sha256 is None)
+
+
+class DownloadStopped(Exception):
+    """Raised from inside a download that another file's failure stopped (never reported as its own error)."""
 
 
 class HashingWriter:
     """The file object the client's `http_get` writes to: every chunk is hashed on its way to disk.
 
     `http_get` appends when it resumes after a dropped connection (the hash goes on), and rewinds to the
-    start when a server ignored its Range request (the hash starts over); any other seek is refused."""
+    start when a server ignored its Range request (the hash starts over); any other seek is refused.
+    `stop` set: the next chunk is neither hashed nor written, the download ends with DownloadStopped.
+    `transfer` hears of every byte written, and of a restart, for the progress line."""
 
-    def __init__(self, f: BinaryIO, digests: _Digests) -> None:
+    def __init__(
+        self,
+        f: BinaryIO,
+        digests: _Digests,
+        stop: threading.Event | None = None,
+        transfer: Transfer | None = None,
+    ) -> None:
         self._f = f
         self.digests = digests
+        self._stop = stop
+        self._transfer = transfer
 
     def write(self, chunk: bytes) -> int:
+        if self._stop is not None and self._stop.is_set():
+            raise DownloadStopped("stopped: another file failed")
         self.digests.update(chunk)
-        return self._f.write(chunk)
+        written = self._f.write(chunk)
+        if self._transfer is not None:
+            self._transfer.wrote(len(chunk))
+        return written
 
     def tell(self) -> int:
         return self._f.tell()
@@ -294,6 +358,8 @@ class HashingWriter:
         if whence != 0 or offset != 0:
             raise OSError("a hashed download can only restart from its first byte")
         self.digests.reset()
+        if self._transfer is not None:
+            self._transfer.restart()
         return self._f.seek(0)
 
     def truncate(self, size: int | None = None) -> int:
@@ -303,13 +369,178 @@ class HashingWriter:
         self._f.flush()
 
 
-def hash_file(path: Path, size: int) -> _Digests:
-    """Read a file once (only one present without a record: staged before records existed)."""
-    digests = _Digests(size)
+def hash_into(digests: _Digests, path: Path) -> int:
+    """Feed a file's bytes to `digests`; how many there were."""
+    read = 0
     with path.open("rb") as f:
         while chunk := f.read(_HASH_CHUNK):
             digests.update(chunk)
+            read += len(chunk)
+    return read
+
+
+def hash_file(path: Path, listed: HubFile) -> _Digests:
+    """Read a file once (only one present without a record: staged before records existed)."""
+    digests = digests_for(listed)
+    hash_into(digests, path)
     return digests
+
+
+# --- progress -----------------------------------------------------------------------------------------
+
+
+def progress_interval(elapsed_s: float) -> float:
+    """Seconds to the next progress line, `elapsed_s` into the downloads."""
+    return PROGRESS_EVERY_S if elapsed_s < PROGRESS_LATER_AFTER_S else PROGRESS_LATER_EVERY_S
+
+
+def _unit(n: float) -> tuple[float, str]:
+    for scale, name in ((1 << 30, "GiB"), (1 << 20, "MiB")):
+        if n >= scale:
+            return float(scale), name
+    return 1024.0, "KiB"
+
+
+def format_rate(bytes_per_s: float) -> str:
+    scale, name = _unit(bytes_per_s)
+    value = bytes_per_s / scale
+    return f"{value:.0f} {name}/s" if value >= 100 else f"{value:.1f} {name}/s"
+
+
+def format_duration(seconds: float) -> str:
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def format_progress(
+    *,
+    done_bytes: int,
+    total_bytes: int,
+    rate: float,
+    active: int,
+    streams: int,
+    files_done: int,
+    files_total: int,
+    elapsed_s: float | None = None,
+) -> str:
+    """The progress line (without the `stage_weights: ` prefix). Sizes in the total's unit; the ETA from `rate`.
+    `elapsed_s` given: the run's last line, with the time taken (and the average rate) instead of an ETA."""
+    scale, name = _unit(total_bytes)
+    pct = 100.0 * done_bytes / total_bytes if total_bytes else 100.0
+    left = max(total_bytes - done_bytes, 0)
+    if elapsed_s is not None:
+        when = f"took {format_duration(elapsed_s)}"
+    elif left == 0:
+        when = "ETA 0s"
+    else:
+        when = f"ETA {format_duration(left / rate)}" if rate > 0 else "ETA -"
+    return (
+        f"progress {done_bytes / scale:.1f}/{total_bytes / scale:.1f} {name} ({pct:.1f}%), {format_rate(rate)}, "
+        f"{when}, {active}/{streams} streams, {files_done}/{files_total} files"
+    )
+
+
+@dataclass
+class Progress:
+    """The run's bytes and files: those present at the start, finished, and on disk so far of the ones in flight.
+
+    `received` (bytes the hub sent in this run) makes the rate; a file already present or hashed in place counts
+    as done but not towards the rate. Every method may be called from any download's thread."""
+
+    total_bytes: int
+    total_files: int
+    streams: int
+    clock: Callable[[], float] = time.monotonic
+    done_bytes: int = 0
+    received: int = 0
+    files_done: int = 0
+    active: int = 0
+    began: float = field(init=False)
+    _samples: deque[tuple[float, int]] = field(init=False)
+    _lock: threading.Lock = field(init=False, default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.began = self.clock()
+        self._samples = deque([(self.began, 0)])
+
+    def add(self, *, done: int = 0, received: int = 0, files: int = 0, active: int = 0) -> int:
+        with self._lock:
+            self.done_bytes += done
+            self.received += received
+            self.files_done += files
+            self.active += active
+            return self.files_done
+
+    def present(self, size: int) -> int:
+        """A file kept as it is; returns how many files are done."""
+        return self.add(done=size, files=1)
+
+    def start(self) -> Transfer:
+        self.add(active=1)
+        return Transfer(self)
+
+    def rate(self, now: float) -> float:
+        """Bytes per second received over the last RATE_WINDOW_S (since the start, before that)."""
+        with self._lock:
+            received = self.received
+        self._samples.append((now, received))
+        while len(self._samples) > 2 and now - self._samples[1][0] >= RATE_WINDOW_S:
+            self._samples.popleft()
+        t0, r0 = self._samples[0]
+        return (received - r0) / (now - t0) if now > t0 else 0.0
+
+    def line(self, *, final: bool = False) -> str:
+        """The progress line now; `final`: the run's last, with its time and average rate."""
+        now = self.clock()
+        elapsed = now - self.began
+        average = self.received / elapsed if elapsed > 0 else 0.0
+        rate = average if final else self.rate(now)
+        with self._lock:
+            return format_progress(
+                done_bytes=self.done_bytes,
+                total_bytes=self.total_bytes,
+                rate=rate,
+                active=self.active,
+                streams=self.streams,
+                files_done=self.files_done,
+                files_total=self.total_files,
+                elapsed_s=elapsed if final else None,
+            )
+
+
+class Transfer:
+    """One file's share of the progress: the bytes of it on disk so far, until it is done or abandoned."""
+
+    def __init__(self, progress: Progress) -> None:
+        self._progress = progress
+        self._counted = 0
+
+    def kept(self, n: int) -> None:
+        """`n` bytes an earlier run downloaded (not received now)."""
+        self._counted += n
+        self._progress.add(done=n)
+
+    def wrote(self, n: int) -> None:
+        self._counted += n
+        self._progress.add(done=n, received=n)
+
+    def restart(self) -> None:
+        self._progress.add(done=-self._counted)
+        self._counted = 0
+
+    def finish(self, size: int) -> int:
+        """The file is in place: it counts whole. Returns how many files are done."""
+        done = self._progress.add(done=size - self._counted, files=1, active=-1)
+        self._counted = size
+        return done
+
+    def abandon(self) -> None:
+        self._progress.add(done=-self._counted, active=-1)
+        self._counted = 0
 
 
 # --- the record ---------------------------------------------------------------------------------------
@@ -322,11 +553,7 @@ def load_records(manifest: Path) -> dict[str, dict[str, Any]]:
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as exc:
-        print(
-            f"stage_weights: {manifest} is unreadable ({exc}); files present are hashed once instead",
-            file=sys.stderr,
-            flush=True,
-        )
+        say(f"{manifest} is unreadable ({exc}); files present are hashed once instead")
         return {}
     files = raw.get("files") if isinstance(raw, dict) else None
     if not isinstance(files, dict):
@@ -410,10 +637,51 @@ def local_files(dest_dir: Path) -> list[str]:
     return found
 
 
+def partial_path(target: Path, listed: HubFile) -> Path:
+    """Where `target` is downloaded before it is verified: named by the content id it must end as, so a later
+    run resumes only a partial of the same content. A file identified by its size alone gets no id."""
+    content_id = listed.sha256 or listed.blob_id
+    tag = f".{content_id[:16]}" if content_id else ""
+    return target.with_name(f".{target.name}{tag}{PARTIAL_SUFFIX}")
+
+
+def drop_stale_partials(target: Path, keep: Path) -> None:
+    """Partial downloads of `target` other than `keep`: of other content, or named as before content ids."""
+    stale = re.compile(re.escape(f".{target.name}") + r"(\.[0-9a-f]{16})?" + re.escape(PARTIAL_SUFFIX))
+    for path in target.parent.iterdir():
+        if path != keep and stale.fullmatch(path.name):
+            path.unlink(missing_ok=True)
+
+
+def resume_from(partial: Path, listed: HubFile, digests: _Digests) -> int:
+    """The bytes of an earlier run's partial download to keep, each hashed now from the first one (the check
+    after the download covers them too); 0 (and the partial removed) when it cannot be resumed."""
+    size = local_size(partial)
+    if size is None:
+        return 0
+    if listed.verified_by == "size" or size > listed.size:
+        partial.unlink()
+        return 0
+    return hash_into(digests, partial)
+
+
 def download_verified(
-    repo: str, commit: str, name: str, listed: HubFile, dest_dir: Path, endpoint: str | None, token: str | None
+    repo: str,
+    commit: str,
+    name: str,
+    listed: HubFile,
+    dest_dir: Path,
+    endpoint: str | None,
+    token: str | None,
+    *,
+    stop: threading.Event | None = None,
+    transfer: Transfer | None = None,
 ) -> _Digests:
-    """Download one file, hashing it as it is written; it replaces the target only once it matches the listing."""
+    """Download one file, hashing it as it is written; it replaces the target only once it matches the listing.
+
+    A partial download an earlier run left is resumed (its bytes hashed first). One that stops early is kept
+    for the next run: a dropped connection the client could not resume, a disk error, `stop` (another file
+    failed); one refused by the check or answered 404 is removed."""
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
     from huggingface_hub.file_download import http_get
     from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]  # exported lazily
@@ -422,33 +690,49 @@ def download_verified(
 
     target = dest_dir / name
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(f".{target.name}{PARTIAL_SUFFIX}")
-    digests = _Digests(listed.size)
+    partial = partial_path(target, listed)
+    drop_stale_partials(target, partial)
+    digests = digests_for(listed)
     try:
-        url = hf_hub_url(repo, name, revision=commit, endpoint=endpoint)
-        headers = build_hf_headers(token=token)
-        meta = get_hf_file_metadata(url, token=token)
-        location = meta.location or url
-        if _host(location) != _host(url):
-            headers.pop("authorization", None)  # a signed CDN url: the token stays with the hub
-        with partial.open("wb") as f:
-            # The size is checked below with the content, so the error names the file and the listing.
-            # HashingWriter has every method http_get calls on its file (write, tell, seek, truncate).
-            http_get(location, cast(BinaryIO, HashingWriter(f, digests)), headers=headers)
+        kept = resume_from(partial, listed, digests)
+        if transfer is not None:
+            transfer.kept(kept)
+        if kept:
+            say(f"{repo}/{name}: resuming after the {kept} bytes an earlier run downloaded (hashed again)")
+        if kept < listed.size or not partial.exists():
+            url = hf_hub_url(repo, name, revision=commit, endpoint=endpoint)
+            headers = build_hf_headers(token=token)
+            meta = get_hf_file_metadata(url, token=token)
+            location = meta.location or url
+            if _host(location) != _host(url):
+                headers.pop("authorization", None)  # a signed CDN url: the token stays with the hub
+            with partial.open("r+b" if kept else "wb") as f:
+                f.seek(kept)
+                # The size is checked below with the content, so the error names the file and the listing.
+                # HashingWriter has every method http_get calls on its file (write, tell, seek, truncate).
+                writer = HashingWriter(f, digests, stop=stop, transfer=transfer)
+                http_get(location, cast(BinaryIO, writer), resume_size=kept, headers=headers)
+    except DownloadStopped:
+        if listed.verified_by == "size":
+            partial.unlink(missing_ok=True)  # nothing could tell its bytes from another revision's
+        raise
     except EntryNotFoundError as exc:
         partial.unlink(missing_ok=True)
         raise StageError(
             f"{repo}@{commit}: file {name} is listed but the hub returned 404 for it; check the revision or retry"
         ) from exc
     except Exception as exc:  # HTTP, transport (httpx) and disk errors alike: name the file, suggest a re-run
-        partial.unlink(missing_ok=True)
+        if listed.verified_by == "size":
+            partial.unlink(missing_ok=True)
+        got = local_size(partial) or 0
+        keep = f"the {got} bytes downloaded are kept: " if got else ""
         raise StageError(
-            f"{repo}@{commit}: downloading {name} failed: {type(exc).__name__}: {exc}; re-run to resume"
+            f"{repo}@{commit}: downloading {name} failed: {type(exc).__name__}: {exc}; {keep}re-run to resume"
         ) from exc
     got = partial.stat().st_size
     wrong = f"{got} bytes, the hub lists {listed.size}" if got != listed.size else digests.mismatch(listed)
     if wrong is not None:
-        partial.unlink()  # never moved into place: the next run cannot mistake it for the file
+        partial.unlink()  # never moved into place: the next run cannot mistake it for the file, nor resume it
         raise StageError(f"{repo}@{commit}: {name} downloaded as {wrong}; not kept, re-run to fetch it again")
     os.replace(partial, target)
     return digests
@@ -471,7 +755,7 @@ def check_no_foreign_files(repo: str, dest_dir: Path, foreign: list[str], manife
 
 @dataclass
 class Staging:
-    """One run's state: the record on disk, updated after every file."""
+    """One run's state: the record on disk, updated after every file (by whichever download finished it)."""
 
     dest_root: Path
     endpoint: str | None
@@ -479,6 +763,7 @@ class Staging:
     api: Any
     records: dict[str, dict[str, Any]]
     repos: dict[str, Any]
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def manifest(self) -> Path:
@@ -506,14 +791,35 @@ def list_repo(plan: RepoPlan, revision: str, st: Staging) -> Listed:
     return Listed(commit=commit, files=files)
 
 
-def stage_repo(plan: RepoPlan, revision: str, st: Staging, listing: Listed) -> dict[str, str]:
-    """Stage one listed repo; returns {relative path: sha256} of its planned files."""
+@dataclass(frozen=True)
+class Job:
+    """One planned file that is not recorded as present: to hash in place, or to download."""
+
+    repo: str
+    commit: str
+    dest: str
+    dest_dir: Path
+    name: str
+    listed: HubFile
+    hash_first: bool  # a copy nobody recorded, of the listed size: read it once, keep it if it matches
+
+    @property
+    def rel(self) -> str:
+        return f"{self.dest}/{self.name}"
+
+
+def _file_line(rel: str, listed: HubFile, how: str, done: int, total: int) -> str:
+    return f"{rel} ({listed.size} bytes, {listed.verified_by}) {how} [{done}/{total}]"
+
+
+def prepare_repo(plan: RepoPlan, revision: str, st: Staging, listing: Listed, progress: Progress) -> list[Job]:
+    """What is here and not planned: ours (recorded) is removed, anyone else's is refused before any download.
+    A planned file recorded with the listed content is kept; the others are returned, to fetch."""
     commit, files = listing.commit, listing.files
     dest_dir = st.dest_root / plan.dest
     dest_dir.mkdir(parents=True, exist_ok=True)
     st.repos[plan.dest] = {"repo": plan.repo, "revision": revision, "commit": commit}
 
-    # What is here and not planned: ours (recorded) is removed, anyone else's is refused before any download.
     present = local_files(dest_dir)
     foreign = [n for n in present if n not in files and f"{plan.dest}/{n}" not in st.records]
     check_no_foreign_files(plan.repo, dest_dir, foreign, st.manifest)
@@ -522,48 +828,116 @@ def stage_repo(plan: RepoPlan, revision: str, st: Staging, listing: Listed) -> d
         if name not in files:
             old = st.records.pop(rel)
             (dest_dir / name).unlink()
-            print(
-                f"stage_weights: {rel} removed: staged for {old.get('repo')}@{old.get('revision')}, "
-                f"not in {plan.repo}@{commit}",
-                file=sys.stderr,
-                flush=True,
-            )
+            say(f"{rel} removed: staged for {old.get('repo')}@{old.get('revision')}, not in {plan.repo}@{commit}")
     for rel in [r for r in st.records if r.startswith(f"{plan.dest}/") and r[len(plan.dest) + 1 :] not in files]:
         del st.records[rel]  # recorded, gone from disk, no longer planned
     st.save()
 
-    digests: dict[str, str] = {}
-    for i, (name, listed) in enumerate(files.items(), 1):
+    jobs: list[Job] = []
+    for name, listed in files.items():
         rel, target = f"{plan.dest}/{name}", dest_dir / name
         record = st.records.get(rel)
         if record is not None and record_describes(record, target) and same_content(record, plan.repo, commit, listed):
-            how = "present (recorded)"
             record.update(repo=plan.repo, revision=commit)  # the same content, now also of this commit
-        else:
-            checked = None
-            if (
-                not record_describes(record, target)
-                and local_size(target) == listed.size
-                and listed.verified_by != "size"
-            ):
-                local = hash_file(target, listed.size)  # a copy nobody recorded: read it once, keep it if it matches
-                if local.mismatch(listed) is None:
-                    checked, how = local, "present (hashed once: no record)"
-            if checked is None:
-                checked, how = (
-                    download_verified(plan.repo, commit, name, listed, dest_dir, st.endpoint, st.token),
-                    "downloaded",
-                )
-            st.records[rel] = _record(plan.repo, commit, listed, checked, target)
-            st.save()
-        digests[rel] = str(st.records[rel]["sha256"])
-        print(
-            f"stage_weights: {rel} ({listed.size} bytes, {listed.verified_by}) {how} [{i}/{len(files)}]",
-            file=sys.stderr,
-            flush=True,
+            done = progress.present(listed.size)
+            say(_file_line(rel, listed, "present (recorded)", done, progress.total_files))
+            continue
+        hash_first = (
+            not record_describes(record, target) and local_size(target) == listed.size and listed.verified_by != "size"
         )
-    st.save()
-    on_disk = [p.name for p in dest_dir.iterdir() if p.is_file()]
+        jobs.append(Job(plan.repo, commit, plan.dest, dest_dir, name, listed, hash_first))
+    return jobs
+
+
+def fetch_one(job: Job, st: Staging, progress: Progress, stop: threading.Event) -> None:
+    """Hash or download one file, record it and save the record; on `stop`, end without starting."""
+    if stop.is_set():
+        return
+    target = job.dest_dir / job.name
+    transfer = progress.start()
+    try:
+        checked: _Digests | None = None
+        how = "downloaded"
+        if job.hash_first:
+            local = hash_file(target, job.listed)
+            if local.mismatch(job.listed) is None:
+                checked, how = local, "present (hashed once: no record)"
+        if checked is None:
+            checked = download_verified(
+                job.repo,
+                job.commit,
+                job.name,
+                job.listed,
+                job.dest_dir,
+                st.endpoint,
+                st.token,
+                stop=stop,
+                transfer=transfer,
+            )
+    except DownloadStopped:
+        transfer.abandon()
+        partial = partial_path(target, job.listed)
+        kept = local_size(partial)
+        if not kept:
+            partial.unlink(missing_ok=True)
+        say(
+            f"{job.rel} stopped (another file failed)"
+            + (f"; its {kept} bytes are kept for the next run to resume" if kept else "")
+        )
+        return
+    except BaseException:
+        stop.set()  # before this thread can take the next file
+        transfer.abandon()
+        raise
+    with st.lock:  # one record, written whole: every finished file is in it before the next is added
+        st.records[job.rel] = _record(job.repo, job.commit, job.listed, checked, target)
+        st.save()
+        done = transfer.finish(job.listed.size)
+    say(_file_line(job.rel, job.listed, how, done, progress.total_files))
+
+
+def _report_progress(progress: Progress, finished: threading.Event) -> None:
+    while not finished.wait(progress_interval(progress.clock() - progress.began)):
+        say(progress.line())
+
+
+def fetch_all(jobs: list[Job], st: Staging, progress: Progress) -> None:
+    """Every job, `progress.streams` at once, largest first (the last to finish are small); a progress line
+    every few seconds and one at the end. The first failure sets `stop`: no job starts after it, the running
+    downloads stop at their next chunk (their partial files kept), and it is raised once all have ended."""
+    if not jobs:
+        return
+    stop = threading.Event()
+    finished = threading.Event()
+    reporter = threading.Thread(target=_report_progress, args=(progress, finished), daemon=True)
+    reporter.start()
+    first: BaseException | None = None
+    try:
+        with ThreadPoolExecutor(max_workers=min(progress.streams, len(jobs)), thread_name_prefix="stage") as pool:
+            try:
+                ordered = sorted(jobs, key=lambda j: -j.listed.size)
+                futures: list[Future[None]] = [pool.submit(fetch_one, j, st, progress, stop) for j in ordered]
+                for future in as_completed(futures):
+                    exc = future.exception()
+                    if exc is not None and first is None:
+                        first = exc
+                        stop.set()
+            except BaseException:
+                stop.set()  # interrupted: let the running downloads end at their next chunk
+                raise
+    finally:
+        finished.set()
+        reporter.join()
+        say(progress.line(final=True))
+    if first is not None:
+        raise first
+
+
+def finish_repo(plan: RepoPlan, st: Staging, listing: Listed) -> dict[str, str]:
+    """The repo's rules on what is now on disk; returns {relative path: sha256} of its planned files."""
+    dest_dir = st.dest_root / plan.dest
+    files = listing.files
+    on_disk = [p.name for p in dest_dir.iterdir() if p.is_file() and not p.name.endswith(PARTIAL_SUFFIX)]
     if plan.safetensors_count is not None:
         check_safetensors_count(plan.repo, str(dest_dir), on_disk, plan.safetensors_count)
     if plan.index_file is not None and plan.index_shard_total is not None:
@@ -573,7 +947,18 @@ def stage_repo(plan: RepoPlan, revision: str, st: Staging, listing: Listed) -> d
             raise StageError(f"{plan.repo}: cannot read {plan.index_file} in {dest_dir}: {exc}") from exc
         check_index(plan.repo, index, plan.index_shard_total)
     check_required_present(plan.repo, dest_dir, plan.required_shards, {n: f.size for n, f in files.items()})
-    return digests
+    return {f"{plan.dest}/{name}": str(st.records[f"{plan.dest}/{name}"]["sha256"]) for name in files}
+
+
+def plan_streams(raw: Mapping[str, Any]) -> int:
+    """Files to download at once, as the plan says (weights.downloadStreams)."""
+    streams = raw.get("download_streams", UNPLANNED_STREAMS)
+    if isinstance(streams, bool) or not isinstance(streams, int) or not 1 <= streams <= MAX_STREAMS:
+        raise StageError(
+            f"the staging plan's download_streams={streams!r} is not a whole number from 1 to {MAX_STREAMS}; "
+            "set weights.downloadStreams within it"
+        )
+    return streams
 
 
 def read_token(stream: Any) -> str | None:
@@ -587,6 +972,7 @@ def run(plan_json: str, dest_root: Path, host_root: str) -> dict[str, Any]:
 
     raw = json.loads(plan_json)
     revision = str(raw["revision"])
+    streams = plan_streams(raw)
     endpoint = os.environ.get("HF_ENDPOINT") or None
     os.environ.pop("HF_TOKEN", None)  # the client would fall back to it
     token = read_token(sys.stdin)
@@ -600,9 +986,17 @@ def run(plan_json: str, dest_root: Path, host_root: str) -> dict[str, Any]:
     )
     plans = [RepoPlan.from_json(repo_raw) for repo_raw in raw["repos"]]
     listed = [(plan, list_repo(plan, revision, st)) for plan in plans]
+    progress = Progress(
+        total_bytes=sum(f.size for _, listing in listed for f in listing.files.values()),
+        total_files=sum(len(listing.files) for _, listing in listed),
+        streams=streams,
+    )
+    jobs = [job for plan, listing in listed for job in prepare_repo(plan, revision, st, listing, progress)]
+    fetch_all(jobs, st, progress)
+    st.save()
     digests: dict[str, str] = {}
     for plan, listing in listed:
-        digests.update(stage_repo(plan, revision, st, listing))
+        digests.update(finish_repo(plan, st, listing))
     files = {rel: int(st.records[rel]["size"]) for rel in digests}
     return {
         "root": host_root,
@@ -613,7 +1007,7 @@ def run(plan_json: str, dest_root: Path, host_root: str) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Stage the dsv41-exl3 checkpoint (one file at a time).")
+    parser = argparse.ArgumentParser(description="Stage the dsv41-exl3 checkpoint (the plan's streams at once).")
     parser.add_argument("--plan", required=True, help="staging plan JSON (from weights_manifest.staging_plan)")
     parser.add_argument("--dest-root", required=True, help="where <root> is mounted in this container")
     parser.add_argument("--host-root", required=True, help="<root> as the host sees it (reported back)")
@@ -621,7 +1015,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = run(ns.plan, Path(ns.dest_root), ns.host_root)
     except StageError as exc:
-        print(f"stage_weights: error: {exc}", file=sys.stderr, flush=True)
+        say(f"error: {exc}")
         return 1
     print(f"{MANIFEST_MARKER} {json.dumps(result, sort_keys=True)}", flush=True)
     return 0

@@ -71,6 +71,8 @@ class WeightStoreArgs:
     hf_endpoint: str | None
     """Mirror or hub stand-in (HF_ENDPOINT). None: the hub."""
     stage_timeout_s: int
+    download_streams: int
+    """Files staging downloads from the hub at once (`weights.downloadStreams`)."""
     stack_prefix: str
     """This stack's names on the nodes (`labels.stack_prefix`): export file, staging and check containers."""
     # Bounds each node's visibility check (a listing of the staged files); not an operator setting.
@@ -135,7 +137,12 @@ class WeightStore(pulumi.ComponentResource):
         super().__init__("dsv41-exl3:weights:WeightStore", name, None, opts)
         self._validate(args)
         head = args.head
-        plan = wm.staging_plan(model_repo=args.model_repo, engram_repo=args.engram_repo, revision=args.revision)
+        plan = wm.staging_plan(
+            model_repo=args.model_repo,
+            engram_repo=args.engram_repo,
+            revision=args.revision,
+            download_streams=args.download_streams,
+        )
         script = wm.stage_script_source()
         with_token = args.hf_token is not None
         wm.render_stage_command(

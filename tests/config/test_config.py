@@ -564,6 +564,14 @@ def test_copy_roots_that_collide_or_are_not_dedicated_are_refused_with_the_fix()
     assert any(p.startswith('`weights.share` = "rsync"') and "'copy'" in p for p in problems), problems
 
 
+def test_staging_downloads_8_files_at_once_unless_told_and_refuses_0_or_more_than_64() -> None:
+    assert parse(two_sparks()).settings.weights.download_streams == 8, "the upstream launcher's downloader's 8"
+    assert parse(two_sparks(weights={"downloadStreams": 1})).settings.weights.download_streams == 1
+    for bad in (0, 65):
+        problems = problems_of(two_sparks(weights={"downloadStreams": bad}))
+        assert any(p.startswith(f"`weights.downloadStreams` = {bad}") for p in problems), problems
+
+
 def test_a_copy_root_without_copy_mode_is_a_warning() -> None:
     loaded = parse(two_sparks(weights={"share": "nfs", "copyRoot": "/var/lib/dsv41"}))
     assert any("used only with `share: copy`" in w for w in loaded.warnings)

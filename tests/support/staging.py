@@ -12,6 +12,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -55,9 +57,34 @@ class FakeHub:
     commit: str = COMMIT  # what every revision resolves to; a test moves it to make a new revision
     requests: list[tuple[str, str, str | None]] = field(default_factory=list)  # (method, path, auth)
     url: str = ""
+    # Downloads (GET .../resolve/...), for the streams tests:
+    ranges: dict[str, list[str | None]] = field(default_factory=dict)  # file name: each GET's Range header
+    corrupt: set[tuple[str, str]] = field(default_factory=set)  # served with one byte flipped (same size)
+    delay_s: dict[tuple[str, str], float] = field(default_factory=dict)  # answered (HEAD and GET) this late
+    pace: dict[tuple[str, str], float] = field(default_factory=dict)  # body sent at this many bytes/s
+    # The first downloads wait until this many are being served at once, 10 s at most (then none waits again):
+    # only downloads that really overlap get past it early. 0: no waiting.
+    hold_until: int = 0
+    in_flight: int = 0
+    max_in_flight: int = 0
+    _gauge: threading.Lock = field(default_factory=threading.Lock)
+    _all_in: threading.Event = field(default_factory=threading.Event)
 
     def gets_of(self, suffix: str) -> list[str]:
         return [p for m, p, _ in self.requests if m == "GET" and "/resolve/" in p and p.endswith(suffix)]
+
+    def enter_download(self) -> None:
+        with self._gauge:
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            if self.in_flight >= self.hold_until:
+                self._all_in.set()
+        if self.hold_until and not self._all_in.wait(timeout=10):
+            self._all_in.set()
+
+    def leave_download(self) -> None:
+        with self._gauge:
+            self.in_flight -= 1
 
     def entry(self, repo: str, name: str, data: bytes) -> dict[str, Any]:
         size = self.listed_size.get((repo, name), len(data))
@@ -126,19 +153,49 @@ def hub_handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                 return
             if len(parts) >= 5 and parts[2] == "resolve":
                 repo, name = f"{parts[0]}/{parts[1]}", "/".join(parts[4:])
+                time.sleep(hub.delay_s.get((repo, name), 0.0))
                 data = hub.repos.get(repo, {}).get(name)
                 if data is None or (repo, name) in hub.unresolvable:
                     self._send(404, b"Entry not found", {"X-Error-Code": "EntryNotFound"}, send_body)
                     return
                 etag = hashlib.sha256(data).hexdigest() if name.endswith(".safetensors") else git_blob_id(data)
-                self._send(
-                    200,
-                    data,
-                    {"X-Repo-Commit": hub.commit, "ETag": f'"{etag}"', "Content-Type": "application/octet-stream"},
-                    send_body,
-                )
+                headers = {"X-Repo-Commit": hub.commit, "ETag": f'"{etag}"', "Content-Type": "application/octet-stream"}
+                if not send_body:
+                    self._send(200, data, headers, send_body=False)
+                    return
+                self._download(repo, name, data, headers)
                 return
             self._send(404, b"not found", {}, send_body)
+
+        def _download(self, repo: str, name: str, data: bytes, headers: dict[str, str]) -> None:
+            """A file's body: the whole file, or from `Range: bytes=N-` on (206), as the hub answers."""
+            if (repo, name) in hub.corrupt:
+                data = bytes([data[0] ^ 0xFF]) + data[1:]
+            asked = self.headers.get("Range")
+            hub.ranges.setdefault(name, []).append(asked)
+            code, start = 200, 0
+            if asked and asked.startswith("bytes=") and asked.endswith("-"):
+                code, start = 206, int(asked[len("bytes=") : -1])
+                headers = {**headers, "Content-Range": f"bytes {start}-{len(data) - 1}/{len(data)}"}
+            body = data[start:]
+            hub.enter_download()
+            try:
+                self.send_response(code)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                rate = hub.pace.get((repo, name))
+                step = max(1, int(rate / 20)) if rate else len(body) or 1
+                began = time.monotonic()
+                for sent in range(0, len(body), step):
+                    self.wfile.write(body[sent : sent + step])
+                    if rate:
+                        time.sleep(max(0.0, (sent + step) / rate - (time.monotonic() - began)))
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client stopped reading (a stopped download)
+            finally:
+                hub.leave_download()
 
         def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
             self._route(send_body=True)
@@ -184,10 +241,15 @@ def hub_env(hub: FakeHub, home: Path) -> dict[str, str]:
 
 
 def run_stage(
-    hub: FakeHub, root: Path, token: str | None = None, env: dict[str, str] | None = None
+    hub: FakeHub,
+    root: Path,
+    token: str | None = None,
+    env: dict[str, str] | None = None,
+    streams: int | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """stage_weights.py as the container runs it: the token line (empty: anonymous) on stdin."""
-    plan = wm.staging_plan(model_repo=MODEL_REPO, engram_repo=ENGRAM_REPO, revision="main")
+    """stage_weights.py as the container runs it: the token line (empty: anonymous) on stdin; `streams`: the
+    plan's download_streams (None: left out of the plan)."""
+    plan = wm.staging_plan(model_repo=MODEL_REPO, engram_repo=ENGRAM_REPO, revision="main", download_streams=streams)
     return subprocess.run(
         [PYTHON, str(SCRIPT), "--plan", json.dumps(plan), "--dest-root", str(root), "--host-root", "/host/root"],
         env={**hub_env(hub, root.parent / "hf-home"), **(env or {})},

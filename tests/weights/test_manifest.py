@@ -52,6 +52,16 @@ def test_plan_rejects_bad_repo_and_revision() -> None:
         wm.staging_plan(model_repo=MODEL_REPO, engram_repo=ENGRAM_REPO, revision="")
 
 
+def test_plan_carries_the_download_streams_the_staging_program_reads() -> None:
+    plan = wm.staging_plan(model_repo=MODEL_REPO, engram_repo=ENGRAM_REPO, revision="main", download_streams=8)
+    assert sw.plan_streams(json.loads(json.dumps(plan))) == 8
+    unplanned = wm.staging_plan(model_repo=MODEL_REPO, engram_repo=ENGRAM_REPO, revision="main")
+    assert "download_streams" not in unplanned and sw.plan_streams(unplanned) == 1
+    for bad in (0, sw.MAX_STREAMS + 1):
+        with pytest.raises(ValueError, match=f"download_streams={bad} must be from 1 to 64"):
+            wm.staging_plan(model_repo=MODEL_REPO, engram_repo=ENGRAM_REPO, revision="main", download_streams=bad)
+
+
 # --- rendering and parsing (pure) ------------------------------------------------------------------
 
 

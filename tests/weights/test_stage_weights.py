@@ -288,14 +288,14 @@ def test_hashing_writer_follows_the_clients_resume_and_restart() -> None:
 
     data = b"0123456789" * 7
     digests = sw._Digests(len(data))
-    w = sw.HashingWriter(io.BytesIO(), digests)  # type: ignore[arg-type]
+    w = sw.HashingWriter(io.BytesIO(), digests)
     w.write(b"garbage from a server that ignored Range")
     w.seek(0)
     w.truncate()
     w.write(data[:30])
     w.write(data[30:])  # resumed after a dropped connection: appended
     assert digests.sha256.hexdigest() == hashlib.sha256(data).hexdigest()
-    assert digests.git.hexdigest() == git_blob_id(data)
+    assert digests.git is not None and digests.git.hexdigest() == git_blob_id(data)
     with pytest.raises(OSError, match="first byte"):
         w.seek(10)
 
@@ -324,3 +324,290 @@ def test_index_with_foreign_shard_name_fails() -> None:
     with pytest.raises(sw.StageError, match="unexpected: model-00048-of-00049"):
         sw.check_index("r", {"weight_map": weight_map}, 48)
     sw.check_index("r", {"weight_map": {f"w{i}": wm.engram_shard_name(i) for i in range(1, 49)}}, 48)
+
+
+# --- several files at once, resumable, with progress (issue 23, item 9) -------------------------------
+
+
+def _on_disk(root: Path) -> set[str]:
+    return {
+        p.relative_to(root).as_posix()
+        for p in root.rglob("*")
+        if p.is_file() and p.name != sw.MANIFEST_FILE and not p.name.endswith(sw.PARTIAL_SUFFIX)
+    }
+
+
+def _stage_lines(proc: Any) -> list[str]:
+    return [ln for ln in proc.stderr.splitlines() if ln.startswith("stage_weights: ")]
+
+
+def test_downloads_overlap_and_never_exceed_download_streams(hub: FakeHub, tmp_path: Path) -> None:
+    # The first downloads wait at the hub until one more than the streams is being served (10 s at most): four
+    # streams reach four at once, and a fifth must never come while those four are held.
+    hub.hold_until = 5
+    proc = run_stage(hub, tmp_path / "root", streams=4)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert hub.max_in_flight == 4, (
+        f"with downloadStreams 4 the hub must serve exactly 4 downloads at once at most, saw {hub.max_in_flight}"
+    )
+    assert len(wm.parse_stage_output(proc.stdout).files) == 46
+
+
+def test_a_plan_without_a_stream_count_downloads_one_file_at_a_time(hub: FakeHub, tmp_path: Path) -> None:
+    hub.hold_until = 2  # never reached one at a time: the first download waits 10 s, then none does
+    proc = run_stage(hub, tmp_path / "root")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert hub.max_in_flight == 1, "callers that render no download_streams keep the old behaviour"
+
+
+def test_a_failing_file_leaves_the_finished_ones_recorded_and_is_the_one_error(hub: FakeHub, tmp_path: Path) -> None:
+    bad = "model-00012-of-00039.safetensors"
+    hub.unresolvable.add((MODEL_REPO, bad))
+    hub.delay_s[(MODEL_REPO, bad)] = 1.0  # the others finish meanwhile
+    root = tmp_path / "root"
+    proc = run_stage(hub, root, streams=4)
+    assert proc.returncode == 1
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("stage_weights: error:")]
+    assert len(errors) == 1 and bad in errors[0] and "404" in errors[0], errors
+    assert _stage_lines(proc)[-1] == errors[0], "the error comes after every other file has stopped or finished"
+    recorded = records(root)["files"]
+    finished = _on_disk(root)
+    assert finished and set(recorded) == finished, "every file in place is recorded, and only those"
+    for rel in finished:
+        assert recorded[rel]["sha256"] == hashlib.sha256((root / rel).read_bytes()).hexdigest(), rel
+    assert f"model/{bad}" not in finished
+
+    hub.unresolvable.clear()
+    hub.requests.clear()
+    proc = run_stage(hub, root, streams=4)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    dest = {MODEL_REPO: "model", ENGRAM_REPO: "engram-src"}
+    fetched = {
+        f"{dest['/'.join(parts[:2])]}/{'/'.join(parts[4:])}"
+        for m, p, _ in hub.requests
+        if m == "GET" and "/resolve/" in p and (parts := p.strip("/").split("/"))
+    }
+    planned = set(wm.parse_stage_output(proc.stdout).files)
+    assert fetched == planned - finished, "the re-run fetches exactly what the failed run had not finished"
+
+
+BIG = 24 << 20  # more than the client's 10 MiB write chunk, so a stopped download has bytes on disk
+
+
+def test_a_download_stopped_by_another_files_failure_is_resumed_from_its_kept_bytes(
+    hub: FakeHub, tmp_path: Path
+) -> None:
+    big = bytes(range(256)) * (BIG // 256)
+    hub.repos[MODEL_REPO][SHARD] = big
+    hub.pace[(MODEL_REPO, SHARD)] = 8 << 20  # 3 s for the whole file, its first 10 MiB written at 1.25 s
+    bad = "model-00012-of-00039.safetensors"
+    hub.unresolvable.add((MODEL_REPO, bad))
+    hub.delay_s[(MODEL_REPO, bad)] = 1.9  # fails while the big file is between its first and last write
+    root = tmp_path / "root"
+    proc = run_stage(hub, root, streams=4)
+    assert proc.returncode == 1
+    assert bad in error_line(proc)
+    (partial,) = (root / "model").glob(f".{SHARD}.*{sw.PARTIAL_SUFFIX}")
+    kept = partial.stat().st_size
+    assert 0 < kept < BIG, f"the stopped download keeps what it had written, {kept} bytes"
+    assert partial.read_bytes() == big[:kept]
+    assert f"model/{SHARD} stopped (another file failed); its {kept} bytes are kept" in proc.stderr
+    assert not (root / "model" / SHARD).exists() and f"model/{SHARD}" not in records(root)["files"]
+
+    hub.unresolvable.clear()
+    del hub.pace[(MODEL_REPO, SHARD)]
+    hub.ranges.clear()
+    proc = run_stage(hub, root, streams=4)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert hub.ranges[SHARD] == [f"bytes={kept}-"], "the next run asks only for the bytes it lacks"
+    assert f"resuming after the {kept} bytes an earlier run downloaded (hashed again)" in proc.stderr
+    assert (root / "model" / SHARD).read_bytes() == big
+    assert records(root)["files"][f"model/{SHARD}"]["sha256"] == hashlib.sha256(big).hexdigest()
+    assert not list((root / "model").glob(f".*{sw.PARTIAL_SUFFIX}"))
+
+
+def test_a_kept_partial_with_a_wrong_byte_is_refused_then_fetched_whole(hub: FakeHub, tmp_path: Path) -> None:
+    """The kept bytes are hashed again, so a partial damaged on disk fails the check: never moved into place."""
+    data = hub.repos[MODEL_REPO][SHARD]
+    root = tmp_path / "root"
+    listed = sw.HubFile(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+    partial = sw.partial_path(root / "model" / SHARD, listed)
+    partial.parent.mkdir(parents=True)
+    partial.write_bytes(bytes([data[0] ^ 1]) + data[1:8])
+    stale = root / "model" / f".{SHARD}.{'f' * 16}{sw.PARTIAL_SUFFIX}"  # of other content: never resumed
+    stale.write_bytes(data[:8])
+    proc = run_stage(hub, root, streams=8)
+    assert proc.returncode == 1
+    line = error_line(proc)
+    assert SHARD in line and "sha256" in line and "not kept" in line, line
+    assert hub.ranges[SHARD] == ["bytes=8-"]
+    assert not partial.exists() and not stale.exists() and not (root / "model" / SHARD).exists()
+    proc = run_stage(hub, root, streams=8)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert hub.ranges[SHARD] == ["bytes=8-", None], "fetched whole the second time"
+    assert (root / "model" / SHARD).read_bytes() == data
+
+
+def test_a_corrupted_byte_is_refused_while_other_files_download(hub: FakeHub, tmp_path: Path) -> None:
+    hub.corrupt.add((MODEL_REPO, SHARD))
+    root = tmp_path / "root"
+    proc = run_stage(hub, root, streams=8)
+    assert proc.returncode == 1
+    line = error_line(proc)
+    assert SHARD in line and hashlib.sha256(hub.repos[MODEL_REPO][SHARD]).hexdigest() in line and "not kept" in line
+    assert not (root / "model" / SHARD).exists()
+    assert not list((root / "model").glob(f".{SHARD}*")), "its partial copy is not kept either"
+    assert f"model/{SHARD}" not in records(root)["files"]
+
+
+def test_a_run_prints_progress_with_bytes_rate_streams_and_files(hub: FakeHub, tmp_path: Path) -> None:
+    proc = run_stage(hub, tmp_path / "root", streams=8)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    progress = [ln for ln in proc.stderr.splitlines() if ln.startswith("stage_weights: progress ")]
+    assert progress, proc.stderr[-2000:]
+    total = sum(len(hub.repos[MODEL_REPO][n]) for n in hub.repos[MODEL_REPO]) + sum(
+        len(hub.repos[ENGRAM_REPO][n])
+        for n in [wm.engram_shard_name(47), wm.engram_shard_name(48), wm.ENGRAM_INDEX, "config.json"]
+    )
+    assert progress[-1].startswith(f"stage_weights: progress {total / 1024:.1f}/{total / 1024:.1f} KiB (100.0%), ")
+    assert progress[-1].endswith(", 0/8 streams, 46/46 files") and " took " in progress[-1], progress[-1]
+
+
+def test_a_run_with_nothing_to_fetch_prints_no_progress(hub: FakeHub, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    assert run_stage(hub, root, streams=8).returncode == 0
+    proc = run_stage(hub, root, streams=8)
+    assert proc.returncode == 0 and "stage_weights: progress" not in proc.stderr
+
+
+def test_hashing_writer_stops_before_hashing_or_writing_a_chunk() -> None:
+    import io
+    import threading
+
+    stop = threading.Event()
+    data = b"abcdef"
+    digests = sw._Digests(len(data))
+    out = io.BytesIO()
+    w = sw.HashingWriter(out, digests, stop=stop)
+    w.write(data[:3])
+    stop.set()
+    with pytest.raises(sw.DownloadStopped):
+        w.write(data[3:])
+    assert out.getvalue() == data[:3] and digests.sha256.hexdigest() == hashlib.sha256(data[:3]).hexdigest()
+
+
+def test_an_lfs_file_is_identified_by_sha256_alone() -> None:
+    data = b"x" * 100
+    lfs = sw.digests_for(sw.HubFile(size=100, sha256=hashlib.sha256(data).hexdigest(), blob_id="0" * 40))
+    small = sw.digests_for(sw.HubFile(size=100, blob_id=git_blob_id(data)))
+    for d in (lfs, small):
+        d.update(data)
+    assert lfs.git is None and lfs.mismatch(sw.HubFile(size=100, sha256=hashlib.sha256(data).hexdigest())) is None
+    assert small.mismatch(sw.HubFile(size=100, blob_id=git_blob_id(data))) is None
+    assert "git blob id" in str(small.mismatch(sw.HubFile(size=100, blob_id="1" * 40)))
+
+
+@pytest.mark.parametrize("bad", [0, 65, -1, "8", True, 2.0])
+def test_a_plan_with_a_stream_count_out_of_range_is_refused(bad: Any) -> None:
+    with pytest.raises(sw.StageError, match=r"download_streams=.* from 1 to 64; set weights.downloadStreams"):
+        sw.plan_streams({"download_streams": bad})
+    assert sw.plan_streams({}) == 1 and sw.plan_streams({"download_streams": 8}) == 8
+
+
+# --- progress (pure) ---------------------------------------------------------------------------------
+
+GiB, MiB = 1 << 30, 1 << 20
+
+
+def test_progress_line_shows_bytes_percent_rate_eta_streams_and_files() -> None:
+    line = sw.format_progress(
+        done_bytes=int(12.3 * GiB),
+        total_bytes=387 * GiB,
+        rate=410 * MiB,
+        active=8,
+        streams=8,
+        files_done=3,
+        files_total=41,
+    )
+    # (387 - 12.3) GiB at 410 MiB/s: 935.8 s
+    assert line == "progress 12.3/387.0 GiB (3.2%), 410 MiB/s, ETA 15m36s, 8/8 streams, 3/41 files"
+
+
+def test_progress_line_units_follow_the_total_and_the_end_says_how_long() -> None:
+    kib = sw.format_progress(
+        done_bytes=512, total_bytes=2048, rate=0.0, active=1, streams=8, files_done=0, files_total=4
+    )
+    assert kib == "progress 0.5/2.0 KiB (25.0%), 0.0 KiB/s, ETA -, 1/8 streams, 0/4 files"
+    end = sw.format_progress(
+        done_bytes=300 * MiB,
+        total_bytes=300 * MiB,
+        rate=2.5 * GiB,
+        active=0,
+        streams=8,
+        files_done=4,
+        files_total=4,
+        elapsed_s=7300,
+    )
+    assert end == "progress 300.0/300.0 MiB (100.0%), 2.5 GiB/s, took 2h01m, 0/8 streams, 4/4 files"
+    assert "ETA 0s" in sw.format_progress(
+        done_bytes=1, total_bytes=1, rate=0.0, active=0, streams=1, files_done=1, files_total=1
+    )
+    assert "(100.0%)" in sw.format_progress(
+        done_bytes=0, total_bytes=0, rate=0.0, active=0, streams=1, files_done=0, files_total=0
+    )
+
+
+@pytest.mark.parametrize(
+    ("seconds", "shown"), [(0, "0s"), (59.4, "59s"), (60, "1m00s"), (3599, "59m59s"), (3600, "1h00m")]
+)
+def test_durations_are_short(seconds: float, shown: str) -> None:
+    assert sw.format_duration(seconds) == shown
+
+
+def test_progress_lines_come_every_5_s_then_every_30_s_after_10_minutes() -> None:
+    assert sw.progress_interval(0) == sw.progress_interval(599) == 5.0
+    assert sw.progress_interval(600) == sw.progress_interval(36000) == 30.0
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_progress_counts_present_files_as_done_but_not_in_the_rate() -> None:
+    clock = FakeClock()
+    p = sw.Progress(total_bytes=1000 * MiB, total_files=4, streams=2, clock=clock)
+    assert p.present(400 * MiB) == 1  # staged by an earlier run
+    t = p.start()
+    t.kept(100 * MiB)  # a partial an earlier run left
+    clock.now += 10
+    t.wrote(100 * MiB)
+    assert p.line() == "progress 600.0/1000.0 MiB (60.0%), 10.0 MiB/s, ETA 40s, 1/2 streams, 1/4 files"
+    t.restart()  # the server ignored Range: the file starts over
+    assert p.done_bytes == 400 * MiB
+    t.wrote(50 * MiB)
+    assert t.finish(200 * MiB) == 2 and p.done_bytes == 600 * MiB and p.active == 0
+    u = p.start()
+    u.wrote(10 * MiB)
+    u.abandon()  # failed: its bytes are not staged
+    assert p.done_bytes == 600 * MiB and p.active == 0 and p.files_done == 2
+    clock.now += 10
+    assert p.line(final=True) == "progress 600.0/1000.0 MiB (60.0%), 8.0 MiB/s, took 20s, 0/2 streams, 2/4 files"
+
+
+def test_the_rate_follows_the_last_30_seconds() -> None:
+    clock = FakeClock()
+    p = sw.Progress(total_bytes=10 * GiB, total_files=1, streams=1, clock=clock)
+    t = p.start()
+    for _ in range(12):  # 60 s at 100 MiB/s, a line every 5 s
+        clock.now += 5
+        t.wrote(500 * MiB)
+        p.line()
+    for _ in range(6):  # then 30 s at 10 MiB/s
+        clock.now += 5
+        t.wrote(50 * MiB)
+        last = p.line()
+    assert ", 10.0 MiB/s, " in last, last

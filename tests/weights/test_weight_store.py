@@ -57,7 +57,9 @@ class Run:
         return self.recorded.registrations
 
 
-def _mocked_program(share: str, *, workers: int = 1, token: str | None = TOKEN) -> Run:
+def _mocked_program(
+    share: str, *, workers: int = 1, token: str | None = TOKEN, download_streams: int | None = None
+) -> Run:
     built: dict[str, WeightStore] = {}
 
     def node(name: str, ip: str) -> WeightNode:
@@ -85,9 +87,11 @@ def _mocked_program(share: str, *, workers: int = 1, token: str | None = TOKEN) 
             streams=4,
             timeout_s=3600,
         )
+        streams = {"download_streams": 8 if download_streams is None else download_streams}
         store = WeightStore(
             "ws",
             WeightStoreArgs(
+                **streams,
                 head=node("head", "10.0.0.1"),
                 workers=[node(f"w{i}", f"10.0.0.{i + 1}") for i in range(1, workers + 1)],
                 root="~/dsv41-exl3",
@@ -134,6 +138,17 @@ def test_staging_command_is_retained_and_triggered_by_what_is_staged() -> None:
     assert not _field(stage, "delete"), "staging has no delete command"
     assert _field(stage, "triggers") == [MODEL_REPO, ENGRAM_REPO, "main", "~/dsv41-exl3"]
     assert stage.parent.endswith("::ws"), "children are parented to the component"
+
+
+def test_staging_downloads_the_configured_streams_at_once_without_restaging_for_it() -> None:
+    stage = _by_name(_mocked_program("bind", download_streams=3))["ws-stage"]
+    plan = json.loads(header_value(_field(stage, "create"), "PLAN"))
+    assert plan["download_streams"] == 3, "the plan stage_weights.py reads carries weights.downloadStreams"
+    assert 3 not in _field(stage, "triggers"), "how fast it downloads is not what is staged: no replacement"
+    default = _by_name(_mocked_program("bind"))["ws-stage"]
+    assert json.loads(header_value(_field(default, "create"), "PLAN"))["download_streams"] == 8, (
+        "unset: the config's default (the launcher's 8)"
+    )
 
 
 def test_no_secret_in_any_command_text_and_token_only_in_secret_stdin() -> None:
@@ -276,6 +291,7 @@ def test_copy_without_a_workers_copy_root_is_rejected() -> None:
         hf_token=None,
         hf_endpoint=None,
         stage_timeout_s=10,
+        download_streams=8,
         stack_prefix=PREFIX,
         copy=settings,
     )
@@ -300,6 +316,7 @@ def test_nfs_without_worker_docker_provider_is_rejected() -> None:
         hf_token=None,
         hf_endpoint=None,
         stage_timeout_s=10,
+        download_streams=8,
         stack_prefix=PREFIX,
         copy=None,
     )

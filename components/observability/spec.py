@@ -1,0 +1,130 @@
+"""What the observability layer runs, as plain values: Prometheus' config and flags, the exporter's config.
+
+Pure logic, no resources (observability.py makes them). Every address is a node's: Prometheus runs on the
+head with host networking and scrapes vLLM at the endpoint's address, each node's exporter and node exporter
+at the node's fabric address.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from components.config import Settings
+
+CONFIG_DIR = "/etc/dsv41-prometheus"
+DATA_DIR = "/prometheus"
+EXPORTER_DIR = "/opt/dsv41-exporter"
+WATCHDOG_DIR = "/var/lib/dsv41-watchdog"
+# The files the exporter's container runs, uploaded into it (stdlib and prometheus_client only).
+EXPORTER_FILES = (
+    "components/__init__.py",
+    "components/observability/__init__.py",
+    "components/observability/metrics.py",
+    "components/observability/exporter.py",
+)
+EXPORTER_MEMORY_MB = 64
+NODE_EXPORTER_MEMORY_MB = 64
+# node_exporter's collectors: what the dashboard and a GB10 owner read; the rest only costs series.
+NODE_COLLECTORS = ("meminfo", "cpu", "loadavg", "filesystem", "netdev", "diskstats", "pressure", "time")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Target:
+    job: str
+    address: str
+    node: str
+
+
+def targets(s: Settings) -> list[Target]:
+    """Every scrape target: vLLM on the head, then per node the exporter and (with an image) the node exporter."""
+    o = s.observability
+    out = [Target(job="vllm", address=f"{s.head.host}:{s.serve.port}", node=s.head.name)]
+    out += [Target(job="dsv41", address=f"{n.fabric_ip}:{o.exporter_port}", node=n.name) for n in s.nodes]
+    if o.node_exporter_image:
+        out += [Target(job="node", address=f"{n.fabric_ip}:{o.node_exporter_port}", node=n.name) for n in s.nodes]
+    return out
+
+
+def prometheus_config(s: Settings, stack: str, *, api_key_file: str | None) -> str:
+    """prometheus.yml: the scrape jobs, each target labelled with its node, and the committed rules."""
+    o = s.observability
+    interval = f"{o.scrape_seconds}s"
+    jobs: dict[str, list[Target]] = {}
+    for t in targets(s):
+        jobs.setdefault(t.job, []).append(t)
+    scrape: list[dict[str, Any]] = []
+    for job, ts in jobs.items():
+        cfg: dict[str, Any] = {
+            "job_name": job,
+            "static_configs": [{"targets": [t.address], "labels": {"node": t.node}} for t in ts],
+        }
+        if job == "vllm" and api_key_file:
+            # Sent wherever a key is configured: a /metrics that does not ask for it ignores it.
+            cfg["authorization"] = {"type": "Bearer", "credentials_file": api_key_file}
+        scrape.append(cfg)
+    data = {
+        "global": {
+            "scrape_interval": interval,
+            "evaluation_interval": interval,
+            "scrape_timeout": f"{min(10, o.scrape_seconds)}s",
+            "external_labels": {"stack": stack},
+        },
+        "rule_files": [f"{CONFIG_DIR}/rules.yml"],
+        "scrape_configs": scrape,
+    }
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def listen_address(s: Settings) -> str:
+    """Prometheus' listen address: the head's SSH address, where the operator reaches it (`prometheusUrl`)."""
+    return f"{s.head.host}:{s.observability.port}"
+
+
+def prometheus_url(s: Settings) -> str:
+    return f"http://{listen_address(s)}"
+
+
+def prometheus_args(s: Settings) -> list[str]:
+    o = s.observability
+    return [
+        "prometheus",
+        f"--config.file={CONFIG_DIR}/prometheus.yml",
+        f"--storage.tsdb.path={DATA_DIR}",
+        f"--storage.tsdb.retention.time={o.retention_hours}h",
+        f"--storage.tsdb.retention.size={o.retention_mib}MB",
+        f"--web.listen-address={listen_address(s)}",
+    ]
+
+
+def node_exporter_args(s: Settings, fabric_ip: str) -> list[str]:
+    return [
+        "node_exporter",
+        f"--web.listen-address={fabric_ip}:{s.observability.node_exporter_port}",
+        "--collector.disable-defaults",
+        *(f"--collector.{c}" for c in NODE_COLLECTORS),
+    ]
+
+
+def exporter_config(
+    s: Settings, stack: str, node_index: int, *, generation: str, image_id: str, agent_url: str, leader_url: str
+) -> dict[str, Any]:
+    """The exporter's config.json (no secret: the token is a file of its own)."""
+    node = s.nodes[node_index]
+    return {
+        "stack": stack,
+        "node": node.name,
+        "leader": node_index == 0,
+        "generation": generation,
+        "image_id": image_id,
+        "probe_seconds": s.supervisor.probe_seconds,
+        "watchdog_floor_gib": s.watchdog.mem_available_floor_gib if s.watchdog.enabled else None,
+        "agent_url": agent_url,
+        "leader_url": leader_url,
+        "watchdog_log": f"{WATCHDOG_DIR}/watchdog.log" if s.watchdog.enabled else "",
+        "token_file": f"{EXPORTER_DIR}/token",
+        "listen_host": node.fabric_ip,
+        "listen_port": s.observability.exporter_port,
+    }
