@@ -45,5 +45,14 @@ def container_name(stack: str, node_name: str) -> str:
     return f"dsv41-exl3-{stack}-{node_name}"
 
 
+def stack_of_container(container: str, node_name: str) -> str | None:
+    """The stack whose rank on `node_name` is named `container` (container_name's inverse), or None."""
+    head, tail = "dsv41-exl3-", f"-{node_name}"
+    if not (container.startswith(head) and container.endswith(tail)) or len(container) <= len(head) + len(tail):
+        return None
+    stack = container[len(head) : -len(tail)]
+    return stack if container_name(stack, node_name) == container else None
+
+
 def container_labels(stack: str, config_generation: str, generation: str, rank: int) -> dict[str, str]:
     return {STACK_LABEL: stack, CONFIG_LABEL: config_generation, GENERATION_LABEL: generation, RANK_LABEL: str(rank)}

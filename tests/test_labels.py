@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from components import labels
 from components.labels import MAX_PREFIX, stack_prefix
 
 
@@ -30,3 +31,15 @@ def test_stacks_whose_names_sanitise_alike_still_differ(a: str, b: str) -> None:
 def test_empty_names_are_refused() -> None:
     with pytest.raises(ValueError, match="must both be non-empty"):
         stack_prefix("dsv41-exl3", "")
+
+
+@pytest.mark.parametrize(("stack", "node"), [("dev", "node-1"), ("sparks", "spark-1"), ("a-b.c", "x"), ("n-1", "n-1")])
+def test_a_ranks_name_tells_its_stack_back(stack: str, node: str) -> None:
+    assert labels.stack_of_container(labels.container_name(stack, node), node) == stack
+
+
+@pytest.mark.parametrize(
+    ("container", "node"), [("dsv41-rank1", "spark-b"), ("dsv41-exl3-dev-node-2", "node-1"), ("dsv41-exl3--n", "n")]
+)
+def test_a_name_the_program_did_not_give_tells_no_stack(container: str, node: str) -> None:
+    assert labels.stack_of_container(container, node) is None

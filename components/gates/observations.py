@@ -7,7 +7,7 @@ import json
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -169,6 +169,64 @@ def parse_stats(line: str) -> tuple[str, ContainerUsage] | None:
 
 class SourceError(Exception):
     """The source could not observe a rank this time (ssh failed, docker did not answer)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# docker's log lines, as any source reads them (`docker logs --timestamps`, the Engine API's logs)
+
+_DOCKER_TS = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)) ?(.*)$")
+
+
+def timestamp_key(stamp: str) -> tuple[int, int]:
+    """Sortable (unix seconds, nanoseconds) for docker's RFC 3339 stamps, whose fraction length varies."""
+    m = re.match(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)$", stamp)
+    if not m:
+        raise SourceError(f"unexpected docker timestamp {stamp[:60]!r}")
+    zone = "+00:00" if m.group(3) == "Z" else m.group(3)
+    seconds = int(datetime.fromisoformat(m.group(1) + zone).timestamp())
+    nanos = int((m.group(2) or "0")[:9].ljust(9, "0"))
+    return seconds, nanos
+
+
+def parse_docker_logs(output: str) -> list[LogLine]:
+    """Parse `docker logs --timestamps`: `<RFC3339Nano> <text>` per line; progress bars use \\r."""
+    lines: list[LogLine] = []
+    for raw in output.split("\n"):  # not splitlines(): that would also split tqdm's \r redraws
+        if not raw.strip():
+            continue
+        m = _DOCKER_TS.match(raw)
+        at, text = (m.group(1), m.group(2)) if m else (None, raw)
+        # tqdm redraws with \r: the last redraw is the current state
+        text = text.rstrip("\r").rsplit("\r", 1)[-1]
+        lines.append(LogLine(text=text, at=at))
+    return lines
+
+
+@dataclass
+class LogCursor:
+    """Where a rank's log is read from next: `since`, docker's stamp of the newest line taken (docker's since is
+    inclusive), and the texts already taken at that instant, so a read from `since` yields each line once."""
+
+    since: str
+    seen: set[str] = field(default_factory=set)
+
+    def take(self, lines: Sequence[LogLine]) -> list[LogLine]:
+        """The lines of a read from `since` not taken before; moves the cursor past them."""
+        since_key = timestamp_key(self.since)
+        fresh: list[LogLine] = []
+        newest, newest_key = self.since, since_key
+        for line in lines:
+            key = timestamp_key(line.at) if line.at else None
+            if key is not None and key == since_key and line.text in self.seen:
+                continue  # taken by the previous read
+            fresh.append(line)
+            if key is not None and key > newest_key:
+                newest, newest_key = line.at or newest, key
+        # stdout and stderr arrive interleaved, so the newest instant is computed, not assumed last
+        at_newest = {ln.text for ln in fresh if ln.at and timestamp_key(ln.at) == newest_key}
+        self.seen = at_newest | (self.seen if newest == self.since else set())
+        self.since = newest
+        return fresh
 
 
 class RankPoller(Protocol):

@@ -3,32 +3,28 @@ stream source falls back to it for a node that cannot stream."""
 
 from __future__ import annotations
 
-import re
 import shlex
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime
 
-from components.gates.observations import ContainerState, ContainerUsage, LogLine, RankSpec, SourceError, parse_stats
+from components.gates.observations import (
+    ContainerState,
+    ContainerUsage,
+    LogCursor,
+    LogLine,
+    RankSpec,
+    SourceError,
+    parse_docker_logs,
+    parse_stats,
+)
+from components.gates.observations import timestamp_key as timestamp_key  # where the stream source and tests read it
 from components.ssh import SshTarget, ssh_argv
 
 # ---------------------------------------------------------------------------------------------
 # The real source: docker over SSH
 
-_DOCKER_TS = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)) ?(.*)$")
 _INSPECT_FORMAT = "{{.State.Status}} {{.State.ExitCode}} {{.State.StartedAt}}"
 STATS_FORMAT = "{{json .}}"
-
-
-def timestamp_key(stamp: str) -> tuple[int, int]:
-    """Sortable (unix seconds, nanoseconds) for docker's RFC 3339 stamps, whose fraction length varies."""
-    m = re.match(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)$", stamp)
-    if not m:
-        raise SourceError(f"unexpected docker timestamp {stamp[:60]!r}")
-    zone = "+00:00" if m.group(3) == "Z" else m.group(3)
-    seconds = int(datetime.fromisoformat(m.group(1) + zone).timestamp())
-    nanos = int((m.group(2) or "0")[:9].ljust(9, "0"))
-    return seconds, nanos
 
 
 def parse_inspect(output: str) -> ContainerState:
@@ -42,20 +38,6 @@ def parse_inspect(output: str) -> ContainerState:
         started_at=fields[2],
         oom_killed=len(fields) == 4 and fields[3] == "true",
     )
-
-
-def parse_docker_logs(output: str) -> list[LogLine]:
-    """Parse `docker logs --timestamps`: `<RFC3339Nano> <text>` per line; progress bars use \\r."""
-    lines: list[LogLine] = []
-    for raw in output.split("\n"):  # not splitlines(): that would also split tqdm's \r redraws
-        if not raw.strip():
-            continue
-        m = _DOCKER_TS.match(raw)
-        at, text = (m.group(1), m.group(2)) if m else (None, raw)
-        # tqdm redraws with \r: the last redraw is the current state
-        text = text.rstrip("\r").rsplit("\r", 1)[-1]
-        lines.append(LogLine(text=text, at=at))
-    return lines
 
 
 Runner = Callable[[list[str], float], "subprocess.CompletedProcess[str]"]
@@ -101,8 +83,7 @@ class SshRankSource:
         }
         self._remote_timeout_s = remote_timeout_s
         self._runner = runner
-        self._since: dict[int, str] = {}
-        self._seen_at_since: dict[int, set[str]] = {}
+        self._cursors: dict[int, LogCursor] = {}
 
     def __repr__(self) -> str:
         return f"SshRankSource(ranks={sorted(self._specs)})"
@@ -139,36 +120,21 @@ class SshRankSource:
         return parse_inspect(done.stdout)
 
     def new_lines(self, rank: int) -> list[LogLine]:
-        if rank not in self._since:
+        cursor = self._cursors.get(rank)
+        if cursor is None:
             started = self.state(rank).started_at
             if not started:
                 raise SourceError(f"container {self._specs[rank].container} has no start time yet")
-            self._since[rank] = started
-            self._seen_at_since[rank] = set()
-        since = self._since[rank]
+            cursor = self._cursors[rank] = LogCursor(started)
         container = shlex.quote(self._specs[rank].container)
         done = self._remote(
             rank,
-            f"timeout {self._remote_timeout_s} docker logs --timestamps --since {shlex.quote(since)} {container} 2>&1",
+            f"timeout {self._remote_timeout_s} docker logs --timestamps --since {shlex.quote(cursor.since)} "
+            f"{container} 2>&1",
         )
         if done.returncode != 0:
             raise SourceError(f"docker logs {self._specs[rank].container} failed: {done.stdout.strip()[:300]}")
-        fresh: list[LogLine] = []
-        seen = self._seen_at_since[rank]
-        newest, newest_key = since, timestamp_key(since)
-        for line in parse_docker_logs(done.stdout):
-            key = timestamp_key(line.at) if line.at else None
-            if key is not None and key == timestamp_key(since) and line.text in seen:
-                continue  # read by the previous call: --since is inclusive
-            fresh.append(line)
-            if key is not None and key > newest_key:
-                newest, newest_key = line.at or newest, key
-        # stdout and stderr arrive interleaved, so the newest instant is computed, not assumed last
-        at_newest = {ln.text for ln in fresh if ln.at and timestamp_key(ln.at) == newest_key}
-        seen = at_newest | (seen if newest == since else set())
-        since = newest
-        self._since[rank], self._seen_at_since[rank] = since, seen
-        return fresh
+        return cursor.take(parse_docker_logs(done.stdout))
 
     def usage(self, rank: int) -> ContainerUsage:
         container = self._specs[rank].container
@@ -187,4 +153,4 @@ class SshRankSource:
 
     def resume_at(self, rank: int, since: str, seen: set[str]) -> None:
         """Continue after a stream's last line (`since`, its docker timestamp; `seen`: the texts at it)."""
-        self._since[rank], self._seen_at_since[rank] = since, set(seen)
+        self._cursors[rank] = LogCursor(since, set(seen))

@@ -61,19 +61,19 @@ from components.gates.observations import (  # noqa: F401
     SystemClock,
     Unobservable,
     UsageSeen,
+    parse_docker_logs,
     parse_size,
     parse_stats,
     poll_once,
+    timestamp_key,
     usage_once,
 )
 from components.gates.poll_source import (  # noqa: F401
     STATS_FORMAT,
     Runner,
     SshRankSource,
-    parse_docker_logs,
     parse_inspect,
     run_command,
-    timestamp_key,
 )
 from components.gates.stream_source import (  # noqa: F401
     RECONNECT_BACKOFF_S,

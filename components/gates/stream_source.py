@@ -30,17 +30,17 @@ from components.gates.observations import (
     StateSeen,
     Unobservable,
     UsageSeen,
+    parse_docker_logs,
     parse_stats,
     poll_once,
+    timestamp_key,
     usage_once,
 )
 from components.gates.poll_source import (
     Runner,
     SshRankSource,
-    parse_docker_logs,
     parse_inspect,
     run_command,
-    timestamp_key,
 )
 from components.ssh import SshTarget, ssh_argv
 

@@ -5,11 +5,14 @@ Every node's agent owns its node's rank container through the node's docker sock
 `supervisor.port` of the node's fabric address, with a bearer token:
 
     GET  /rank           the rank container's state and the node's MemAvailable
+    GET  /rank/logs?since=<unix>   its log lines since then (docker's, timestamped)
+    GET  /rank/usage     its container's memory and block I/O (what `docker stats` shows)
     POST /rank/stop      stop it (10 s, then kill)          POST /rank/start   start the same container
 
 The head's agent also leads: it looks at every rank once a second and probes the endpoint every
 `supervisor.probeSeconds` with the drift probe's rules; on a dead group it stops every rank, waits for memory,
-starts the workers then the head, and verifies with the verifier's verdict (policy.py decides, this acts).
+starts the workers then the head, waits on the gates' rendezvous and ready rules over every rank's log
+(boot.py), and verifies with the verifier's verdict (policy.py decides, this acts).
 It also serves `GET /status`, `POST /pause|/resume` and the update lock (`POST|DELETE /lock`).
 
 Usage: python3 -m components.supervisor.agent CONFIG.json
@@ -33,12 +36,16 @@ from pathlib import Path
 from typing import Any
 
 import components.verify.client as verify_client  # the package forwards unknown names to verifier.py (pulumi)
-from components.supervisor import policy
+from components.gates.decisions import ModelsEndpoint
+from components.gates.observations import GateFailure, RankSpec, parse_docker_logs
+from components.supervisor import boot, policy
 
 GENERATION_LABEL = "dsv41-exl3.generation"
 AGENT_TIMEOUT_S = 5.0
 STOP_GRACE_S = 10
 HISTORY = 50
+# One read of a rank's log: a boot's log is a few hundred lines; a flood is read on in the next look.
+MAX_LOG_BYTES = 4 << 20
 
 
 def log(message: str) -> None:
@@ -63,12 +70,12 @@ class Docker:
     def __init__(self, socket_path: str) -> None:
         self.socket_path = socket_path
 
-    def _call(self, method: str, path: str, timeout: float = 30.0) -> tuple[int, bytes]:
+    def _call(self, method: str, path: str, timeout: float = 30.0, limit: int | None = None) -> tuple[int, bytes]:
         conn = _UnixConnection(self.socket_path, timeout)
         try:
             conn.request(method, path, headers={"Content-Length": "0"} if method == "POST" else {})
             reply = conn.getresponse()
-            return reply.status, reply.read()
+            return reply.status, reply.read() if limit is None else reply.read(limit)
         finally:
             conn.close()
 
@@ -78,6 +85,21 @@ class Docker:
             return None
         if status != 200:
             raise OSError(f"docker inspect {name}: HTTP {status} {body[:200]!r}")
+        data: dict[str, Any] = json.loads(body)
+        return data
+
+    def logs(self, name: str, since: str) -> bytes:
+        """The container's stdout and stderr since `since` (unix seconds), timestamped, as docker frames them."""
+        query = urllib.parse.urlencode({"stdout": 1, "stderr": 1, "timestamps": 1, "since": since})
+        status, body = self._call("GET", f"/containers/{urllib.parse.quote(name)}/logs?{query}", limit=MAX_LOG_BYTES)
+        if status != 200:
+            raise OSError(f"docker logs {name}: HTTP {status} {body[:200]!r}")
+        return body
+
+    def stats(self, name: str) -> dict[str, Any]:
+        status, body = self._call("GET", f"/containers/{urllib.parse.quote(name)}/stats?stream=false&one-shot=true")
+        if status != 200:
+            raise OSError(f"docker stats {name}: HTTP {status} {body[:200]!r}")
         data: dict[str, Any] = json.loads(body)
         return data
 
@@ -117,6 +139,33 @@ def rank_state(docker: Docker, container: str, node: str) -> dict[str, Any]:
             generation=(data.get("Config", {}).get("Labels") or {}).get(GENERATION_LABEL, ""),
         )
     return out
+
+
+def rank_logs(docker: Docker, container: str, since: str) -> dict[str, Any]:
+    """`GET /rank/logs?since=<unix>`: the rank's log lines since then, each with docker's timestamp."""
+    since = boot.valid_since(since)
+    data = docker.inspect(container)
+    if data is None:
+        return {"exists": False, "lines": []}
+    text = boot.demultiplex(docker.logs(container, since), bool((data.get("Config") or {}).get("Tty")))
+    return {"exists": True, "lines": [{"at": ln.at, "text": ln.text} for ln in parse_docker_logs(text)]}
+
+
+def rank_usage(docker: Docker, container: str) -> dict[str, Any]:
+    """`GET /rank/usage`: the rank container's memory and block I/O, for the ready gate's stall rule."""
+    return boot.usage_of_stats(docker.stats(container))
+
+
+def rank_get(docker: Docker, container: str, node: str, target: str) -> dict[str, Any] | None:
+    """What an agent answers to GET `target` about its own rank; None: no such path."""
+    parts = urllib.parse.urlsplit(target)
+    if parts.path == "/rank":
+        return rank_state(docker, container, node)
+    if parts.path == "/rank/logs":
+        return rank_logs(docker, container, urllib.parse.parse_qs(parts.query).get("since", [""])[0])
+    if parts.path == "/rank/usage":
+        return rank_usage(docker, container)
+    return None
 
 
 # --- state that survives the agent's restart and the node's reboot ----------------------------------------
@@ -182,6 +231,11 @@ class Leader:
                 stop_rank(self.docker, node["container"])
             elif path == "/rank/start":
                 self.docker.act(node["container"], "start")
+            elif method == "GET":
+                answer = rank_get(self.docker, node["container"], node["name"], path)
+                if answer is None:
+                    raise ValueError(f"no {path}")
+                return answer
             return rank_state(self.docker, node["container"], node["name"])
         parts = urllib.parse.urlsplit(node["url"])
         conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=timeout)
@@ -322,7 +376,7 @@ class Leader:
         self.store.append("restarts", {"at": started, "cause": cause, "result": "running"})
         self.notify("restarting", cause=cause, why=why)
         phases: dict[str, float] = {}
-        result = self._restart_group(started, phases)
+        result = self._restart_group(phases)
         self.drift_streak, self.hard_drift = 0, False
         self.next_probe = self.clock() + self.cfg["probe_seconds"]
         restarts = self.store.snapshot()["restarts"]
@@ -335,7 +389,7 @@ class Leader:
             seconds=round(time.time() - started, 1),
         )
 
-    def _restart_group(self, started: float, phases: dict[str, float]) -> str:
+    def _restart_group(self, phases: dict[str, float]) -> str:
         """Stop, wait for memory, start, boot, verify; each phase's seconds go into `phases`."""
         nodes = self.cfg["nodes"]
         mark = [time.time()]
@@ -374,34 +428,69 @@ class Leader:
                 self._agent(node, "POST", "/rank/start", timeout=60)
             except (OSError, http.client.HTTPException, ValueError) as error:
                 return f"could not start the rank on {node['name']}: {error}"
-        boot_deadline = started + self.cfg["boot_timeout_s"]
-        while time.time() < boot_deadline:
-            if held := self._stop_if_held():
-                return f"left to {held}"
-            ranks = self.look()
-            if death := policy.rank_death(ranks):
-                return f"{death} during the boot"
-            if self._health():
-                phase("boot")  # from the first start to /health 200
-                outcome = self.verify(max(10.0, min(self.cfg["verify_timeout_s"], boot_deadline - time.time())))
-                phase("verify")
-                if isinstance(outcome, verify_client.Passed):
-                    self.record_verified(outcome, ranks[0].generation)
-                    return "verified"
-                return f"not verified: {outcome.message}"
-            time.sleep(1)
-        return f"not ready within supervisor boot bound {self.cfg['boot_timeout_s']} s"
-
-    def _health(self) -> bool:
-        url = urllib.parse.urlsplit(verify_client.health_url(self.cfg["endpoint"]))
-        conn = http.client.HTTPConnection(url.hostname or "", url.port, timeout=5)
         try:
-            conn.request("GET", url.path)
-            return conn.getresponse().status == 200
-        except (OSError, http.client.HTTPException):
-            return False
-        finally:
-            conn.close()
+            booted = self.wait_for_boot()
+        except boot.Interrupted as held:
+            phase("boot")
+            return f"left to {held}"
+        except GateFailure as failure:
+            phase("boot")  # until the gates' verdict: a fatal line or an exit ends it at once
+            log(f"the restart's boot failed: {failure}")
+            return f"boot failed: {boot.cause_of(str(failure))}"
+        phase("boot")  # from the first start to the gates' ready: every rank joined, the head logged ready
+        log(f"booted: rendezvous {booted.rendezvous_s:g} s, then ready {booted.ready_s:g} s")
+        outcome = self.verify(self.cfg["verify_timeout_s"])
+        phase("verify")
+        if isinstance(outcome, verify_client.Passed):
+            ranks = self.look()
+            self.record_verified(outcome, ranks[0].generation)
+            return "verified"
+        return f"not verified: {outcome.message}"
+
+    def rank_specs(self) -> list[RankSpec]:
+        """The ranks as the gates name them: rank i on node i, observed through that node's agent."""
+        specs = []
+        for i, node in enumerate(self.cfg["nodes"]):
+            url = urllib.parse.urlsplit(node["url"])
+            specs.append(
+                RankSpec(
+                    rank=i,
+                    node=node["name"],
+                    host=url.hostname or "",
+                    port=url.port or 80,
+                    user="agent",
+                    container=node["container"],
+                )
+            )
+        return specs
+
+    def wait_for_boot(self) -> boot.Booted:
+        """The gates' rendezvous and ready rules over every rank's log (boot.py); GateFailure or Interrupted."""
+        nodes = self.cfg["nodes"]
+        key = self.api_key()
+
+        def fetch(rank: int, path: str) -> dict[str, Any]:
+            answer: dict[str, Any] = self._agent(nodes[rank], "GET", path)
+            return answer
+
+        def report(message: str) -> None:
+            log(f"boot: {message}")
+
+        return boot.wait_for_boot(
+            self.rank_specs(),
+            fetch,
+            boot.BootSettings(
+                rendezvous_timeout_s=self.cfg["rendezvous_timeout_s"],
+                ready_timeout_s=self.cfg["ready_timeout_s"],
+                stall_s=self.cfg["stall_s"],
+                poll_s=self.cfg.get("boot_poll_s", 1.0),
+                secrets=(key,) if key else (),
+            ),
+            probe=ModelsEndpoint(self.cfg["endpoint"], self.cfg["model"], key),
+            model=self.cfg["model"],
+            clock=boot.HeldClock(self._stop_if_held),
+            report=report,
+        )
 
     def run(self) -> None:
         log(f"leading {len(self.cfg['nodes'])} rank(s) of stack {self.cfg['stack']}")
@@ -506,8 +595,19 @@ def make_handler(cfg: dict[str, Any], docker: Docker, token: str, leader: Leader
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
             if not self._authorized():
                 return
-            if self.path == "/rank":
-                self._reply(200, rank_state(docker, cfg["container"], cfg["node"]))
+            if self.path.startswith("/rank"):
+                try:
+                    answer = rank_get(docker, cfg["container"], cfg["node"], self.path)
+                except ValueError as error:
+                    self._reply(400, {"error": str(error)})
+                    return
+                except OSError as error:
+                    self._reply(502, {"error": str(error)})
+                    return
+                if answer is None:
+                    self._reply(404, {"error": f"no {self.path}"})
+                else:
+                    self._reply(200, answer)
             elif self.path == "/status" and leader is not None:
                 self._reply(
                     200,

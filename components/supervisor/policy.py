@@ -55,12 +55,16 @@ class Decision:
 
 
 def rank_death(ranks: Sequence[RankView]) -> str | None:
-    """The cause when a rank's container has ended (the group cannot serve without it), else None."""
-    for r in ranks:
-        if r.reachable and r.exists and not r.running:
-            how = "was OOM-killed" if r.oom_killed else f"exited with code {r.exit_code}"
-            return f"the rank on {r.node} {how}"
-    return None
+    """The cause when a rank's container has ended (the group cannot serve without it), else None.
+
+    Of several ended ranks the one that names the cause: an OOM-killed one, then a worker before the head (real
+    vLLM's head exits 0 seconds after it lost a worker: its exit is the consequence). `ranks[0]` is the head."""
+    dead = [(i, r) for i, r in enumerate(ranks) if r.reachable and r.exists and not r.running]
+    if not dead:
+        return None
+    _, r = min(dead, key=lambda d: (not d[1].oom_killed, d[0] == 0, d[0]))
+    how = "was OOM-killed" if r.oom_killed else f"exited with code {r.exit_code}"
+    return f"the rank on {r.node} {how}"
 
 
 def decide(

@@ -32,16 +32,22 @@ from components import labels, scripts
 from components.config import Settings
 
 REPO = Path(__file__).resolve().parents[2]
-# What the agent imports: its own modules and the verifier's verdict and probe (stdlib and requests only).
+# What the agent imports: its own modules, the verifier's verdict and probe, and the gates' decisions over the
+# ranks' logs (stdlib and requests only).
 AGENT_FILES = (
     "components/__init__.py",
     "components/http.py",
     "components/redaction.py",
+    "components/gates/__init__.py",
+    "components/gates/decisions.py",
+    "components/gates/log_patterns.py",
+    "components/gates/observations.py",
     "components/verify/__init__.py",
     "components/verify/client.py",
     "components/verify/verdict.py",
     "components/supervisor/__init__.py",
     "components/supervisor/agent.py",
+    "components/supervisor/boot.py",
     "components/supervisor/policy.py",
 )
 CODE_MOUNT = "/opt/dsv41-supervisor"
@@ -49,6 +55,8 @@ STATE_MOUNT = "/var/lib/dsv41-supervisor"
 SOCKET_MOUNT = "/var/run/docker.sock"
 SUPERVISOR_LABEL = "dsv41-exl3.supervisor"
 CODE_LABEL = "dsv41-exl3.supervisor-code"
+# How often a restart's boot reads every rank's state and new log lines: a fatal line ends it within about this.
+BOOT_POLL_S = 1.0
 # The container's own bound: the agent is a small Python process, and the head has ~4 GiB to spare.
 MEMORY_MB = 256
 
@@ -123,10 +131,11 @@ def agent_config(s: Settings, stack: str, node_index: int, *, endpoint: str) -> 
                 "backoff_s": s.supervisor.backoff_seconds,
                 "mem_wait_s": s.supervisor.mem_wait_seconds,
                 "min_mem_gib": s.preflight.min_mem_available_gib,
-                # A restart is a boot: the gates' bounds, end to end.
-                "boot_timeout_s": gates.rendezvous_timeout_seconds
-                + gates.ready_timeout_seconds
-                + gates.verify_timeout_seconds,
+                # A restart is a boot: the gates' rules and bounds (boot.py), then the verifier's.
+                "rendezvous_timeout_s": float(gates.rendezvous_timeout_seconds),
+                "ready_timeout_s": float(gates.ready_timeout_seconds),
+                "stall_s": float(gates.stall_seconds),
+                "boot_poll_s": BOOT_POLL_S,
                 "verify_timeout_s": float(gates.verify_timeout_seconds),
                 "notify_command": s.supervisor.notify_command,
             }

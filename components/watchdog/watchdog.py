@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 import pulumi
 from pulumi_command import remote
 
-from components import scripts
+from components import labels, scripts
 from components.config import Watchdog
 
 SYSLOG_TAG = "dsv41-exl3-watchdog"
@@ -157,6 +157,12 @@ class WatchdogNames:
         return f"watchdog-key-{self.stack_prefix}-{self.node_name}"
 
     @property
+    def stack_label(self) -> str:
+        """The stack's label value on its rank containers, as the container's name tells it ("" when it does not):
+        the peer-stop script finds this host's rank by it."""
+        return labels.stack_of_container(self.container_name, self.node_name) or ""
+
+    @property
     def key_tag(self) -> str:
         """Marks this container's lines in authorized_keys, so install and remove touch only those."""
         return f"dsv41-exl3-watchdog:{self.container_name}"
@@ -223,13 +229,18 @@ def render_watchdog_script(s: WatchdogSettings) -> str:
 
 
 def render_peer_stop_script(s: WatchdogSettings) -> str:
-    """The forced command of the peers' watchdog keys on this node (`peer_stop.sh`): log who asked, stop
-    the container. Its one argument names the peer; it comes from this node's authorized_keys line."""
+    """The forced command of the peers' watchdog keys on this node (`peer_stop.sh`): log who asked, kill this
+    stack's rank on the host it runs on (found by its labels on that host's docker, so a line of another node's,
+    matched first in a shared home's authorized_keys, still stops the rank that was asked). Its one argument
+    names the peer; it comes from this node's authorized_keys line."""
     return scripts.render(
         "watchdog/peer_stop.sh",
         {
             "NODE": s.node_name,
             "CONTAINER": s.container_name,
+            "STACK": s.stack_label,
+            "STACK_LABEL_KEY": labels.STACK_LABEL,
+            "RANK_LABEL_KEY": labels.RANK_LABEL,
             "STATE_DIR": s.state_dir,
             "STOP_TIMEOUT": s.stop_timeout_s,
             "SYSLOG_TAG": SYSLOG_TAG,

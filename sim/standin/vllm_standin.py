@@ -52,8 +52,13 @@ EXIT_STOPPED = 0
 CLAMPED_LOGPROB = -9999.0  # vLLM's max(x, -9999.0) at every output site
 FAULTS = ("nan-logits", "worker-exit-after-load", "rank-never-joins", "stall-after-load", "wrong-answer")
 # Faults a serving head takes on at run time, from SIM_FAULT_FILE: a verified deployment that breaks later.
-# `hang`: every model step blocks (completions never return, /health and /metrics still answer).
-RUNTIME_FAULTS = ("nan-logits", "wrong-answer", "hang")
+# `hang`: every model step blocks (completions never return, /health and /metrics still answer). `oom`: the rank
+# that reads it (the head, or a worker, each from its own container's file) allocates at its next model step until
+# the kernel's OOM killer ends it (SIGKILL, docker's State.OOMKilled); see exhaust_memory.
+RUNTIME_FAULTS = ("nan-logits", "wrong-answer", "hang", "oom")
+# `oom` acts only under a container memory limit this low: without one the stand-in would take the whole machine.
+OOM_MAX_LIMIT_BYTES = 4 << 30
+_CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
 DEFAULT_FAULT_FILE = "/tmp/sim-fault"
 # vLLM's serving_chat.py refusal of a request with `tools` (tool_choice "auto" is the default then).
 AUTO_TOOL_CHOICE_MESSAGE = '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
@@ -408,6 +413,39 @@ def runtime_fault(path: str) -> str | None:
     except OSError:
         return None
     return name if name in RUNTIME_FAULTS else None
+
+
+def memory_limit_bytes(paths: Sequence[str] = _CGROUP_LIMITS) -> int | None:
+    """This container's cgroup memory limit (v2 `memory.max`, v1 `memory.limit_in_bytes`); None: unlimited."""
+    for path in paths:
+        try:
+            raw = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if raw.isdigit() and int(raw) < (1 << 60):  # v1 says "unlimited" with a huge number, v2 with `max`
+            return int(raw)
+        return None
+    return None
+
+
+def exhaust_memory(fault_file: str, who: str, limit: int | None = None) -> None:
+    """The `oom` runtime fault: grow (touching every page) until the kernel's OOM killer SIGKILLs the process, as
+    it ends a vLLM rank whose allocations outgrow its memory; like real vLLM, nothing is printed before it. One
+    shot: the control file is emptied first, so the same container started again serves. Under no container
+    limit, or one above OOM_MAX_LIMIT_BYTES, it refuses (a warning) rather than take the machine."""
+    limit = memory_limit_bytes() if limit is None else limit
+    if limit is None or limit > OOM_MAX_LIMIT_BYTES:
+        LOG(who, "vllm_standin.py:oom", f"SIM fault oom ignored: the container's memory limit is {limit}", "WARNING")
+        return
+    with contextlib.suppress(OSError):
+        Path(fault_file).write_text("")
+    hoard: list[bytearray] = []
+    chunk = 16 << 20
+    while len(hoard) * chunk < 4 * limit:
+        block = bytearray(chunk)
+        block[::4096] = b"\1" * len(range(0, chunk, 4096))  # every page touched: charged to the cgroup
+        hoard.append(block)
+    LOG(who, "vllm_standin.py:oom", f"SIM fault oom: {len(hoard) * chunk} bytes held and not killed", "ERROR")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -936,12 +974,20 @@ def join_rendezvous(args: ServeArgs, env: SimEnv) -> tuple[socket.socket, Binary
 
 
 def serve_steps(
-    sock: socket.socket, reader: BinaryIO, weights: bytes, ranks: Sequence[int], nan: bool, who: str
+    sock: socket.socket,
+    reader: BinaryIO,
+    weights: bytes,
+    ranks: Sequence[int],
+    nan: bool,
+    who: str,
+    fault_file: str = DEFAULT_FAULT_FILE,
 ) -> NoReturn:
     """A headless worker from now on: compute its share of each model step the head sends."""
     for line in reader:
         message = json.loads(line)
         if message.get("op") == "step":
+            if runtime_fault(fault_file) == "oom":
+                exhaust_memory(fault_file, who)
             key = str(message["key"])
             total = [0.0] * len(VOCAB)
             for rank in ranks:
@@ -1022,6 +1068,8 @@ class Engine:
     def logits(self, prompt: str, generated: Sequence[int]) -> list[float]:
         key = hashlib.sha256(json.dumps([prompt, list(generated)]).encode()).hexdigest()
         fault = self.fault()
+        if fault == "oom":
+            exhaust_memory(self.env.fault_file, "EngineCore_DP0")
         nan = fault == "nan-logits"
         total = structure(self.weights, prompt, generated, wrong=fault == "wrong-answer")
         with self._lock:  # one model step at a time, like the engine loop
@@ -1973,7 +2021,7 @@ def serve(args: ServeArgs, env: SimEnv) -> NoReturn:
                 "RuntimeError: CUDA error: unspecified launch failure",
             )
             die(EXIT_FAILURE)
-        serve_steps(head_link[0], head_link[1], weights, local_ranks, env.fault == "nan-logits", who)
+        serve_steps(head_link[0], head_link[1], weights, local_ranks, env.fault == "nan-logits", who, env.fault_file)
     for link in links:  # profiling and KV allocation are collective: wait for every worker
         while not link.ready.wait(1.0):
             pass

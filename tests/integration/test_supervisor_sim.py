@@ -148,6 +148,28 @@ def test_a_killed_head_is_healed_and_recorded_with_its_cause(supervised: Deploym
 
 
 @pytest.mark.timeout(900)
+def test_an_oom_killed_worker_is_healed_and_recorded_with_its_cause(supervised: Deployment) -> None:
+    d = supervised
+    assert cli(d, "resume").returncode == 0  # a fresh budget (maxRestarts 2 here): the earlier tests spent it
+    before = armed(d)
+    worker = d.sim["nodes"][1]
+    name = d.container(worker)
+    # The rank containers have no memory limit by config; under this one the kernel's OOM killer ends the
+    # worker (State.OOMKilled, exit 137) as it ends a rank on a Spark whose memory runs out, and the limit stays
+    # through the restart's `docker start`, as a Spark's memory does.
+    limited = docker_on(worker["index"], "update", "--memory", "256m", "--memory-swap", "256m", name)
+    assert limited.returncode == 0, limited.stderr
+    # The stand-in's `oom` fault: at its next model step (the supervisor's probe) the worker allocates until
+    # killed; a one-shot, so the same container started again serves.
+    assert docker_on(worker["index"], "exec", name, "sh", "-c", "echo oom > /tmp/sim-fault").returncode == 0
+    after = wait_for(d, "a restart after the OOM kill", restarted(before), 300)
+    last = restarts(after)[-1]
+    assert last["cause"] == "the rank on node-2 was OOM-killed", last
+    assert last["result"] == "verified", last
+    assert rank_state(d, worker)["Running"]
+
+
+@pytest.mark.timeout(900)
 def test_pause_stops_every_action_and_resume_restores_it(supervised: Deployment) -> None:
     d = supervised
     armed(d)

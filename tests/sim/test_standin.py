@@ -1020,3 +1020,23 @@ def test_a_runtime_fault_file_breaks_a_verified_head_and_clearing_it_heals(
     switch.unlink()
     assert isinstance(verify_endpoint(cluster.endpoint, cluster.model, timeout_s=10), Passed)
     assert probe_endpoint(cluster.endpoint, cluster.model, timeout_s=5).state == "healthy"
+
+
+def test_the_oom_fault_reads_the_containers_memory_limit_from_either_cgroup_version(tmp_path: Path) -> None:
+    v2, v1 = tmp_path / "memory.max", tmp_path / "memory.limit_in_bytes"
+    v2.write_text("max\n")
+    assert standin.memory_limit_bytes([str(v2), str(v1)]) is None, "cgroup v2's `max`: no limit"
+    v2.write_text("268435456\n")
+    assert standin.memory_limit_bytes([str(v2), str(v1)]) == 256 << 20
+    v1.write_text("9223372036854771712\n")  # v1's "unlimited"
+    assert standin.memory_limit_bytes([str(tmp_path / "none"), str(v1)]) is None
+    v1.write_text("67108864\n")
+    assert standin.memory_limit_bytes([str(tmp_path / "none"), str(v1)]) == 64 << 20
+
+
+@pytest.mark.parametrize("limit", [None, 64 << 30])
+def test_the_oom_fault_never_takes_a_machine_without_a_low_container_limit(tmp_path: Path, limit: int | None) -> None:
+    switch = tmp_path / "fault"
+    switch.write_text("oom\n")
+    standin.exhaust_memory(str(switch), "Worker_TP1", limit=limit)  # returns: nothing allocated
+    assert switch.read_text() == "oom\n", "refused, the switch stays as the operator wrote it"

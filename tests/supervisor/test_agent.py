@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from http.server import ThreadingHTTPServer
 from pathlib import Path
@@ -18,38 +19,9 @@ import requests
 from components.supervisor import agent, supervisor
 from components.verify.client import Passed
 from components.verify.verdict import Failed, Reason, TokenLogprob
+from tests.supervisor.fake_node import FakeDocker, FakeEndpoint, real_boot
 
 TOKEN = "t0ken-for-tests"
-
-
-class FakeDocker:
-    """One node's daemon: containers by name, every start/stop recorded in one shared log."""
-
-    def __init__(self, node: str, log: list[str], generation: str = "g1") -> None:
-        self.node = node
-        self.log = log
-        self.containers: dict[str, dict[str, Any]] = {}
-        self.generation = generation
-
-    def add(self, name: str, running: bool = True, env: list[str] | None = None) -> None:
-        self.containers[name] = {
-            "State": {
-                "Running": running,
-                "Status": "running" if running else "exited",
-                "ExitCode": 0 if running else 137,
-                "OOMKilled": False,
-            },
-            "Config": {"Labels": {agent.GENERATION_LABEL: self.generation}, "Env": env or []},
-        }
-
-    def inspect(self, name: str) -> dict[str, Any] | None:
-        return json.loads(json.dumps(self.containers[name])) if name in self.containers else None
-
-    def act(self, name: str, verb: str, query: str = "") -> None:
-        self.log.append(f"{verb} {self.node}")
-        state = self.containers[name]["State"]
-        state["Running"] = verb == "start"
-        state["ExitCode"] = 0 if verb == "start" else 143
 
 
 def config(tmp_path: Path, worker_port: int, **overrides: Any) -> dict[str, Any]:
@@ -75,7 +47,10 @@ def config(tmp_path: Path, worker_port: int, **overrides: Any) -> dict[str, Any]
         "backoff_s": 0,
         "mem_wait_s": 10,
         "min_mem_gib": 0,
-        "boot_timeout_s": 20,
+        "rendezvous_timeout_s": 20.0,
+        "ready_timeout_s": 20.0,
+        "stall_s": 20.0,
+        "boot_poll_s": 0.05,
         "verify_timeout_s": 5.0,
         "notify_command": "",
     }
@@ -84,15 +59,14 @@ def config(tmp_path: Path, worker_port: int, **overrides: Any) -> dict[str, Any]
 
 
 class ScriptedLeader(agent.Leader):
-    """The real leader with the endpoint's answers scripted: health at once, then each verdict in turn."""
+    """The real leader with the verifier's verdicts scripted, each in turn (and when each was asked for)."""
 
     verdicts: list[Passed | Failed]
+    verified_at: list[float]
 
     def verify(self, budget_s: float) -> Any:
+        self.verified_at = [*getattr(self, "verified_at", []), time.time()]
         return self.verdicts.pop(0) if self.verdicts else Failed(Reason.NAN, "NaN")
-
-    def _health(self) -> bool:
-        return True
 
     def api_key(self) -> str | None:
         return None
@@ -103,18 +77,22 @@ PASSED = Passed(answer="Paris", logprobs=(TokenLogprob("Paris", -0.1),), latency
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[tuple[ScriptedLeader, FakeDocker, FakeDocker, list[str], int]]:
+    """A leader on node-1 and a worker agent on node-2 over loopback HTTP; each rank replays real vLLM's boot
+    (time-compressed) after a start; the head's endpoint answers /v1/models."""
     log: list[str] = []
     head, worker = FakeDocker("node-1", log), FakeDocker("node-2", log)
-    head.add("rank-1")
-    worker.add("rank-2")
+    head.add("rank-1", script=real_boot("head"))
+    worker.add("rank-2", script=real_boot("worker"))
     worker_cfg = {"node": "node-2", "container": "rank-2"}
     server = ThreadingHTTPServer(("127.0.0.1", 0), agent.make_handler(worker_cfg, worker, TOKEN, None))  # type: ignore[arg-type]
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    cfg = config(tmp_path, server.server_address[1])
+    endpoint = FakeEndpoint()
+    cfg = config(tmp_path, server.server_address[1], endpoint=endpoint.url)
     leader = ScriptedLeader(cfg, head, TOKEN, agent.Store(tmp_path / "state.json"))  # type: ignore[arg-type]
     leader.verdicts = [PASSED]
     yield leader, head, worker, log, server.server_address[1]
     server.shutdown()
+    endpoint.close()
 
 
 def test_a_dead_worker_stops_every_rank_then_starts_the_workers_before_the_head(cluster: Any) -> None:

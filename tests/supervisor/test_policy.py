@@ -44,6 +44,15 @@ def test_a_dead_worker_heals_with_its_cause() -> None:
     assert decide(ranks("run", "oom")).why == "the rank on node-2 was OOM-killed"
 
 
+def test_of_several_ended_ranks_the_cause_is_the_oom_killed_one_then_a_worker_before_the_head() -> None:
+    # Real vLLM's head exits 0 seconds after it lost its worker: seen together, the worker's end is the cause.
+    assert policy.rank_death(ranks("exit", "exit", "run")) == "the rank on node-2 exited with code 137"
+    assert policy.rank_death(ranks("exit", "exit", "oom")) == "the rank on node-3 was OOM-killed"
+    assert policy.rank_death(ranks("oom", "exit")) == "the rank on node-1 was OOM-killed"
+    assert policy.rank_death(ranks("exit", "run")) == "the rank on node-1 exited with code 137"
+    assert policy.rank_death(ranks("run", "run")) is None
+
+
 def test_the_operator_and_an_update_come_before_any_action() -> None:
     dead = ranks("exit", "run")
     assert decide(dead, paused=True).action == "wait"

@@ -4,7 +4,9 @@ the install and remove commands run locally, and the component's wiring."""
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -28,6 +30,7 @@ from components.watchdog.watchdog import (
     render_install_command,
     render_key_command,
     render_key_remove_command,
+    render_peer_stop_script,
     render_remove_command,
     render_watchdog_script,
 )
@@ -738,6 +741,52 @@ def _peer(name: str, host: str) -> WatchdogPeer:
     return WatchdogPeer(node_name=name, host=host, port=22, user="me", host_key=HOST_KEY_A)
 
 
+# A node's docker: `ps` with this stack's rank filters lists WD_RUNNING (the ranks on this node), every call recorded.
+NODE_DOCKER = """#!/bin/sh
+echo "$*" >> "$WD_TEST_DIR/docker.calls"
+case "$*" in
+  "ps --filter label=dsv41-exl3.stack=dev --filter label=dsv41-exl3.rank --format {{.Names}}")
+    for name in $WD_RUNNING; do echo "$name"; done ;;
+  ps*) ;;
+esac
+"""
+
+
+def _line_parts(line: str) -> tuple[str, str]:
+    """(options, key `type blob`) of an authorized_keys line; options end at the first space outside quotes."""
+    quoted = False
+    for i, ch in enumerate(line):
+        if ch == '"':
+            quoted = not quoted
+        elif ch == " " and not quoted:
+            return line[:i], " ".join(line[i + 1 :].split()[:2])
+    return "", " ".join(line.split()[:2])
+
+
+def _option(options: str, name: str) -> str | None:
+    m = re.search(rf'(?:^|,){name}="([^"]*)"', options)
+    return m.group(1) if m else None
+
+
+def sshd_first_match(lines: list[str], key: str, source: str) -> str:
+    """The line sshd authorizes `key` by for a connection from `source`: the first whose key matches and whose
+    from= (if any) admits the address (OpenSSH's auth_check_authkey_line: a line failing from= is skipped)."""
+    for line in lines:
+        options, blob = _line_parts(line)
+        if blob != key:
+            continue
+        allowed = _option(options, "from")
+        if allowed is None or ipaddress.ip_address(source) in ipaddress.ip_network(allowed, strict=False):
+            return line
+    raise AssertionError(f"no line authorizes {key[:30]}... from {source}")
+
+
+def forced_command(line: str) -> str:
+    command = _option(_line_parts(line)[0], "command")
+    assert command is not None, line
+    return command
+
+
 class TestSharedHome:
     def test_two_nodes_sharing_one_home_get_their_own_key_source_and_forced_command(
         self, installed: tuple[dict[str, str], WatchdogSettings]
@@ -772,6 +821,81 @@ class TestSharedHome:
             for s in (a, b):
                 with contextlib.suppress(FileNotFoundError, ProcessLookupError, ValueError):
                     os.kill(int((home / s.state_dir / s.pid_name).read_text()), signal.SIGKILL)
+
+    def test_three_nodes_sharing_one_home_each_stop_lands_on_the_node_asked_whatever_line_sshd_picks(
+        self, installed: tuple[dict[str, str], WatchdogSettings]
+    ) -> None:
+        """With three nodes on one home a key is authorized once per node it may stop, every line with the same
+        from= (the asker's address): sshd runs the first matching line, another node's. The forced command must
+        still kill the rank of the host it runs on."""
+        if shutil.which("ssh-keygen") is None:
+            pytest.skip("ssh-keygen not installed")
+        env, base = installed
+        home = Path(env["HOME"])
+        address = {"spark-a": "10.0.0.1", "spark-b": "10.0.0.2", "spark-c": "10.0.0.3"}
+        nodes = {n: _node_settings(n, base, tuple(_peer(p, address[p]) for p in address if p != n)) for n in address}
+        assert {s.stack_label for s in nodes.values()} == {"dev"}, "the stack, from the ranks' names"
+        keys = {}
+        for n, s in nodes.items():
+            made = _sh(render_key_command(s), env)
+            assert made.returncode == 0, made.stderr
+            keys[n] = parse_public_key(made.stdout, n)
+        try:
+            for s in nodes.values():
+                peer_keys = [(p.node_name, keys[p.node_name]) for p in s.peers]
+                done = _sh(render_install_command(s, peer_keys=peer_keys), env)
+                assert done.returncode == 0, done.stderr
+            lines = (home / ".ssh" / "authorized_keys").read_text().splitlines()
+            assert sum(keys["spark-a"] in ln for ln in lines) == 2, "spark-a's key once per node it may stop"
+            docker = Path(env["WD_TEST_DIR"]) / "dockerbin" / "docker"
+            docker.write_text(NODE_DOCKER)
+            calls = Path(env["WD_TEST_DIR"]) / "docker.calls"
+            picked_another = False
+            for asker in address:
+                for target in address:
+                    if asker == target:
+                        continue
+                    line = sshd_first_match(lines, keys[asker], address[asker])
+                    picked_another |= f"memory-watchdog-{target}-peer-stop.sh" not in line
+                    calls.unlink(missing_ok=True)
+                    forced = subprocess.run(
+                        ["sh", "-c", forced_command(line)],
+                        cwd=home,
+                        # on the target node: its docker runs its own rank only
+                        env={**env, "WD_RUNNING": f"dsv41-exl3-dev-{target}", "SSH_ORIGINAL_COMMAND": "stop-from x"},
+                        capture_output=True,
+                        text=True,
+                        timeout=20,
+                        check=False,
+                    )
+                    assert forced.returncode == 0, forced.stdout + forced.stderr
+                    kills = [c for c in calls.read_text().splitlines() if c.startswith("kill ")]
+                    assert kills == [f"kill dsv41-exl3-dev-{target}"], (
+                        f"{asker} stopping {target} through the line sshd picks ({line[:100]}...) killed {kills}"
+                    )
+                    assert forced.stdout.startswith(f"killed dsv41-exl3-dev-{target}"), forced.stdout
+            assert picked_another, "the situation under test: sshd picked a line naming another node's script"
+            log = (home / base.state_dir / "watchdog.log").read_text()
+            assert "container=dsv41-exl3-dev-spark-c killed (asked by spark-a)" in log, log[-2000:]
+        finally:
+            for s in nodes.values():
+                with contextlib.suppress(FileNotFoundError, ProcessLookupError, ValueError):
+                    os.kill(int((home / s.state_dir / s.pid_name).read_text()), signal.SIGKILL)
+
+    def test_the_peer_stop_with_nothing_of_the_stack_running_here_stops_nothing_and_says_so(
+        self, installed: tuple[dict[str, str], WatchdogSettings]
+    ) -> None:
+        env, base = installed
+        s = _node_settings("spark-b", base, (_peer("spark-a", "10.0.0.1"),))
+        script = Path(env["WD_TEST_DIR"]) / "peer-stop.sh"
+        script.write_text(render_peer_stop_script(s))
+        (Path(env["WD_TEST_DIR"]) / "dockerbin" / "docker").write_text(NODE_DOCKER)
+        done = subprocess.run(
+            ["sh", str(script), "spark-a"], env={**env, "WD_RUNNING": ""}, capture_output=True, text=True, timeout=20
+        )
+        assert done.returncode == 0 and "nothing to stop" in done.stdout, done.stdout + done.stderr
+        calls = (Path(env["WD_TEST_DIR"]) / "docker.calls").read_text().splitlines()
+        assert not [c for c in calls if c.startswith("kill")], calls
 
     def test_parallel_key_generation_never_fails(self, tmp_path: Path) -> None:
         """Three nodes of one home (and a second run for one of them) at once, ten rounds: it used to fail 3 of 30
