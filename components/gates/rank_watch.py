@@ -47,6 +47,7 @@ from components.gates.observations import (  # noqa: F401
     EventSeen,
     GateFailure,
     LineSeen,
+    LogCursor,
     LogEnded,
     LogLine,
     Notice,

@@ -65,7 +65,7 @@ def test_a_users_key_is_kept_and_none_serves_openly_with_a_warning(tmp_path: Pat
 
 
 def head_env(rec: Any) -> dict[str, str]:
-    head = next(c for c in rec.of_type(CONTAINER) if c.name.endswith("spark-0"))
+    head = next(c for c in rec.of_type(CONTAINER) if c.name == "serving-spark-0")
     envs = head.inputs["envs"]
     return dict(e.split("=", 1) for e in (envs["value"] if isinstance(envs, dict) else envs))
 
