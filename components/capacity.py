@@ -7,6 +7,8 @@ linear one so that a refusal can be explained with the recipe's numbers.
 
 from __future__ import annotations
 
+import math
+
 GIB = 1024**3
 
 TOTAL_WEIGHTS_GIB = 199.0  # EXL3 2.9bpw: ~99.5 GiB per rank at TP=2
@@ -19,6 +21,11 @@ MARGIN_COST_PER_POOL_GIB = 2.0  # every extra 0.5 GiB of pool costs ~1 GiB of he
 MIN_HEAD_MARGIN_GIB = 2.0  # 2.1 GiB served 562,940 tokens; 1.1 GiB (a 3 GiB pool) died at ~470K
 RECIPE_MAX_LEN_TWO_NODES = 600_000  # the recipe's ceiling on two nodes
 MODEL_MAX_LEN = 1_048_576  # 1M via YaRN
+# What the observability layer adds beside the head's rank, by the containers' memory bounds (no swap): Prometheus'
+# own bound is `observability.memoryMiB`. Measured on the sim (bench/observability.py, cgroup usage at the end of
+# a scrape run): exporter ~14 MiB, node exporter ~8 MiB, Prometheus ~22 MiB.
+EXPORTER_MEMORY_MIB = 24
+NODE_EXPORTER_MEMORY_MIB = 12
 
 
 def weights_per_rank_gib(tensor_parallel_size: int) -> float:
@@ -30,14 +37,30 @@ def kv_needed_gib(max_model_len: int) -> float:
     return KV_GIB_PER_500K_TOKENS * max_model_len / 500_000
 
 
-def head_margin_gib(pool_gib: float, tensor_parallel_size: int) -> float:
-    """Head's prefill margin: the recipe's 2.1 GiB, less what a bigger pool costs, plus weights a wider TP frees."""
+def head_margin_gib(pool_gib: float, tensor_parallel_size: int, head_extra_mib: int = 0) -> float:
+    """Head's prefill margin: the recipe's 2.1 GiB, less what a bigger pool costs, plus weights a wider TP frees,
+    less what other containers on the head may hold (their memory bounds, MiB)."""
     freed = weights_per_rank_gib(2) - weights_per_rank_gib(tensor_parallel_size)
-    return HEAD_MARGIN_AT_RECIPE_GIB - MARGIN_COST_PER_POOL_GIB * (pool_gib - RECIPE_POOL_GIB) + freed
+    extra = head_extra_mib / 1024
+    return HEAD_MARGIN_AT_RECIPE_GIB - MARGIN_COST_PER_POOL_GIB * (pool_gib - RECIPE_POOL_GIB) + freed - extra
 
 
-def problems(*, tensor_parallel_size: int, max_model_len: int, kv_cache_memory_bytes: int) -> list[str]:
-    """Every rule the configuration breaks, each with the recipe's reason and the fix."""
+def observability_head_mib(prometheus_mib: int, node_exporter: bool) -> int:
+    """The observability layer's memory bounds on the head: Prometheus, the exporter and the node exporter."""
+    return prometheus_mib + EXPORTER_MEMORY_MIB + (NODE_EXPORTER_MEMORY_MIB if node_exporter else 0)
+
+
+def problems(
+    *,
+    tensor_parallel_size: int,
+    max_model_len: int,
+    kv_cache_memory_bytes: int,
+    prometheus_mib: int | None = None,
+    node_exporter: bool = False,
+) -> list[str]:
+    """Every rule the configuration breaks, each with the recipe's reason and the fix. `prometheus_mib`: the
+    observability layer's Prometheus bound when the layer is deployed (None: it is not); its containers on the
+    head are paid from the same prefill margin as the KV pool."""
     tp = tensor_parallel_size
     pool = kv_cache_memory_bytes / GIB
     out: list[str] = []
@@ -73,9 +96,20 @@ def problems(*, tensor_parallel_size: int, max_model_len: int, kv_cache_memory_b
             f"{max_model_len}-token request (~{needed:.2f} GiB): raise it to at least "
             f"{int(needed * GIB) + 1} or lower `serve.maxModelLen`"
         )
+    extra = 0 if prometheus_mib is None else observability_head_mib(prometheus_mib, node_exporter)
     margin = head_margin_gib(pool, tp)
+    if prometheus_mib is not None and margin >= MIN_HEAD_MARGIN_GIB > head_margin_gib(pool, tp, extra):
+        over = math.ceil((MIN_HEAD_MARGIN_GIB - head_margin_gib(pool, tp, extra)) * 1024)
+        parts = f"Prometheus {prometheus_mib} + exporter {EXPORTER_MEMORY_MIB}"
+        parts += f" + node exporter {NODE_EXPORTER_MEMORY_MIB}" if node_exporter else ""
+        out.append(
+            f"`observability.memoryMiB` = {prometheus_mib}: the observability layer's memory bounds on the head "
+            f"({parts} = {extra} MiB) leave ~{head_margin_gib(pool, tp, extra):.2f} GiB of the head's prefill "
+            f"margin on {tp} nodes (needs {MIN_HEAD_MARGIN_GIB} GiB): lower `observability.memoryMiB` to at most "
+            f"{prometheus_mib - over}, or set `observability.enabled: false`, or lower `serve.kvCacheMemoryBytes`"
+        )
     if margin < MIN_HEAD_MARGIN_GIB:
-        max_pool = RECIPE_POOL_GIB + (head_margin_gib(RECIPE_POOL_GIB, tp) - MIN_HEAD_MARGIN_GIB) / (
+        max_pool = RECIPE_POOL_GIB + (head_margin_gib(RECIPE_POOL_GIB, tp, extra) - MIN_HEAD_MARGIN_GIB) / (
             MARGIN_COST_PER_POOL_GIB
         )
         out.append(

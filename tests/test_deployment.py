@@ -389,3 +389,15 @@ def test_destroy_removes_the_supervisor_before_any_rank(two: recording.Recorded)
         before = waits_for(agent)
         for rank in rank_containers(two):
             assert rank.urn in before, f"{agent.name} must wait for {rank.name}"
+
+
+def test_the_heads_preflight_asks_for_the_observability_layers_memory_too() -> None:
+    def min_mem(rec: recording.Recorded, node: str) -> str:
+        return header_value(rec.named(f"preflight-{node}-check").inputs["create"], "MIN_MEM")
+
+    observed = run(config())
+    # 111.5 GiB for the rank, plus the layer's bounds on the head (100 MiB), which start after the load.
+    assert min_mem(observed, "spark-0") == f"{111.5 + 100 / 1024:g}"
+    assert min_mem(observed, "spark-1") == "111.5", "the workers run no Prometheus"
+    off = run(config(observability={"enabled": False}))
+    assert min_mem(off, "spark-0") == "111.5"

@@ -636,11 +636,13 @@ class Observability(_Model):
         le=1048576,
         alias="retentionMiB",
     )
-    # The head runs at ~4 GiB MemAvailable when serving: Prometheus is bounded well below that.
+    # Paid from the head's prefill margin with the exporters (components/capacity.py): at the recipe's KV pool
+    # the margin leaves ~100 MiB for the whole layer. Go's soft limit (GOMEMLIMIT) keeps Prometheus under it.
     memory_mib: int = setting(
-        512,
-        "the Prometheus container's memory limit (`--memory`, no swap); the head serves at about 4 GiB MemAvailable",
-        ge=128,
+        64,
+        "the Prometheus container's memory limit (`--memory`, no swap; `GOMEMLIMIT` at 80%); counted with the "
+        "exporters' bounds against the head's prefill margin",
+        ge=48,
         le=8192,
         alias="memoryMiB",
     )

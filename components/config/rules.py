@@ -165,6 +165,8 @@ def rules(s: Settings) -> tuple[list[str], list[str]]:
         tensor_parallel_size=s.tensor_parallel_size,
         max_model_len=s.serve.max_model_len,
         kv_cache_memory_bytes=s.serve.kv_cache_memory_bytes,
+        prometheus_mib=s.observability.memory_mib if s.observing else None,
+        node_exporter=bool(s.observability.node_exporter_image),
     )
 
     if s.serve.engram_cache_gib > 0 or s.serve.engram_resident_scales:

@@ -185,6 +185,7 @@ class Observability(pulumi.ComponentResource):
             name=f"{prefix}-prometheus",
             image=prom_image.image_id,
             entrypoints=spec.prometheus_args(s),
+            envs=spec.prometheus_env(s),
             network_mode="host",
             restart="unless-stopped",
             memory=o.memory_mib,

@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from components import capacity
 from components.config import Settings
 
 CONFIG_DIR = "/etc/dsv41-prometheus"
@@ -25,8 +26,9 @@ EXPORTER_FILES = (
     "components/observability/metrics.py",
     "components/observability/exporter.py",
 )
-EXPORTER_MEMORY_MB = 64
-NODE_EXPORTER_MEMORY_MB = 64
+# Their memory bounds are paid from the head's prefill margin: the capacity arithmetic holds them.
+EXPORTER_MEMORY_MB = capacity.EXPORTER_MEMORY_MIB
+NODE_EXPORTER_MEMORY_MB = capacity.NODE_EXPORTER_MEMORY_MIB
 # node_exporter's collectors: what the dashboard and a GB10 owner read; the rest only costs series.
 NODE_COLLECTORS = ("meminfo", "cpu", "loadavg", "filesystem", "netdev", "diskstats", "pressure", "time")
 
@@ -97,6 +99,11 @@ def prometheus_args(s: Settings) -> list[str]:
         f"--storage.tsdb.retention.size={o.retention_mib}MB",
         f"--web.listen-address={listen_address(s)}",
     ]
+
+
+def prometheus_env(s: Settings) -> list[str]:
+    """Go's soft memory limit at 80% of the container's: the collector works harder before the kernel's OOM kill."""
+    return [f"GOMEMLIMIT={s.observability.memory_mib * 4 // 5}MiB"]
 
 
 def node_exporter_args(s: Settings, fabric_ip: str) -> list[str]:
