@@ -4,8 +4,12 @@
 
 From the stack's outputs: the endpoint, model, cluster generation and last verification. From each node, one
 ssh: its rank container's state (`docker inspect`), MemAvailable and the last line of this stack's watchdog log.
-From the head's vLLM `/metrics`, two samples `--interval` seconds apart: requests running and waiting, KV cache
-use and generation tokens per second. From the supervisor (when deployed): its own status.
+The load (requests running and waiting, KV cache use, generation and prompt tokens per second) comes from the
+stack's Prometheus when it has a `prometheusUrl` output: instant queries on its HTTP API for the series it scrapes
+from vLLM (job="vllm", the dashboard's expressions), the rates over max(1m, 4 scrape intervals), no waiting. Without
+that output, or when Prometheus cannot be read or has no vLLM series (a note says why), they come from the head's
+vLLM `/metrics`: two samples `--interval` seconds apart. The report names its `source`. From the supervisor (when
+deployed): its own status.
 
 Exit 0: every rank is running and the metrics were read; 1: something is down; 2: a usage error (unknown stack
 or node, bad argument). The API key, the supervisor's token and the SSH key are never printed.
@@ -13,6 +17,7 @@ or node, bad argument). The API key, the supervisor's token and the SSH key are 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -24,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from components import labels
 from components.config import OPEN_ENDPOINT
@@ -50,6 +55,8 @@ EXIT_USAGE = 2
 SSH_TIMEOUT_S = 30
 HTTP_TIMEOUT_S = 10
 DEFAULT_INTERVAL_S = 5.0
+FROM_PROMETHEUS = "prometheus"
+FROM_VLLM = "vllm /metrics"
 NO_WATCHDOG_LOG = "no watchdog log"
 _END = "end"
 _SECTION = re.compile(r"^==([a-z]+)==$")
@@ -98,14 +105,19 @@ class NodeStatus:
 
 @dataclass(frozen=True)
 class MetricsReport:
-    """vLLM's load from two /metrics samples; `error` set means it could not be read."""
+    """vLLM's load, from Prometheus or two /metrics samples (`source`); `error` set means it could not be read."""
 
     error: str | None = None
     requests_running: float | None = None
     requests_waiting: float | None = None
     kv_cache_usage_percent: float | None = None
     generation_tokens_per_second: float | None = None
+    prompt_tokens_per_second: float | None = None
     elapsed_seconds: float | None = None
+    """The time the rates are over: between the two samples, or Prometheus' rate() window."""
+    source: str = FROM_VLLM
+    note: str | None = None
+    """Why Prometheus, though deployed, was not the source."""
 
 
 @dataclass(frozen=True)
@@ -278,6 +290,7 @@ WAITING = "vllm:num_requests_waiting"
 KV_CACHE = "vllm:kv_cache_usage_perc"
 KV_CACHE_BEFORE_V1 = "vllm:gpu_cache_usage_perc"
 GENERATED = "vllm:generation_tokens_total"
+PROMPTED = "vllm:prompt_tokens_total"
 
 
 def summarize_metrics(first: Mapping[str, float], second: Mapping[str, float], elapsed_s: float) -> MetricsReport:
@@ -286,13 +299,20 @@ def summarize_metrics(first: Mapping[str, float], second: Mapping[str, float], e
     if missing:
         return MetricsReport(error=f"no {', '.join(missing)} in the answer: is it vLLM's /metrics?")
     kv = second.get(KV_CACHE, second.get(KV_CACHE_BEFORE_V1))
-    grown = second[GENERATED] - first[GENERATED]
+
+    def rate(counter: str) -> float | None:
+        if counter not in first or counter not in second:
+            return None
+        grown = second[counter] - first[counter]
+        # A counter that went down: vLLM restarted between the samples, no rate to tell.
+        return grown / elapsed_s if elapsed_s > 0 and grown >= 0 else None
+
     return MetricsReport(
         requests_running=second[RUNNING],
         requests_waiting=second[WAITING],
         kv_cache_usage_percent=None if kv is None else kv * 100,
-        # A counter that went down: vLLM restarted between the samples, no rate to tell.
-        generation_tokens_per_second=grown / elapsed_s if elapsed_s > 0 and grown >= 0 else None,
+        generation_tokens_per_second=rate(GENERATED),
+        prompt_tokens_per_second=rate(PROMPTED),
         elapsed_seconds=elapsed_s,
     )
 
@@ -310,16 +330,118 @@ def http_get(url: str, headers: Mapping[str, str], timeout_s: float) -> tuple[in
     return reply.status, reply.body.decode("utf-8", errors="replace")
 
 
-def _get(fetch: Fetch, url: str, headers: Mapping[str, str]) -> tuple[str | None, str]:
-    """(body, "") on HTTP 200, else (None, why): a failure is a line of the report, never a traceback."""
+def _fetch(fetch: Fetch, url: str, headers: Mapping[str, str]) -> tuple[int, str] | str:
+    """(HTTP status, body), or why there is no answer: a failure is a line of the report, never a traceback."""
     try:
-        status, body = fetch(url, headers, HTTP_TIMEOUT_S)
+        return fetch(url, headers, HTTP_TIMEOUT_S)
     except (OSError, ConnectionRefusedOrReset, DeadlineExceeded, ValueError) as error:
-        return None, _reason(error, HTTP_TIMEOUT_S)
+        return _reason(error, HTTP_TIMEOUT_S)
+
+
+def _get(fetch: Fetch, url: str, headers: Mapping[str, str]) -> tuple[str | None, str]:
+    """(body, "") on HTTP 200, else (None, why)."""
+    got = _fetch(fetch, url, headers)
+    if isinstance(got, str):
+        return None, got
+    status, body = got
     return (body, "") if status == 200 else (None, f"HTTP {status}")
 
 
+# --- Prometheus, when the stack deploys it ------------------------------------------------------------------------
+
+# The expressions of components/observability/dashboard.json, on the job spec.py gives vLLM, each summed to one
+# value as parse_metrics sums a /metrics series over its label sets.
+_JOB = '{job="vllm"}'
+
+
+def prometheus_window_s(scrape_s: int) -> int:
+    """rate()'s range: the dashboard's 1m, widened to four scrapes so a slow scrape still has samples to rate."""
+    return max(60, 4 * scrape_s)
+
+
+def prometheus_queries(window_s: int) -> dict[str, str]:
+    """MetricsReport field -> PromQL; the first three are essential, as RUNNING, WAITING, GENERATED are to /metrics."""
+    return {
+        "requests_running": f"sum({RUNNING}{_JOB})",
+        "requests_waiting": f"sum({WAITING}{_JOB})",
+        "generation_tokens_per_second": f"sum(rate({GENERATED}{_JOB}[{window_s}s]))",
+        "kv_cache_usage_percent": f"(sum({KV_CACHE}{_JOB}) or sum({KV_CACHE_BEFORE_V1}{_JOB})) * 100",
+        "prompt_tokens_per_second": f"sum(rate({PROMPTED}{_JOB}[{window_s}s]))",
+    }
+
+
+_ESSENTIAL = ("requests_running", "requests_waiting", "generation_tokens_per_second")
+
+
+class _Unreadable(Exception):
+    """Prometheus gave no usable answer; the text is why, for the report's note."""
+
+
+def prometheus_query_url(base: str, expr: str) -> str:
+    return f"{base.rstrip('/')}/api/v1/query?query={quote(expr, safe='')}"
+
+
+def _instant(fetch: Fetch, base: str, expr: str) -> float | None:
+    """One instant query's value; None for an empty (or NaN) result. No headers: Prometheus wants no API key."""
+    got = _fetch(fetch, prometheus_query_url(base, expr), {})
+    if isinstance(got, str):
+        raise _Unreadable(got)
+    status, body = got
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        raise _Unreadable(f"HTTP {status}, not a Prometheus API answer")
+    if status != 200 or answer.get("status") != "success":
+        said = answer.get("error") or answer.get("status")
+        raise _Unreadable(f"HTTP {status}: {said}" if said else f"HTTP {status}")
+    data = answer.get("data")
+    result = data.get("result") if isinstance(data, dict) else None
+    if not isinstance(result, list):
+        raise _Unreadable("an answer without data.result")
+    try:
+        values = [float(r["value"][1]) for r in result]
+    except (KeyError, IndexError, TypeError, ValueError):
+        raise _Unreadable("a result that is not an instant vector") from None
+    finite = [v for v in values if math.isfinite(v)]
+    return sum(finite) if finite else None
+
+
+def prometheus_metrics(view: StackView, fetch: Fetch, base: str) -> MetricsReport:
+    """The load from Prometheus, one instant query per quantity; raises _Unreadable to fall back to /metrics."""
+    window_s = prometheus_window_s(view.settings.observability.scrape_seconds)
+    values: dict[str, float | None] = {}
+    for field, expr in prometheus_queries(window_s).items():
+        values[field] = _instant(fetch, base, expr)
+        # vLLM's series absent (never scraped, or stale since vLLM went down): /metrics tells what is wrong.
+        if field in _ESSENTIAL and values[field] is None:
+            raise _Unreadable(f"an empty result for {expr}")
+    return MetricsReport(
+        requests_running=values["requests_running"],
+        requests_waiting=values["requests_waiting"],
+        kv_cache_usage_percent=values["kv_cache_usage_percent"],
+        generation_tokens_per_second=values["generation_tokens_per_second"],
+        prompt_tokens_per_second=values["prompt_tokens_per_second"],
+        elapsed_seconds=float(window_s),
+        source=FROM_PROMETHEUS,
+    )
+
+
 def collect_metrics(
+    view: StackView, fetch: Fetch, sleep: Callable[[float], None], clock: Callable[[], float], interval_s: float
+) -> MetricsReport:
+    prometheus = view.outputs.get("prometheusUrl")
+    if isinstance(prometheus, str) and prometheus:
+        try:
+            return prometheus_metrics(view, fetch, prometheus)
+        except _Unreadable as error:
+            note = f"Prometheus at {prometheus} could not be read: {error}; read vLLM's /metrics instead"
+            return dataclasses.replace(_direct_metrics(view, fetch, sleep, clock, interval_s), note=note)
+    return _direct_metrics(view, fetch, sleep, clock, interval_s)
+
+
+def _direct_metrics(
     view: StackView, fetch: Fetch, sleep: Callable[[float], None], clock: Callable[[], float], interval_s: float
 ) -> MetricsReport:
     endpoint = view.outputs.get("endpoint")
@@ -451,16 +573,19 @@ def _verification_line(v: dict[str, Any] | None) -> str:
 
 
 def _metrics_line(m: MetricsReport) -> str:
+    note = f"\n  note: {m.note}" if m.note else ""
     if m.error:
-        return f"metrics: unavailable ({m.error})"
+        return f"metrics: unavailable ({m.error}){note}"
 
     def num(x: float | None, fmt: str) -> str:
         return "?" if x is None else format(x, fmt)
 
+    prompt = "" if m.prompt_tokens_per_second is None else f", {m.prompt_tokens_per_second:.1f} prompt tok/s"
     return (
         f"metrics: {num(m.requests_running, 'g')} running, {num(m.requests_waiting, 'g')} waiting, "
         f"KV cache {num(m.kv_cache_usage_percent, '.1f')} %, "
-        f"{num(m.generation_tokens_per_second, '.1f')} generation tok/s over {num(m.elapsed_seconds, '.1f')} s"
+        f"{num(m.generation_tokens_per_second, '.1f')} generation tok/s{prompt} "
+        f"over {num(m.elapsed_seconds, '.1f')} s (from {m.source}){note}"
     )
 
 
@@ -500,7 +625,7 @@ def _parser() -> OperatorParser:
         type=float,
         default=DEFAULT_INTERVAL_S,
         metavar="SECONDS",
-        help=f"between the two /metrics samples (default {DEFAULT_INTERVAL_S:g})",
+        help=f"between the two /metrics samples, when not read from Prometheus (default {DEFAULT_INTERVAL_S:g})",
     )
     return parser
 
