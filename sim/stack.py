@@ -106,7 +106,8 @@ def sim_config(
     `supervisor`: off by default in tests, whose faults are for the next `pulumi up` to find; on for the
     supervisor's own tests and the demo.
     `observability`: Prometheus, the exporters and node exporters (components/observability) from the sim's
-    Prometheus image; needs the supervisor and the real image (the stand-in image has no prometheus_client)."""
+    Prometheus image (`sim/image/prometheus.sh`); needs the supervisor. Both serving images have the exporter's
+    prometheus_client."""
     if server not in SERVERS:
         raise ValueError(f"server={server!r}: use one of {', '.join(SERVERS)}")
     chosen = sim["nodes"][:nodes] if nodes else sim["nodes"]
@@ -251,8 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     sim = read_sim()
     key = Path(sim["ssh"]["key"]).read_text()
-    # The demo observes itself when the sim has a Prometheus image and the exporter's prometheus_client (real).
-    observe = args.server == "real" and "prometheus" in sim.get("images", {})
+    # The demo observes itself when the sim has a Prometheus image (a sim started before it has none).
+    observe = "prometheus" in sim.get("images", {})
     config = sim_config(sim, weights_root=args.weights_root, server=args.server, supervisor=True, observability=observe)
     init_stack(args.stack, config, key)
     print(

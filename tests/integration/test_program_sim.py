@@ -96,6 +96,7 @@ def test_preview_of_a_serve_change_replaces_every_rank_and_reruns_the_gates_only
     allowed = set(containers) | {"rendezvous", "ready", "verify"}
     # The preflights re-run (their triggers carry the generation); so does each watchdog (new container id).
     allowed |= {f"preflight-node-{n['index']}-check" for n in deployed.sim["nodes"]}
+    allowed |= {f"precheck-node-{n['index']}-check" for n in deployed.sim["nodes"]}
     allowed |= {f"watchdog-node-{n['index']}-install" for n in deployed.sim["nodes"]}
     assert set(ops) <= allowed, f"nothing else may change: {[(n, ops[n]) for n in set(ops) - allowed]}\n{out}"
     assert '"2" => "1"' in out, "the diff shows the changed flag value (--max-num-seqs 2 -> 1)"
@@ -138,10 +139,16 @@ def test_a_preflight_change_rechecks_the_head_and_leaves_the_running_ranks_alone
     cfg["preflight"]["minFreeDiskGiB"] = 2
     deployed.write_config(cfg)
     try:
+        deployed.preview()
+        head = deployed.sim["nodes"][0]["index"]
+        # The disk minimum is the head's: both of its checks (the precheck before the pulls, the check before
+        # the stop) re-run in place, and nothing else changes.
+        head_checks = {f"precheck-node-{head}-check", f"preflight-node-{head}-check"}
+        assert set(deployed.ops) == head_checks, deployed.ops
+        assert all(deployed.ops[name] == {"update"} for name in head_checks), deployed.ops
         up = deployed.up()
         changes = up.summary.resource_changes or {}
-        # The disk minimum is the head's: its preflight re-runs, in place, and nothing else changes.
-        assert changes.get("update") == 1 and set(changes) == {"same", "update"}, changes
+        assert changes.get("update") == 2 and set(changes) == {"same", "update"}, changes
         assert container_ids(deployed) == before, "ranks already on the requested generation must not be touched"
     finally:
         deployed.write_config(healthy)

@@ -87,9 +87,11 @@ def test_a_stack_deployed_before_the_layout_move_upgrades_without_replacing_anyt
         # The old program served openly with no `serve.apiKey`; this one generates a key, a change that
         # replaces the ranks by design. This test is about the layout move: both programs get the same key.
         d.stack.set_config("dsv41-exl3:serve.apiKey", auto.ConfigValue(value="sk-upgrade-test", secret=True), path=True)
-        # The old program knows no `supervisor` key (the sim's tests set it off; off is the old behaviour).
+        # The old program knows no `supervisor` or `observability` key (the sim's tests set both off; off is
+        # the old behaviour).
         stack_file = yaml.safe_load((REPO / f"Pulumi.{d.name}.yaml").read_text())
-        del stack_file["config"]["dsv41-exl3:supervisor"]
+        for newer in ("supervisor", "observability"):
+            del stack_file["config"][f"dsv41-exl3:{newer}"]
         (old_dir / f"Pulumi.{d.name}.yaml").write_text(yaml.safe_dump(stack_file))
         old = auto.select_stack(
             d.name,
