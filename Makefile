@@ -17,7 +17,7 @@ VENV_STAMP := $(VENV)/.installed-$(REQ_HASH)
 WITH_ENV := . toolchain/env.sh &&
 
 .PHONY: stack move-state config-table help venv toolchain plugins env lint typecheck test-unit test-engine test-sim test clean clean-cache demo demo-down \
-	bench-heal bench-image
+	bench-heal bench-image bench-observability
 
 venv: $(VENV_STAMP) ## the Python venv from the pinned requirements
 
@@ -153,4 +153,7 @@ bench-heal: toolchain ## the supervisor's heal time on sim nodes 1-2
 bench-image: toolchain ## how long an image change leaves the endpoint silent, against the boot, on sim nodes 1-2
 	@test -f .state/sim/sim.json || $(MAKE) --no-print-directory sim-up
 	$(WITH_ENV) $(PY) -m bench.image_change
+bench-observability: toolchain ## the observability layer's memory on the head over a 10-min scrape run, its no-op up cost
+	@test -f .state/sim/sim.json || $(MAKE) --no-print-directory sim-up
+	$(WITH_ENV) $(PY) -m bench.observability --minutes 10
 # --- end benchmarks
