@@ -143,16 +143,14 @@ def volume_exists(d: Deployment) -> bool:
     return bool(inspected.returncode == 0)
 
 
-def supervisor_cli(d: Deployment, action: str) -> None:
+def operator(d: Deployment, *args: str) -> subprocess.CompletedProcess[str]:
+    """`python -m <args>` as the operator runs it beside the stack."""
     env = {**os.environ, **d.env, "PATH": f"{d.pulumi_root / 'bin'}:{os.environ['PATH']}"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "components.supervisor", action, "--stack", d.name],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return subprocess.run([sys.executable, "-m", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+
+
+def supervisor_cli(d: Deployment, action: str) -> None:
+    proc = operator(d, "components.supervisor", action, "--stack", d.name)
     assert proc.returncode == 0, f"supervisor {action}: {proc.stdout}{proc.stderr}"
 
 
@@ -214,6 +212,15 @@ def test_every_dashboard_panel_returns_series(observed: Deployment) -> None:
     except AssertionError:
         raise AssertionError("panels whose query returns no series:\n" + "\n".join(empty())) from None
     assert len(lacking) <= 4, f"only the latency panels may lack their series on the stand-in: {lacking}"
+
+
+def test_status_reads_the_load_from_prometheus(observed: Deployment) -> None:
+    d = observed
+    got = operator(d, "components.status", "--stack", d.name, "--json")
+    assert got.returncode == 0, got.stdout + got.stderr
+    metrics = json.loads(got.stdout)["metrics"]
+    assert metrics["source"] == "prometheus" and metrics["note"] is None, metrics
+    assert metrics["error"] is None and metrics["requestsRunning"] == 0, metrics
 
 
 @pytest.mark.timeout(420)

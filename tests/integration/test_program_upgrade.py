@@ -110,7 +110,12 @@ def test_a_stack_deployed_before_the_layout_move_upgrades_without_replacing_anyt
         destructive = {name: ops & DESTRUCTIVE for name, ops in d.ops.items() if ops & DESTRUCTIVE}
         assert not destructive, f"the upgrade would replace or delete: {destructive}\n" + "\n".join(d.lines[-60:])
         created = sorted(name for name, ops in d.ops.items() if "create" in ops)
-        assert created == ["deployment"], f"only the root component is new, not {created}"
+        # New since that layout: the root component, and each node's check phase of the two-phase preflight
+        # (it runs with the ranks serving and stops nothing).
+        prechecks = [f"precheck-node-{n['index']}{part}" for n in d.sim["nodes"] for part in ("", "-check")]
+        assert created == sorted(["deployment", *prechecks]), (
+            f"only the root component and the prechecks are new, not {created}"
+        )
 
         assert_verified(d, d.up().outputs)
         assert container_ids(d) == before, "the same rank containers keep serving"
