@@ -639,7 +639,7 @@ class Observability(_Model):
     # Paid from the head's prefill margin with the exporters (components/capacity.py): at the recipe's KV pool
     # the margin leaves ~100 MiB for the whole layer. Go's soft limit (GOMEMLIMIT) keeps Prometheus under it.
     memory_mib: int = setting(
-        64,
+        60,
         "the Prometheus container's memory limit (`--memory`, no swap; `GOMEMLIMIT` at 80%); counted with the "
         "exporters' bounds against the head's prefill margin",
         ge=48,

@@ -596,14 +596,14 @@ def test_expected_answer_defaults_to_the_recipes_and_may_be_empty() -> None:
 
 def test_the_observability_layer_is_paid_from_the_heads_prefill_margin() -> None:
     recipe = {"tensor_parallel_size": 2, "max_model_len": 600_000, "kv_cache_memory_bytes": 2_684_354_560}
-    # The defaults (Prometheus 64 MiB, exporter, node exporter) fit the ~0.1 GiB the recipe's pool leaves.
-    assert not capacity.problems(**recipe, prometheus_mib=64, node_exporter=True)
-    assert capacity.observability_head_mib(64, True) == 100
+    # The defaults (Prometheus 60 MiB, exporter, node exporter) fit the ~0.1 GiB the recipe's pool leaves.
+    assert not capacity.problems(**recipe, prometheus_mib=60, node_exporter=True)
+    assert capacity.observability_head_mib(60, True) == 100
     (problem,) = capacity.problems(**recipe, prometheus_mib=512, node_exporter=True)
-    assert "`observability.memoryMiB` = 512" in problem and "= 548 MiB" in problem
-    assert "at most 66" in problem and "`observability.enabled: false`" in problem
-    assert not capacity.problems(**recipe, prometheus_mib=66, node_exporter=True), "the bound the message names fits"
-    assert capacity.problems(**recipe, prometheus_mib=67, node_exporter=True)
+    assert "`observability.memoryMiB` = 512" in problem and "= 552 MiB" in problem
+    assert "at most 62" in problem and "`observability.enabled: false`" in problem
+    assert not capacity.problems(**recipe, prometheus_mib=62, node_exporter=True), "the bound the message names fits"
+    assert capacity.problems(**recipe, prometheus_mib=63, node_exporter=True)
     # Without the layer nothing is counted; with 4 nodes the freed weights pay for a bigger Prometheus.
     assert not capacity.problems(**recipe, prometheus_mib=None)
     assert not capacity.problems(**{**recipe, "tensor_parallel_size": 4}, prometheus_mib=512, node_exporter=True)

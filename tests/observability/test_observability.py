@@ -30,8 +30,8 @@ def test_prometheus_runs_on_the_head_bounded_with_the_rules_and_the_vllm_key() -
     rec = run(config())
     prom = rec.named("observability-prometheus")
     assert prom.inputs["name"] == "dsv41-exl3-dev-prometheus"
-    assert prom.inputs["memory"] == 64 and prom.inputs["memorySwap"] == 64, "bounded, no swap"
-    assert prom.inputs["envs"] == ["GOMEMLIMIT=51MiB"], "Go collects before the kernel's OOM kill"
+    assert prom.inputs["memory"] == 60 and prom.inputs["memorySwap"] == 60, "bounded, no swap"
+    assert prom.inputs["envs"] == ["GOMEMLIMIT=48MiB"], "Go collects before the kernel's OOM kill"
     assert prom.inputs["restart"] == "unless-stopped" and prom.inputs["networkMode"] == "host"
     assert "--web.listen-address=10.0.0.1:18390" in prom.inputs["entrypoints"], "the head's SSH address"
     assert "--storage.tsdb.retention.time=168h" in prom.inputs["entrypoints"]
