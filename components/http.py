@@ -90,7 +90,9 @@ def exchange(
                 method,
                 url,
                 data=body,
-                headers=dict(headers or {}),
+                # The body is read raw (read1, below), never decoded: ask for it uncompressed (Prometheus'
+                # API gzips for requests' default `Accept-Encoding: gzip, deflate`).
+                headers={"Accept-Encoding": "identity", **(headers or {})},
                 stream=True,
                 timeout=(remaining, remaining),
                 allow_redirects=False,

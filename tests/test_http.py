@@ -121,3 +121,37 @@ def test_a_chunked_stream_as_uvicorn_sends_it_yields_each_event_as_it_arrives() 
     assert [data for _, data in reply.events] == payloads
     gaps = [b - a for (a, _), (b, _) in zip(reply.events, reply.events[1:], strict=False)]
     assert all(g > 0.2 for g in gaps), f"events seen together, not as they arrived: {gaps}"
+
+
+def test_a_server_that_compresses_what_the_client_accepts_answers_in_plain_text() -> None:
+    """The body is read raw, never decoded: a server that gzips when allowed (Prometheus' API does for requests'
+    default `Accept-Encoding: gzip, deflate`) must be asked for identity, or the body is gzip bytes."""
+    import gzip
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    answer = b'{"status": "success", "data": {"resultType": "vector", "result": []}}'
+
+    class Gzipping(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802
+            accepted = self.headers.get("Accept-Encoding", "")
+            body = gzip.compress(answer) if "gzip" in accepted else answer
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            if body is not answer:
+                self.send_header("Content-Encoding", "gzip")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Gzipping)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/api/v1/query?query=up"
+        reply = exchange("GET", url, deadline=time.monotonic() + 5)
+    finally:
+        server.shutdown()
+    assert reply.body == answer

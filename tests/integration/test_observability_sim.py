@@ -219,8 +219,9 @@ def test_status_reads_the_load_from_prometheus(observed: Deployment) -> None:
     got = operator(d, "components.status", "--stack", d.name, "--json")
     assert got.returncode == 0, got.stdout + got.stderr
     metrics = json.loads(got.stdout)["metrics"]
-    assert metrics["source"] == "prometheus" and metrics["note"] is None, metrics
-    assert metrics["error"] is None and metrics["requestsRunning"] == 0, metrics
+    assert metrics["source"] == "prometheus" and metrics["note"] is None, json.dumps(metrics)
+    # A number, not 0: the supervisor's probe (every 5 s here) may be running at the scrape.
+    assert metrics["error"] is None and metrics["requestsRunning"] in (0, 1), metrics
 
 
 @pytest.mark.timeout(420)
