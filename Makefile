@@ -62,19 +62,24 @@ typecheck: venv ## mypy (strict on components/), then bench and sim
 	$(VENV)/bin/mypy
 	$(VENV)/bin/mypy bench sim
 
+# JUNIT_DIR (set by .ci/run): each tier writes its tests' times there, for the run's slowest-tests report.
+junit = $(if $(JUNIT_DIR),--junitxml=$(JUNIT_DIR)/$(1).xml)
+
 test-unit: venv ## pure logic and components under the recording mock (~5 min)
-	$(PY) -m pytest -m "not engine and not sim" tests bench
+	$(PY) -m pytest -m "not engine and not sim" $(call junit,test-unit) tests bench
 
 # DSV41_REQUIRE_TOOLCHAIN turns the engine tests' "toolchain not built" skip into a failure.
 # Hypothesis is not used there, and its plugin's late import trips a CPython 3.11.7 compiler bug after
 # Automation API runs (SystemError "AST constructor recursion depth mismatch" at the terminal summary).
 INTEGRATION_PYTEST := $(PY) -m pytest -p no:hypothesispytest
 test-engine: toolchain ## the project's Pulumi CLI and providers
-	$(WITH_ENV) DSV41_REQUIRE_TOOLCHAIN=1 $(INTEGRATION_PYTEST) -m "engine and not sim" tests/integration tests/toolchain
+	$(WITH_ENV) DSV41_REQUIRE_TOOLCHAIN=1 $(INTEGRATION_PYTEST) -m "engine and not sim" $(call junit,test-engine) \
+	    tests/integration tests/toolchain
 
 # Needs root: starts a dockerd and an sshd per simulated node (sim/README.md).
 test-sim: toolchain sim-up ## as root: end to end on the simulated cluster
-	$(WITH_ENV) DSV41_REQUIRE_TOOLCHAIN=1 DSV41_REQUIRE_SIM=1 $(INTEGRATION_PYTEST) -m sim tests/integration tests/toolchain
+	$(WITH_ENV) DSV41_REQUIRE_TOOLCHAIN=1 DSV41_REQUIRE_SIM=1 $(INTEGRATION_PYTEST) -m sim $(call junit,test-sim) \
+	    tests/integration tests/toolchain
 
 test: lint typecheck test-unit test-engine test-sim ## everything CI runs after installing
 
