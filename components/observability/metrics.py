@@ -207,6 +207,15 @@ def _supervisor_families(cfg: ExporterConfig, seen: Observed, restarts: RestartC
         g.add_metric([], 1 if value else 0)
         out.append(g)
 
+    # Armed for what the head runs now (its rank's label, else the supervisor's own look): 0 means a dead rank
+    # would be left to `pulumi up` (issue 43).
+    running = str((seen.rank or {}).get("generation") or status.get("running_generation") or "")
+    armed = _gauge(
+        "dsv41_supervisor_armed", "0 when the head runs a generation the supervisor is not armed for (else 1)."
+    )
+    armed.add_metric([], 0 if running and running != str(status.get("armed_generation") or "") else 1)
+    out.append(armed)
+
     probe = status.get("last_probe") or {}
     state = str(probe.get("state") or "")
     if probe.get("at") is not None:

@@ -19,6 +19,8 @@ from typing import Any
 
 import requests
 
+from components.supervisor import policy
+
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -58,6 +60,8 @@ def format_status(status: dict[str, Any]) -> str:
         lines.append(f"update lock: {status['lock_holder']}")
     if status.get("given_up"):
         lines.append(f"gave up: {status['given_up']}")
+    if gap := policy.not_armed(status):
+        lines.append(gap)
     probe = status.get("last_probe") or {}
     lines.append(f"last probe: {probe.get('state', '-')} {_ago(probe.get('at'), now)}: {probe.get('seen', '')}")
     verified = status.get("last_verified") or {}

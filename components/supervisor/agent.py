@@ -295,6 +295,17 @@ class Leader:
             expected_answer=self.cfg["expected_answer"],
         )
 
+    def arm(self, outcome: verify_client.Passed, before: list[policy.RankView]) -> bool:
+        """Record a passed verification for the generation `before` saw, only if the same ranks still run and no
+        update took the lock meanwhile: a late answer must never arm what runs no more (issue 43)."""
+        why = self._stop_if_held() or policy.changed_during(before, self.look())
+        if why:
+            log(f"a passed verification of generation {before[0].generation or '?'} is not recorded: {why}")
+            self.store.update(last_probe={"at": time.time(), "state": "unverified", "seen": f"dropped: {why}"})
+            return False
+        self.record_verified(outcome, before[0].generation)
+        return True
+
     def record_verified(self, outcome: verify_client.Passed, generation: str) -> None:
         self.store.update(
             armed_generation=generation,
@@ -336,12 +347,17 @@ class Leader:
         )
         if decision.why != snap.get("doing"):
             self.store.update(doing=decision.why)
+        # What the head runs, beside what the supervisor is armed for: status, the preview's line and the
+        # Dsv41SupervisorNotArmed alert compare the two (a gap means a dead rank is left to `pulumi up`).
+        running = ranks[0].generation if ranks[0].reachable and ranks[0].exists else ""
+        if running != snap.get("running_generation"):
+            self.store.update(running_generation=running)
         if decision.action == "verify" and self.clock() >= self.next_probe:
             self.next_probe = self.clock() + self.cfg["probe_seconds"]
             outcome = self.verify(self.cfg["verify_timeout_s"])
             if isinstance(outcome, verify_client.Passed):
-                self.record_verified(outcome, ranks[0].generation)
-                self.notify("armed", generation=ranks[0].generation)
+                if self.arm(outcome, ranks):
+                    self.notify("armed", generation=ranks[0].generation)
             else:
                 self.store.update(last_probe={"at": time.time(), "state": "unverified", "seen": outcome.message})
         elif decision.action == "probe":
@@ -439,11 +455,12 @@ class Leader:
             return f"boot failed: {boot.cause_of(str(failure))}"
         phase("boot")  # from the first start to the gates' ready: every rank joined, the head logged ready
         log(f"booted: rendezvous {booted.rendezvous_s:g} s, then ready {booted.ready_s:g} s")
+        booted_ranks = self.look()
         outcome = self.verify(self.cfg["verify_timeout_s"])
         phase("verify")
         if isinstance(outcome, verify_client.Passed):
-            ranks = self.look()
-            self.record_verified(outcome, ranks[0].generation)
+            if not self.arm(outcome, booted_ranks):
+                return "not recorded: the ranks changed while they were verified"
             return "verified"
         return f"not verified: {outcome.message}"
 

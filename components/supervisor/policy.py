@@ -28,6 +28,7 @@ class RankView:
     exit_code: int | None = None
     oom_killed: bool = False
     generation: str = ""
+    started_at: str = ""
     mem_available_gib: float | None = None
     error: str = ""
 
@@ -41,6 +42,7 @@ class RankView:
             exit_code=data.get("exit_code"),
             oom_killed=bool(data.get("oom_killed")),
             generation=str(data.get("generation") or ""),
+            started_at=str(data.get("started_at") or ""),
             mem_available_gib=data.get("mem_available_gib"),
         )
 
@@ -110,6 +112,22 @@ def decide(
     return Decision("wait", "serving")
 
 
+def changed_during(before: Sequence[RankView], after: Sequence[RankView]) -> str | None:
+    """Why a verification that ran between two looks says nothing about the group now, or None.
+
+    The answer it judged may have come from other ranks than those seen before it (an update replaced them, a
+    rank restarted): arming on it would hold a generation, or a start, that nobody verified."""
+    if len(before) != len(after):
+        return "the nodes changed"
+    for b, a in zip(before, after, strict=True):
+        if not (a.reachable and a.exists and a.running):
+            return f"the rank on {a.node} is not running now"
+        if (b.generation, b.started_at) != (a.generation, a.started_at):
+            change = f"{b.generation or '?'} -> {a.generation or '?'}"
+            return f"the rank on {a.node} was replaced or restarted (generation {change})"
+    return None
+
+
 @dataclass(frozen=True)
 class Budget:
     max_restarts: int
@@ -153,9 +171,24 @@ def event(kind: str, stack: str, **fields: Any) -> dict[str, Any]:
     return {"event": kind, "stack": stack, **fields}
 
 
+def not_armed(status: Mapping[str, Any]) -> str | None:
+    """Why the supervisor would not heal what the head runs now, when it is armed for another generation (or
+    none); None when it is armed for it, or nothing runs. While an update holds the lock this is expected."""
+    running = str(status.get("running_generation") or "")
+    armed = str(status.get("armed_generation") or "")
+    if not running or running == armed:
+        return None
+    return (
+        f"NOT ARMED for the running generation {running} (armed for {armed or 'none'}): a dead rank is left to "
+        "`pulumi up` until the supervisor verifies what runs"
+    )
+
+
 def summary(status: Mapping[str, Any], now: float) -> str:
     """One line of the leader's status, for a preview's output."""
     parts = [f"supervisor: {status.get('doing') or 'starting'}"]
+    if gap := not_armed(status):
+        parts.append(gap)
     probe = status.get("last_probe") or {}
     if probe.get("at"):
         parts.append(f"last probe {probe.get('state')} {now - float(probe['at']):.0f} s ago")

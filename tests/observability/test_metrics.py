@@ -182,3 +182,14 @@ def test_every_program_series_the_alert_rules_read_is_exported() -> None:
     used = set(re.findall(r"\bdsv41_[a-z0-9_]+", (OBSERVABILITY / "rules.yml").read_text()))
     exported = {k.split("{", 1)[0] for k in full_scrape()}
     assert used <= exported, f"rules.yml reads series the exporter never writes: {sorted(used - exported)}"
+
+
+def test_armed_is_zero_only_when_the_head_runs_a_generation_the_supervisor_is_not_armed_for() -> None:
+    armed = scrape(CFG, Observed(now=NOW, rank=RANK, status=status(armed_generation="g1")))
+    assert armed["dsv41_supervisor_armed{}"] == 1
+    stale = scrape(CFG, Observed(now=NOW, rank=RANK, status=status(armed_generation="g0")))
+    assert stale["dsv41_supervisor_armed{}"] == 0, "the head runs g1, the supervisor is armed for g0"
+    never = scrape(CFG, Observed(now=NOW, rank=RANK, status=status()))
+    assert never["dsv41_supervisor_armed{}"] == 0
+    no_rank = scrape(CFG, Observed(now=NOW, rank={**RANK, "exists": False, "generation": ""}, status=status()))
+    assert no_rank["dsv41_supervisor_armed{}"] == 1, "nothing runs: nothing to be armed for (RankDown says it)"

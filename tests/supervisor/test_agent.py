@@ -201,3 +201,50 @@ def test_the_memory_guard_kills_the_rank_on_the_second_low_sample(tmp_path: Path
     assert guard.sample() is False
     assert guard.sample() is True and log == ["kill node-2"]
     assert guard.sample() is False and guard.sample() is False, "a rank already down is not killed again"
+
+
+def replace_ranks(docker: FakeDocker, name: str, generation: str) -> None:
+    """What an update does to a node's rank: a new container of another generation, started now."""
+    docker.generation = generation
+    docker.add(name, script=docker.scripts[name])
+
+
+def test_a_late_answer_never_arms_a_generation_an_update_replaced_meanwhile(cluster: Any) -> None:
+    leader, head, worker, _, _ = cluster
+
+    class ReplacedWhileVerifying(ScriptedLeader):
+        def verify(self, budget_s: float) -> Any:
+            replace_ranks(head, "rank-1", "g2")  # the update's new ranks answer the old generation's question
+            replace_ranks(worker, "rank-2", "g2")
+            return PASSED
+
+    late = ReplacedWhileVerifying(leader.cfg, head, TOKEN, leader.store)
+    assert late.step().action == "verify"
+    snap = late.store.snapshot()
+    assert not snap.get("armed_generation"), "g1's verification was answered by g2's ranks: it arms nothing"
+    assert "replaced or restarted" in snap["last_probe"]["seen"], snap["last_probe"]
+    leader.verdicts = [PASSED]
+    assert leader.step().action == "verify"
+    assert leader.store.snapshot()["armed_generation"] == "g2", "what runs is verified and armed on the next look"
+
+
+def test_a_verification_during_an_update_lock_arms_nothing_and_the_update_after_it_is_armed(cluster: Any) -> None:
+    leader, head, worker, _, _ = cluster
+
+    class LockedWhileVerifying(ScriptedLeader):
+        def verify(self, budget_s: float) -> Any:
+            self.store.update(lock={"holder": "pulumi up of dev", "expires_at": time.time() + 60})
+            return PASSED
+
+    locked = LockedWhileVerifying(leader.cfg, head, TOKEN, leader.store)
+    locked.step()
+    assert not leader.store.snapshot().get("armed_generation"), "an update took the lock: the answer is the up's"
+    replace_ranks(head, "rank-1", "g2")
+    replace_ranks(worker, "rank-2", "g2")
+    assert leader.step().action == "wait"
+    assert leader.store.snapshot()["running_generation"] == "g2"
+    leader.store.update(lock=None)  # the update ends
+    leader.verdicts = [PASSED]
+    assert leader.step().action == "verify"
+    snap = leader.store.snapshot()
+    assert snap["armed_generation"] == "g2" and snap["last_verified"]["generation"] == "g2"

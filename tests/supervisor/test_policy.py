@@ -101,3 +101,28 @@ def test_a_lock_ends_with_its_lease() -> None:
     assert policy.lock_holder({"holder": "up", "expires_at": 200.0}, 100.0) == "up"
     assert policy.lock_holder({"holder": "up", "expires_at": 99.0}, 100.0) is None
     assert policy.lock_holder(None, 100.0) is None
+
+
+def test_a_verification_says_nothing_when_a_rank_was_replaced_restarted_or_stopped_meanwhile() -> None:
+    def view(node: str, generation: str = "g1", started: str = "t0", running: bool = True) -> RankView:
+        return RankView(
+            node=node, reachable=True, exists=True, running=running, generation=generation, started_at=started
+        )
+
+    before = [view("head"), view("worker")]
+    assert policy.changed_during(before, [view("head"), view("worker")]) is None
+    replaced = policy.changed_during(before, [view("head", "g2", "t1"), view("worker", "g2", "t1")])
+    assert replaced is not None and "g1 -> g2" in replaced and "head" in replaced
+    restarted = policy.changed_during(before, [view("head"), view("worker", started="t1")])
+    assert restarted is not None and "worker" in restarted
+    stopped = policy.changed_during(before, [view("head"), view("worker", running=False)])
+    assert stopped is not None and "not running" in stopped
+
+
+def test_the_status_line_says_when_the_supervisor_is_not_armed_for_what_runs() -> None:
+    assert policy.not_armed({"running_generation": "g1", "armed_generation": "g1"}) is None
+    assert policy.not_armed({"running_generation": "", "armed_generation": "g1"}) is None
+    gap = policy.not_armed({"running_generation": "g2", "armed_generation": "g1"})
+    assert gap is not None and "g2" in gap and "armed for g1" in gap
+    line = policy.summary({"doing": "serving", "running_generation": "g2", "armed_generation": "g1"}, 0.0)
+    assert "NOT ARMED for the running generation g2" in line
