@@ -338,6 +338,7 @@ def _wire(
                 stack_prefix=prefix,
                 token=token,
                 endpoint=endpoint_of(s),
+                generation=serving.generation,
                 nodes=[
                     SupervisorNode(
                         name=n.name,

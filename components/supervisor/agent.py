@@ -331,9 +331,22 @@ class Leader:
             self.drift_streak, self.hard_drift = 0, False
             self.next_probe = self.clock() + self.cfg["probe_seconds"]
 
+    def arm_for_the_update(self, ranks: list[policy.RankView]) -> None:
+        """Arm for the generation the update that installed this config verified, once the head runs it: that
+        update's verifier passed it moments before (the install waits on it), whatever ran or was armed before."""
+        deployed = str(self.cfg.get("generation") or "")
+        head = ranks[0]
+        if not deployed or not (head.reachable and head.exists) or head.generation != deployed:
+            return
+        if self.store.snapshot().get("armed_generation") == deployed:
+            return
+        self.store.update(armed_generation=deployed)
+        self.notify("armed", generation=deployed, by="the update that verified it")
+
     def step(self) -> policy.Decision:
-        snap = self.store.snapshot()
         ranks = self.look()
+        self.arm_for_the_update(ranks)
+        snap = self.store.snapshot()
         decision = policy.decide(
             ranks,
             paused=bool(snap.get("paused")),

@@ -88,7 +88,7 @@ def leader_url(s: Settings) -> str:
     return f"http://{s.head.host}:{s.supervisor.port}"
 
 
-def agent_config(s: Settings, stack: str, node_index: int, *, endpoint: str) -> dict[str, Any]:
+def agent_config(s: Settings, stack: str, node_index: int, *, endpoint: str, generation: str) -> dict[str, Any]:
     """The agent's config file (no secret: the token is a file of its own, the API key is read from the head
     container's env)."""
     node = s.nodes[node_index]
@@ -122,6 +122,9 @@ def agent_config(s: Settings, stack: str, node_index: int, *, endpoint: str) -> 
                 ],
                 # The head's own loopback view would do, but the endpoint is what clients see.
                 "endpoint": endpoint,
+                # What the update that installs this config verified (the install runs after the verifier): the
+                # leader arms for it when the head runs it, whatever it was armed for before (issue 43).
+                "generation": generation,
                 "model": s.serve.served_model_name,
                 "expected_answer": gates.expected_answer,
                 "probe_seconds": s.supervisor.probe_seconds,
@@ -200,6 +203,8 @@ class SupervisorArgs:
     stack_prefix: str
     token: str
     endpoint: str
+    generation: pulumi.Input[str]
+    """The ranks' generation label this update deploys; the agents are installed only once the verifier passed it."""
     nodes: Sequence[SupervisorNode]
     after: Sequence[pulumi.Resource]
     """The verifier: the supervisor starts only on a deployment that verified."""
@@ -215,8 +220,11 @@ class Supervisor(pulumi.ComponentResource):
         s = args.settings
         self.containers = {}
         for node in args.nodes:
-            cfg = agent_config(s, args.stack, node.index, endpoint=args.endpoint)
-            files, code_hash = payload(cfg, args.token)
+            built = pulumi.Output.from_input(args.generation).apply(
+                functools.partial(_payload_for, s, args.stack, node.index, args.endpoint, args.token)
+            )
+            files: pulumi.Output[str] = built.apply(lambda b: b[0])
+            code_hash: pulumi.Output[str] = built.apply(lambda b: b[1])
             notify = notify_program(s.supervisor.notify_command) if node.index == 0 else ""
             command = pulumi.Output.from_input(node.image_id).apply(
                 functools.partial(_install_with_image, args.stack_prefix, node.name, notify)
@@ -228,7 +236,7 @@ class Supervisor(pulumi.ComponentResource):
                 update=command,
                 delete=install_command(args.stack_prefix, node.name, "remove"),
                 # Secret: it holds the token; the code's hash (a label below) shows a change in a preview.
-                stdin=pulumi.Output.secret(files),
+                stdin=pulumi.Output.secret(files),  # type: ignore[arg-type]  # the SDK's stub infers Never for an Output
                 add_previous_output_in_env=False,
                 opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.after)),
             )
@@ -263,6 +271,10 @@ class Supervisor(pulumi.ComponentResource):
             )
         self.url = leader_url(s)
         self.register_outputs({"url": self.url})
+
+
+def _payload_for(s: Settings, stack: str, index: int, endpoint: str, token: str, generation: str) -> tuple[str, str]:
+    return payload(agent_config(s, stack, index, endpoint=endpoint, generation=generation), token)
 
 
 def _install_with_image(prefix: str, node: str, notify: str, image: str) -> str:

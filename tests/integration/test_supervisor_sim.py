@@ -255,6 +255,44 @@ def test_a_rank_killed_during_an_up_is_left_to_the_up(supervised: Deployment) ->
     assert restarts(after)[-1]["result"] == "verified"
 
 
+@pytest.mark.timeout(900)
+def test_after_a_failed_up_a_rollback_and_an_up_to_another_generation_the_supervisor_is_armed_and_heals(
+    supervised: Deployment, tmp_path: Path
+) -> None:
+    """Issue 43's sequence: verified, a change that fails, the rollback, an up to another generation, a kill."""
+    d = supervised
+    assert cli(d, "resume").returncode == 0  # a fresh budget (maxRestarts 2 here): this test restarts once
+    healthy = json.loads(json.dumps(d.config))
+    d.up()  # the verified update the rollback goes back to: the newest that succeeded
+    before = armed(d)
+    d.write_config(d.with_env(SIM_FAULT="wrong-answer"))
+    d.up_fails()
+    assert restarts(status(d)) == restarts(before), "the supervisor never acts on a failing update's ranks"
+    rolled = subprocess.run(
+        [sys.executable, "-m", "components.rollback", "--stack", d.name, "--yes"],
+        cwd=REPO,
+        env={**os.environ, **d.env, "DSV41_STATE_HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert rolled.returncode == 0, rolled.stdout[-2000:] + rolled.stderr
+    d.config = healthy
+    d.write_config(d.with_env(SIM_GENERATION_NOTE="issue-43"))  # a serve change: another generation
+    outputs = d.up().outputs
+    assert_verified(d, outputs)
+    generation = outputs["clusterGeneration"].value
+    now = wait_for(d, f"armed for {generation}", lambda s: s.get("armed_generation") == generation, 60)
+    by_update = [e for e in now["events"] if e["event"] == "armed" and e.get("generation") == generation]
+    assert by_update and by_update[-1].get("by"), f"the update that verified {generation} arms it: {now['events']}"
+    worker = d.sim["nodes"][1]
+    assert docker_on(worker["index"], "kill", d.container(worker)).returncode == 0
+    after = wait_for(d, "a verified restart of the new generation", restarted(now), 300)
+    last = restarts(after)[-1]
+    assert last["result"] == "verified" and "node-2" in last["cause"], last
+    assert after["armed_generation"] == generation and after["last_verified"]["generation"] == generation
+
+
 def reboot(index: int) -> str:
     done = subprocess.run(
         [sys.executable, "-m", "sim.cluster", "reboot", str(index)],

@@ -38,6 +38,7 @@ def config(tmp_path: Path, worker_port: int, **overrides: Any) -> dict[str, Any]
             {"name": "node-2", "url": f"http://127.0.0.1:{worker_port}", "container": "rank-2"},
         ],
         "endpoint": "http://127.0.0.1:9/v1",
+        "generation": "",
         "model": "m",
         "expected_answer": "",
         "probe_seconds": 60,
@@ -248,3 +249,25 @@ def test_a_verification_during_an_update_lock_arms_nothing_and_the_update_after_
     assert leader.step().action == "verify"
     snap = leader.store.snapshot()
     assert snap["armed_generation"] == "g2" and snap["last_verified"]["generation"] == "g2"
+
+
+def test_the_update_that_installed_the_agent_arms_it_for_the_generation_it_verified(cluster: Any) -> None:
+    leader, head, worker, _, _ = cluster
+    leader.store.update(armed_generation="g0")  # armed before, for what an earlier update (or a rollback) ran
+    leader.cfg["generation"] = "g1"  # the update that verified g1 installed this config after its verifier
+    leader.verdicts = []  # the supervisor's own verification would fail: the update's verdict is enough
+    worker.containers["rank-2"]["State"].update(Running=False, ExitCode=255)
+    decision = leader.step()
+    snap = leader.store.snapshot()
+    assert snap["armed_generation"] == "g1", snap
+    assert decision.action == "heal", "armed for what runs, a dead worker is healed at once"
+    assert any(e["event"] == "armed" and e.get("by") for e in snap["events"]), snap["events"]
+
+
+def test_an_agent_config_for_another_generation_arms_nothing(cluster: Any) -> None:
+    leader, head, worker, _, _ = cluster
+    leader.store.update(armed_generation="g0")
+    leader.cfg["generation"] = "g2"  # the head still runs g1: a later update's config, not what runs
+    leader.verdicts = []
+    leader.step()
+    assert leader.store.snapshot()["armed_generation"] == "g0"

@@ -151,3 +151,20 @@ def test_live_ranks_asks_the_supervisor_with_its_token_as_a_secret() -> None:
     assert "supervisor_token" in live.secret_paths()
     off = run(supervisor={"enabled": False}).named("live-ranks")
     assert off.inputs.get("supervisor_url") is None and off.inputs.get("supervisor_token") is None
+
+
+def test_the_leaders_config_names_the_generation_this_update_verified_and_a_new_one_replaces_the_agent() -> None:
+    rec = run()
+    with stdin_of(rec, "supervisor-spark-0-files") as tar:
+        cfg = json.loads(tar.extractfile("config.json").read())  # type: ignore[union-attr]
+    assert cfg["generation"] == rec.outputs["clusterGeneration"], "the leader arms for what the update verified"
+    changed = run(serve={"maxNumSeqs": 3})
+    with stdin_of(changed, "supervisor-spark-0-files") as tar:
+        again = json.loads(tar.extractfile("config.json").read())  # type: ignore[union-attr]
+    assert again["generation"] == changed.outputs["clusterGeneration"] != cfg["generation"]
+
+    def code_label(r: recording.Recorded) -> str:
+        labels = r.named("supervisor-spark-0").inputs["labels"]
+        return next(x["value"] for x in labels if x["label"] == supervisor.CODE_LABEL)
+
+    assert code_label(changed) != code_label(rec), "a new generation restarts the agent on its new config"
