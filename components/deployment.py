@@ -47,7 +47,7 @@ from components.supervisor.supervisor import (
     leader_url,
     supervisor_token,
 )
-from components.supervisor.update_lock import UpdateLock, holder_name
+from components.supervisor.update_lock import LockHeld, UpdateLock, holder_name
 from components.verify.verifier import Verifier, VerifierArgs
 from components.watchdog.watchdog import MemoryWatchdog, MemoryWatchdogArgs, WatchdogKey, WatchdogKeyArgs, WatchdogPeer
 from components.weights.weight_store import CopySettings, WeightNode, WeightStore, WeightStoreArgs
@@ -97,9 +97,14 @@ def _wire(
     if s.supervisor.enabled:
         token = supervisor_token(s, stack, keys_dir)
         # The supervisor (once it exists) leaves every rank to this update until the program ends.
-        UpdateLock(leader_url(s), token, holder_name(stack, pulumi.runtime.is_dry_run()), log=pulumi.log.warn).start(
-            report=pulumi.log.info
-        )
+        lock = UpdateLock(leader_url(s), token, holder_name(stack, pulumi.runtime.is_dry_run()), log=pulumi.log.warn)
+        if pulumi.runtime.is_dry_run():
+            lock.report(pulumi.log.info)  # a preview changes nothing on the nodes: it takes no lock
+        else:
+            try:
+                lock.start(report=pulumi.log.info)
+            except LockHeld as held:
+                raise pulumi.RunError(str(held)) from None
     # Everything this stack names on a node (export file, staging/check containers, watchdog files) carries
     # it, so two stacks on one head never collide. The rank containers keep their names (renaming would
     # replace running ranks): they were already per stack.

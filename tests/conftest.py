@@ -30,5 +30,6 @@ def offline_ssh() -> Iterator[Path]:
         mp.setattr(host_keys, "default_known_hosts_file", lambda: str(home / "known_hosts"))
         mp.setattr(host_keys, "keyscan", lambda host, port: [fake_host_key(host, port)])
         mp.setattr(update_lock.UpdateLock, "start", lambda self, report=None: self)
+        mp.setattr(update_lock.UpdateLock, "report", lambda self, report: None)
         yield home
     shutil.rmtree(home, ignore_errors=True)

@@ -220,6 +220,7 @@ class Leader:
             max_restarts=cfg["max_restarts"], window_s=cfg["window_s"], backoff_s=cfg["backoff_s"]
         )
         self.next_probe = 0.0
+        self.lease = threading.Lock()  # the update lock's check-and-set
         self.drift_streak = 0
         self.last_drift = ""
         self.hard_drift = False
@@ -671,10 +672,25 @@ def make_handler(cfg: dict[str, Any], docker: Docker, token: str, leader: Leader
                     leader.notify("paused" if paused else "resumed")
                     self._reply(200, {"paused": paused})
                 elif leader is not None and self.path == "/lock":
+                    holder = str(body.get("holder") or "")[:200]
+                    if not holder:
+                        self._reply(400, {"error": "a lock names its holder"})
+                        return
                     ttl = max(1.0, min(float(body.get("ttl_s", 120)), 3600.0))
-                    lock = {"holder": str(body.get("holder") or "an update")[:200], "expires_at": time.time() + ttl}
-                    leader.store.update(lock=lock)
-                    self._reply(200, lock)
+                    with leader.lease:  # one take at a time: check and set as one step
+                        lock, refused_by = policy.take_lock(
+                            leader.store.snapshot().get("lock"),
+                            holder,
+                            ttl,
+                            time.time(),
+                            takeover=str(body.get("takeover") or ""),
+                        )
+                        if lock is not None:
+                            leader.store.update(lock=lock)
+                    if lock is None:
+                        self._reply(409, {"error": f"the lock is held by {refused_by}", "holder": refused_by})
+                    else:
+                        self._reply(200, lock)
                 else:
                     self._reply(404, {"error": f"no {self.path}"})
             except (OSError, ValueError) as error:
@@ -684,11 +700,17 @@ def make_handler(cfg: dict[str, Any], docker: Docker, token: str, leader: Leader
             if not self._authorized():
                 return
             if leader is not None and self.path == "/lock":
-                holder = self._body().get("holder")
-                current = leader.store.snapshot().get("lock") or {}
-                if not holder or current.get("holder") == holder:
-                    leader.store.update(lock=None)
-                self._reply(200, {"released": True})
+                holder = str(self._body().get("holder") or "")
+                with leader.lease:
+                    mine = bool(holder) and policy.release_lock(
+                        leader.store.snapshot().get("lock"), holder, time.time()
+                    )
+                    if mine:
+                        leader.store.update(lock=None)
+                if mine:
+                    self._reply(200, {"released": True})
+                else:
+                    self._reply(409, {"error": "only the lock's holder releases it (name it)", "released": False})
             else:
                 self._reply(404, {"error": f"no {self.path}"})
 

@@ -166,6 +166,24 @@ def lock_holder(lock: Mapping[str, Any] | None, now_wall: float) -> str | None:
     return str(lock.get("holder") or "an update")
 
 
+def take_lock(
+    current: Mapping[str, Any] | None, holder: str, ttl_s: float, now_wall: float, takeover: str = ""
+) -> tuple[dict[str, Any] | None, str | None]:
+    """(the new lock, None) when `holder` may take or renew it; (None, the holder in the way) when another
+    unexpired holder has it. `takeover` names a holder the caller knows is gone (its process ended without
+    releasing): only that one is replaced before its lease ends."""
+    held_by = lock_holder(current, now_wall)
+    if held_by and held_by != holder and held_by != takeover:
+        return None, held_by
+    return {"holder": holder, "expires_at": now_wall + ttl_s}, None
+
+
+def release_lock(current: Mapping[str, Any] | None, holder: str, now_wall: float) -> bool:
+    """Whether `holder` may release the lock: only its own, or one that has expired."""
+    held_by = lock_holder(current, now_wall)
+    return held_by is None or held_by == holder
+
+
 def event(kind: str, stack: str, **fields: Any) -> dict[str, Any]:
     """The notification's JSON object (supervisor.notifyCommand reads it on stdin)."""
     return {"event": kind, "stack": stack, **fields}

@@ -1,9 +1,12 @@
-"""The lock an update holds on the head's supervisor: while a `pulumi up` or `preview` of the stack runs, the
-supervisor leaves every rank to it (a rank the update stops is not a rank to heal).
+"""The lock an update holds on the head's supervisor: while a `pulumi up` of the stack runs, the supervisor leaves
+every rank to it (a rank the update stops is not a rank to heal).
 
 The program takes it when it starts and renews it while it runs (a lease: a crashed update's lock ends
-`TTL_S` after its last renewal) and releases it when the program's process ends, also on failure. Before the
-supervisor exists (the first up) there is nothing to lock; failures to reach it are reported once, never fatal.
+`TTL_S` after its last renewal) and releases it when the program's process ends. A preview takes none: it changes
+nothing on the nodes, and a preview's release must never end a running up's lock. The lock is exclusive: an up
+that finds another live holder fails at once, naming it; a holder on this machine whose process is gone (an up
+killed before it could release) is taken over. Before the supervisor exists (the first up) there is nothing to
+lock; failures to reach it are reported once, never fatal.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import re
 import socket
 import threading
 import time
@@ -27,6 +31,24 @@ TIMEOUT_S = 5.0
 
 def holder_name(stack: str, dry_run: bool) -> str:
     return f"pulumi {'preview' if dry_run else 'up'} of {stack} from {socket.gethostname()} pid {os.getpid()}"
+
+
+def gone_local_holder(holder: str) -> bool:
+    """Whether `holder` names a process of this machine that no longer runs (so it will never release)."""
+    match = re.fullmatch(rf"pulumi \S+ of \S+ from {re.escape(socket.gethostname())} pid (\d+)", holder)
+    if match is None:
+        return False
+    try:
+        os.kill(int(match.group(1)), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False  # it runs, as another user
+    return False
+
+
+class LockHeld(Exception):
+    """Another live update holds the supervisor's lock."""
 
 
 class UpdateLock:
@@ -47,14 +69,28 @@ class UpdateLock:
         self._stop = threading.Event()
         self._warned = False
         self.held = False
+        self.refused_by = ""
+        """Who holds the lock, when the last take was refused because another live update has it."""
+
+    def _post(self, takeover: str = "") -> requests.Response:
+        body: dict[str, object] = {"holder": self.holder, "ttl_s": TTL_S}
+        if takeover:
+            body["takeover"] = takeover
+        return self._session.post(self.url, json=body, headers=self._headers, timeout=TIMEOUT_S)
 
     def renew(self) -> bool:
+        self.refused_by = ""
         try:
-            reply = self._session.post(
-                self.url, json={"holder": self.holder, "ttl_s": TTL_S}, headers=self._headers, timeout=TIMEOUT_S
-            )
+            reply = self._post()
+            if reply.status_code == 409:
+                other = str(_json(reply).get("holder") or "")
+                if other and gone_local_holder(other):
+                    self._log(f"took over the supervisor's update lock from {other} (that process is gone)")
+                    reply = self._post(takeover=other)
+                elif other:
+                    self.refused_by = other
             self.held = reply.status_code == 200
-            if not self.held and not self._warned:
+            if not self.held and not self._warned and not self.refused_by:
                 self._warned = True
                 self._log(f"the supervisor at {self.url} refused the update lock (HTTP {reply.status_code})")
         except requests.RequestException:
@@ -68,7 +104,8 @@ class UpdateLock:
 
     def _renew_until_stopped(self) -> None:
         while not self._stop.wait(RENEW_S):
-            self.renew()
+            if not self.renew() and self.refused_by:
+                self._log(f"the supervisor's update lock was taken by {self.refused_by} while this update runs")
 
     def status_line(self) -> str | None:
         """The leader's state in one line (policy.summary), or None when it does not answer."""
@@ -81,9 +118,28 @@ class UpdateLock:
             return None
 
     def start(self, report: Callable[[str], None] | None = None) -> UpdateLock:
-        """Take the lock, renew it until the process ends; `report` gets the supervisor's state line."""
-        if self.renew() and report is not None and (line := self.status_line()):
+        """Take the lock, renew it until the process ends; `report` gets the supervisor's state line.
+        LockHeld when another live update holds it."""
+        if not self.renew() and self.refused_by:
+            raise LockHeld(
+                f"another update holds the supervisor's lock on the head: {self.refused_by}. Wait for it to end "
+                f"(its lease lasts {TTL_S:g} s after its last renewal), then run this again"
+            )
+        if self.held and report is not None and (line := self.status_line()):
             report(line)
         threading.Thread(target=self._renew_until_stopped, name="update-lock", daemon=True).start()
         atexit.register(self.release)
         return self
+
+    def report(self, report: Callable[[str], None]) -> None:
+        """A preview's view: the supervisor's state line, no lock taken."""
+        if line := self.status_line():
+            report(line)
+
+
+def _json(reply: requests.Response) -> dict[str, object]:
+    try:
+        data = reply.json()
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}

@@ -3,13 +3,17 @@ against a real agent's API on loopback."""
 
 from __future__ import annotations
 
+import socket
+import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 
 from components.supervisor import agent, update_lock
 
@@ -76,3 +80,66 @@ def test_the_preview_gets_the_supervisors_state_in_one_line(leader_api: tuple[st
     assert line is not None
     assert line.startswith("supervisor: serving; last probe healthy")
     assert "1 restart(s), last: the rank on node-2 exited with code 137 -> verified" in line
+
+
+# The real methods: the unit tests' conftest keeps the program's lock offline (patched after this import).
+REAL_START = update_lock.UpdateLock.start
+REAL_REPORT = update_lock.UpdateLock.report
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_second_live_update_is_refused_naming_the_holder(leader_api: tuple[str, agent.Leader]) -> None:
+    url, leader = leader_api
+    first = update_lock.UpdateLock(url, "tok", "pulumi up of dev from laptop pid 1")
+    assert first.renew()
+    second = update_lock.UpdateLock(url, "tok", "pulumi up of dev from desktop pid 2")
+    with pytest.raises(update_lock.LockHeld, match="pulumi up of dev from laptop pid 1"):
+        REAL_START(second)
+    assert leader.lock_holder() == "pulumi up of dev from laptop pid 1", "the refused update leaves the lock"
+    second.release()
+    assert leader.lock_holder() == "pulumi up of dev from laptop pid 1", "a release names its own holder only"
+    first.release()
+    assert leader.lock_holder() is None
+
+
+def test_an_up_killed_before_its_release_is_taken_over_from_this_machine(leader_api: tuple[str, agent.Leader]) -> None:
+    url, leader = leader_api
+    gone = f"pulumi up of dev from {socket.gethostname()} pid {dead_pid()}"
+    assert update_lock.UpdateLock(url, "tok", gone).renew()
+    said: list[str] = []
+    again = update_lock.UpdateLock(url, "tok", update_lock.holder_name("dev", False), log=said.append)
+    assert again.renew() and leader.lock_holder() == again.holder
+    assert any("that process is gone" in line for line in said), said
+    again.release()
+
+
+def test_an_expired_lease_is_taken_by_anyone(leader_api: tuple[str, agent.Leader]) -> None:
+    url, leader = leader_api
+    leader.store.update(lock={"holder": "pulumi up of dev from laptop pid 1", "expires_at": time.time() - 1})
+    assert update_lock.UpdateLock(url, "tok", "pulumi up of dev from desktop pid 2").renew()
+
+
+def test_a_release_without_a_holder_is_refused(leader_api: tuple[str, agent.Leader]) -> None:
+    url, leader = leader_api
+    assert update_lock.UpdateLock(url, "tok", "pulumi up of dev from laptop pid 1").renew()
+    reply = requests.delete(f"{url}/lock", json={}, headers={"Authorization": "Bearer tok"}, timeout=5)
+    assert reply.status_code == 409 and leader.lock_holder() == "pulumi up of dev from laptop pid 1"
+    taken = requests.post(f"{url}/lock", json={}, headers={"Authorization": "Bearer tok"}, timeout=5)
+    assert taken.status_code == 400, "a take names its holder"
+
+
+def test_a_preview_takes_no_lock_and_cannot_end_a_running_ups(leader_api: tuple[str, agent.Leader]) -> None:
+    url, leader = leader_api
+    up = update_lock.UpdateLock(url, "tok", update_lock.holder_name("dev", False))
+    assert up.renew()
+    lines: list[str] = []
+    # What `_wire` does in a preview: the supervisor's line, no take and so no release.
+    preview = update_lock.UpdateLock(url, "tok", "pulumi preview of dev from laptop pid 3")
+    REAL_REPORT(preview, lines.append)
+    assert leader.lock_holder() == up.holder and lines, lines
+    up.release()
