@@ -102,6 +102,8 @@ class Deployment:
     lines: list[str] = field(default_factory=list)
     ops: dict[str, set[str]] = field(default_factory=dict)
     """From the last preview or up's engine events: resource name -> the step ops planned for it."""
+    fields: dict[str, set[str]] = field(default_factory=dict)
+    """From the same events: resource name -> the input fields whose difference planned the step."""
 
     @property
     def name(self) -> str:
@@ -148,11 +150,18 @@ class Deployment:
             and pre.metadata.op not in ("same", "read")
             and "::pulumi:providers:pulumi-python::" not in pre.metadata.urn
         ):
-            self.ops.setdefault(pre.metadata.urn.split("::")[-1], set()).add(str(pre.metadata.op.value))
+            name = pre.metadata.urn.split("::")[-1]
+            self.ops.setdefault(name, set()).add(str(pre.metadata.op.value))
+            self.fields.setdefault(name, set()).update(pre.metadata.diffs or [])
 
     def preview(self) -> auto.PreviewResult:
-        self.lines, self.ops = [], {}
+        self.lines, self.ops, self.fields = [], {}, {}
         return self.stack.preview(diff=True, on_output=self.lines.append, on_event=self._record, color="never")
+
+    def refresh(self) -> auto.RefreshResult:
+        """`pulumi refresh`: the state reads back what runs on the nodes (the program does not run)."""
+        self.lines = []
+        return self.stack.refresh(on_output=self.lines.append, color="never")
 
     def cli(self, *args: str, check: bool = True, timeout: int = 600) -> subprocess.CompletedProcess[str]:
         """The project's pulumi CLI on this stack, as an operator runs it."""

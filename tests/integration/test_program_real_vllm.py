@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from program_support import Deployment, assert_verified, docker_on, new_deployment, remove_deployment
 
+from components import labels
 from sim.supervisor_view import armed, restarted, restarts, wait_for
 
 pytestmark = [pytest.mark.sim, pytest.mark.engine]
@@ -221,3 +222,36 @@ def test_the_supervisor_heals_a_real_killed_worker_with_no_pulumi_command(real: 
     assert rank_ids(real) == before_ids, "the same containers, started again"
     real.preview()
     assert not real.ops, f"after the heal the preview changes nothing: {real.ops}"
+
+
+def stack_containers(d: Deployment) -> dict[str, str]:
+    """Every container this stack runs on every node (ranks, supervisor agents, ...): name -> id."""
+    prefix = labels.stack_prefix("dsv41-exl3", d.name)
+    out: dict[str, str] = {}
+    for n in d.sim["nodes"]:
+        listed = docker_on(n["index"], "ps", "-a", "--filter", f"name=^{prefix}-", "--format", "{{.Names}} {{.ID}}")
+        out.update(dict(line.split() for line in listed.stdout.splitlines() if line.strip()))
+    return out
+
+
+@pytest.mark.timeout(900)
+def test_refresh_of_the_healthy_deployment_changes_nothing_and_up_refresh_keeps_every_container(
+    real: Deployment,
+) -> None:
+    # After the supervisor test: every resource type the program creates on a stack with the supervisor.
+    assert_verified(real, real.up().outputs)
+    before = stack_containers(real)
+    assert len(before) >= 4, before  # two ranks, two agents
+    refreshed = real.refresh()
+    assert refreshed.summary.result == "succeeded", "\n".join(real.lines[-30:])
+    real.preview()
+    # Field by field: any input the providers read back in another form than declared shows here, by name.
+    changed = {name: sorted(real.fields.get(name) or ["(no field named)"]) for name in real.ops}
+    assert not changed, f"after a refresh the preview must change nothing; fields read back differently: {changed}"
+    up = real.up(refresh=True)
+    assert set(up.summary.resource_changes or {}) == {"same"}, up.summary.resource_changes
+    assert stack_containers(real) == before, "`up --refresh` on a healthy stack keeps every container"
+    # The state survives an export and an import as it is.
+    real.stack.import_stack(real.stack.export_stack())
+    real.preview()
+    assert not real.ops, f"after export and import the preview changes nothing: {real.ops}"

@@ -260,6 +260,8 @@ def test_a_rank_stopped_after_a_verified_up_is_seen_and_the_next_up_restores_eve
         for n in deployed.sim["nodes"]
     }
     assert docker_on(worker["index"], "stop", "-t", "5", deployed.container(worker)).returncode == 0
+    # A refresh reads the stopped rank back as it is; the next preview and up still see and heal it (issue 41).
+    assert deployed.refresh().summary.result == "succeeded", "\n".join(deployed.lines[-30:])
 
     preview = deployed.preview()
     for n in deployed.sim["nodes"]:
@@ -279,6 +281,14 @@ def test_a_rank_stopped_after_a_verified_up_is_seen_and_the_next_up_restores_eve
         assert status == "running" and new_id != before[n["index"]], (n, state)
     again = deployed.up()
     assert set(again.summary.resource_changes or {}) == {"same"}, "once restored, an up is a no-op again"
+
+    # A rank removed by hand: the refresh drops it from the state, the next up creates it again (every rank new).
+    removed = rank_ids(deployed)
+    assert docker_on(worker["index"], "rm", "-f", deployed.container(worker)).returncode == 0
+    assert deployed.refresh().summary.result == "succeeded", "\n".join(deployed.lines[-30:])
+    assert_verified(deployed, deployed.up().outputs)
+    recreated = rank_ids(deployed)
+    assert all(recreated[i] and recreated[i] != removed[i] for i in removed), (removed, recreated)
 
 
 def rank_ids(d: Deployment) -> dict[int, str]:
