@@ -97,7 +97,13 @@ def _wire(
     if s.supervisor.enabled:
         token = supervisor_token(s, stack, keys_dir)
         # The supervisor (once it exists) leaves every rank to this update until the program ends.
-        lock = UpdateLock(leader_url(s), token, holder_name(stack, pulumi.runtime.is_dry_run()), log=pulumi.log.warn)
+        lock = UpdateLock(
+            leader_url(s),
+            token,
+            holder_name(stack, pulumi.runtime.is_dry_run()),
+            log=pulumi.log.warn,
+            engine_alive=engine_alive,
+        )
         if pulumi.runtime.is_dry_run():
             lock.report(pulumi.log.info)  # a preview changes nothing on the nodes: it takes no lock
         else:
@@ -388,6 +394,21 @@ def _wire(
     elif s.observability.enabled:
         pulumi.log.warn("observability.enabled: true does nothing without the supervisor (supervisor.enabled: false)")
     return outputs
+
+
+def engine_alive() -> bool:
+    """Whether the Pulumi engine that runs this program still answers (a cheap RPC); False only when it is gone."""
+    from pulumi.runtime.proto import engine_pb2
+
+    engine = pulumi.runtime.settings.get_engine()
+    if engine is None:
+        return True
+    try:
+        engine.GetRootResource(engine_pb2.GetRootResourceRequest(), timeout=10)
+    except Exception as error:  # grpc.RpcError: only UNAVAILABLE (nothing listens) says the engine is gone
+        code = getattr(error, "code", None)
+        return not (callable(code) and getattr(code(), "name", "") == "UNAVAILABLE")
+    return True
 
 
 def pin_nodes(s: Settings, stack: str) -> tuple[dict[str, host_keys.Pin], str]:

@@ -26,6 +26,7 @@ from components.supervisor import policy
 
 TTL_S = 90.0
 RENEW_S = 20.0
+ENGINE_CHECK_S = 2.0  # an orphaned update's lock ends within this of its engine's end
 TIMEOUT_S = 5.0
 
 
@@ -60,6 +61,8 @@ class UpdateLock:
         *,
         log: Callable[[str], None] = print,
         session: requests.Session | None = None,
+        engine_alive: Callable[[], bool] = lambda: True,
+        renew_s: float = RENEW_S,
     ) -> None:
         self.url = url.rstrip("/") + "/lock"
         self.holder = holder
@@ -67,6 +70,8 @@ class UpdateLock:
         self._log = log
         self._session = session or requests.Session()
         self._stop = threading.Event()
+        self._engine_alive = engine_alive
+        self._renew_s = renew_s
         self._warned = False
         self.held = False
         self.refused_by = ""
@@ -103,7 +108,19 @@ class UpdateLock:
             self._session.delete(self.url, json={"holder": self.holder}, headers=self._headers, timeout=TIMEOUT_S)
 
     def _renew_until_stopped(self) -> None:
-        while not self._stop.wait(RENEW_S):
+        due = time.monotonic() + self._renew_s
+        while not self._stop.wait(min(ENGINE_CHECK_S, self._renew_s)):
+            # An update whose CLI was killed leaves this process behind (the plugins run in their own process
+            # groups): renewing on would hold the supervisor off, and the next up out, for as long as it lingers.
+            if not self._engine_alive():
+                self.release()
+                # pulumi.log needs the engine that is gone: its error must not matter
+                with contextlib.suppress(Exception):
+                    self._log("the Pulumi engine of this update is gone: released the supervisor's update lock")
+                return
+            if time.monotonic() < due:
+                continue
+            due = time.monotonic() + self._renew_s
             if not self.renew() and self.refused_by:
                 self._log(f"the supervisor's update lock was taken by {self.refused_by} while this update runs")
 

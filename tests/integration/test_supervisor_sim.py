@@ -6,9 +6,11 @@ One deployment serves the module; each test leaves it verified (or says why not)
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -291,6 +293,70 @@ def test_after_a_failed_up_a_rollback_and_an_up_to_another_generation_the_superv
     last = restarts(after)[-1]
     assert last["result"] == "verified" and "node-2" in last["cause"], last
     assert after["armed_generation"] == generation and after["last_verified"]["generation"] == generation
+
+
+@pytest.mark.timeout(900)
+def test_an_up_killed_mid_boot_then_the_readmes_recovery_steps_verify_and_release_the_lock(
+    supervised: Deployment,
+) -> None:
+    """Issue 41: the CLI killed during the gates (a dropped session), then `cancel`, `refresh
+    --clear-pending-creates` and `up` as the README's quick start says."""
+    d = supervised
+    before = armed(d)
+    d.write_config(d.with_env(SIM_GENERATION_NOTE="interrupted"))
+    cli_path = str(d.pulumi_root / "bin" / "pulumi")
+    proc = subprocess.Popen(
+        [cli_path, "up", "--yes", "--skip-preview", "--non-interactive", "--stack", d.name],
+        cwd=REPO,
+        env={**os.environ, **d.env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    seen: list[str] = []
+    assert proc.stdout is not None
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if "rendezvous" in line and ("updating" in line or "creating" in line):
+                os.killpg(proc.pid, signal.SIGKILL)  # the CLI only: the plugins and the program run on (own groups)
+                break
+        proc.wait(timeout=60)
+        assert proc.returncode == -signal.SIGKILL, "".join(seen[-30:])
+        # The program left behind finds its engine gone and releases the supervisor's lock.
+        wait_for(d, "the orphaned update's lock released", lambda s: not s.get("lock_holder"), 30)
+        assert "currently locked" in d.cli("up", "--yes", "--skip-preview", check=False).stderr
+    finally:
+        end_orphans(d.name)
+        d.cli("cancel", "--yes", check=False)  # the killed CLI's backend lock: else nothing after this runs
+    d.cli("refresh", "--yes", "--skip-preview", "--clear-pending-creates")
+    d.cli("up", "--yes", "--skip-preview")
+    outputs = d.stack.outputs()
+    assert_verified(d, outputs)
+    generation = outputs["clusterGeneration"].value
+    wait_for(d, f"armed for {generation}", lambda s: s.get("armed_generation") == generation, 60)
+    assert restarts(status(d)) == restarts(before), "the supervisor left the interrupted update's ranks alone"
+
+
+def end_orphans(stack: str) -> None:
+    """Kill what a killed CLI left running for `stack`: its program and the plugins, all named by its engine's
+    address (an operator's machine keeps them until they are killed or it reboots; CI must not)."""
+    engines = set()
+    cmdlines = {}
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmdlines[int(proc.name)] = (proc / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+    for argv in cmdlines.values():
+        if b"--stack" in argv and stack.encode() in argv and b"--engine" in argv:
+            engines.add(argv[argv.index(b"--engine") + 1])
+    for pid, argv in cmdlines.items():
+        if engines & set(argv):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def reboot(index: int) -> str:

@@ -143,3 +143,52 @@ def test_a_preview_takes_no_lock_and_cannot_end_a_running_ups(leader_api: tuple[
     REAL_REPORT(preview, lines.append)
     assert leader.lock_holder() == up.holder and lines, lines
     up.release()
+
+
+def test_an_update_whose_engine_is_gone_releases_the_lock(leader_api: tuple[str, agent.Leader]) -> None:
+    url, leader = leader_api
+    engine = {"alive": True}
+    said: list[str] = []
+
+    def log(line: str) -> None:  # as pulumi.log does once its engine is gone
+        said.append(line)
+        if not engine["alive"]:
+            raise RuntimeError("the engine's Log RPC: UNAVAILABLE")
+
+    lock = update_lock.UpdateLock(
+        url,
+        "tok",
+        "pulumi up of dev from laptop pid 1",
+        log=log,
+        engine_alive=lambda: engine["alive"],
+        renew_s=0.05,
+    )
+    REAL_START(lock)
+    time.sleep(0.2)
+    assert leader.lock_holder() == lock.holder, "renewed while the engine answers"
+    engine["alive"] = False  # the CLI was killed; this process lingers
+    deadline = time.monotonic() + 5
+    while leader.lock_holder() is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert leader.lock_holder() is None and any("engine" in line for line in said), said
+
+
+def test_the_engine_check_says_gone_only_when_nothing_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    import grpc
+    from pulumi.runtime import settings
+
+    from components import deployment
+
+    class Engine:
+        def __init__(self, code: grpc.StatusCode | None) -> None:
+            self.code = code
+
+        def GetRootResource(self, request: object, timeout: float) -> None:  # noqa: N802 - the RPC's name
+            if self.code is not None:
+                error = grpc.RpcError()
+                error.code = lambda: self.code  # type: ignore[attr-defined]
+                raise error
+
+    for code, alive in ((None, True), (grpc.StatusCode.UNAVAILABLE, False), (grpc.StatusCode.DEADLINE_EXCEEDED, True)):
+        monkeypatch.setattr(settings, "get_engine", lambda code=code: Engine(code))
+        assert deployment.engine_alive() is alive, code
