@@ -150,16 +150,7 @@ def rules(s: Settings) -> tuple[list[str], list[str]]:
                 )
             seen.setdefault(value, i)
 
-    if s.serve.port == s.serve.master_port:
-        problems.append(
-            f"`serve.masterPort` = {s.serve.master_port} equals `serve.port`: the rendezvous and the API need "
-            "different ports"
-        )
-    if s.supervisor.enabled and s.supervisor.port in (s.serve.port, s.serve.master_port):
-        problems.append(
-            f"`supervisor.port` = {s.supervisor.port} is also `serve.port` or `serve.masterPort`: the supervisor's "
-            "agents need a port of their own on every node; pick another (default 18391)"
-        )
+    problems += port_clashes(s)
 
     problems += capacity.problems(
         tensor_parallel_size=s.tensor_parallel_size,
@@ -199,3 +190,33 @@ def rules(s: Settings) -> tuple[list[str], list[str]]:
             "after an NCCL topology change can spend that long in JIT"
         )
     return problems, warnings
+
+
+def listener_ports(s: Settings) -> list[tuple[str, int]]:
+    """Every port this deployment listens on, on one node at least, with the key that sets it."""
+    ports = [("serve.port", s.serve.port), ("serve.masterPort", s.serve.master_port)]
+    if s.supervisor.enabled:
+        ports.append(("supervisor.port", s.supervisor.port))
+    if s.observing:
+        ports += [
+            ("observability.port", s.observability.port),
+            ("observability.exporterPort", s.observability.exporter_port),
+        ]
+        if s.observability.node_exporter_image:
+            ports.append(("observability.nodeExporterPort", s.observability.node_exporter_port))
+    return ports
+
+
+def port_clashes(s: Settings) -> list[str]:
+    """One problem per port two listeners would share (the second would fail to bind, at boot or at 3 am)."""
+    problems = []
+    first: dict[int, str] = {}
+    for key, port in listener_ports(s):
+        if port in first:
+            problems.append(
+                f"`{key}` = {port} is also `{first[port]}`: every listener needs a port of its own on the node; "
+                f"pick another for `{key}`"
+            )
+        else:
+            first[port] = key
+    return problems

@@ -615,3 +615,16 @@ def test_a_prometheus_bound_the_head_cannot_pay_is_refused_only_while_the_layer_
     assert "`observability.memoryMiB` = 1024" in problem and "lower `observability.memoryMiB`" in problem
     assert not parse(two_sparks(observability={"memoryMiB": 1024, "enabled": False})).settings.observing
     assert not parse(two_sparks(observability={"memoryMiB": 1024}, supervisor={"enabled": False})).settings.observing
+
+
+def test_every_listener_port_clash_is_refused_naming_both_keys() -> None:
+    raw = two_sparks(
+        supervisor={"port": 18390},
+        observability={"enabled": True, "port": 8888, "exporterPort": 18392, "nodeExporterPort": 18392},
+    )
+    text = "\n".join(problems_of(raw))
+    assert "`observability.port` = 8888 is also `serve.port`" in text, text
+    assert "`observability.nodeExporterPort` = 18392 is also `observability.exporterPort`" in text, text
+    raw = two_sparks(supervisor={"port": 18390}, observability={"enabled": True})  # 18390 is Prometheus' default
+    assert "`observability.port` = 18390 is also `supervisor.port`" in "\n".join(problems_of(raw))
+    parse(two_sparks(observability={"enabled": True}))  # the defaults never clash
