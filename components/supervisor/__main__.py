@@ -60,6 +60,8 @@ def format_status(status: dict[str, Any]) -> str:
         lines.append(f"update lock: {status['lock_holder']}")
     if status.get("given_up"):
         lines.append(f"gave up: {status['given_up']}")
+    if status.get("state_error"):
+        lines.append(f"state: {status['state_error']} (paused until resume)")
     if gap := policy.not_armed(status):
         lines.append(gap)
     probe = status.get("last_probe") or {}

@@ -20,6 +20,7 @@ Usage: python3 -m components.supervisor.agent CONFIG.json
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import http.client
 import json
@@ -175,10 +176,20 @@ class Store:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.lock = threading.Lock()
-        try:
-            self.data: dict[str, Any] = json.loads(path.read_text())
-        except (OSError, ValueError):
-            self.data = {}
+        self.data: dict[str, Any] = {}
+        if path.exists():
+            try:
+                loaded = json.loads(path.read_text())
+                if not isinstance(loaded, dict):
+                    raise ValueError(f"not a JSON object: {type(loaded).__name__}")
+                self.data = loaded
+            except (OSError, ValueError) as error:
+                # What it held (a pause above all) is unknown: never act against the operator on a guess.
+                kept = path.with_suffix(".unreadable")
+                with contextlib.suppress(OSError):
+                    os.replace(path, kept)
+                self.data = {"paused": True, "state_error": f"{path} could not be read ({error}); kept as {kept}"}
+                log(f"state: {self.data['state_error']}: paused until `resume`")
         self.data.setdefault("restarts", [])
         self.data.setdefault("events", [])
         self.data.setdefault("paused", False)
@@ -194,9 +205,18 @@ class Store:
             self._save()
 
     def _save(self) -> None:
+        # Written, synced, then renamed (and the rename synced): a power cut leaves the old state or the new one.
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data, indent=1, sort_keys=True))
+        with open(tmp, "w") as f:
+            f.write(json.dumps(self.data, indent=1, sort_keys=True))
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, self.path)
+        directory = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
 
     def snapshot(self) -> dict[str, Any]:
         with self.lock:

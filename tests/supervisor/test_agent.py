@@ -271,3 +271,14 @@ def test_an_agent_config_for_another_generation_arms_nothing(cluster: Any) -> No
     leader.verdicts = []
     leader.step()
     assert leader.store.snapshot()["armed_generation"] == "g0"
+
+
+def test_an_unreadable_state_file_keeps_the_supervisor_paused_and_is_kept(tmp_path: Path) -> None:
+    state = tmp_path / "state.json"
+    state.write_text('{"paused": true, "armed_generation": "g1"')  # cut short, as by a power cut mid-write
+    store = agent.Store(state)
+    assert store.data["paused"] is True and "could not be read" in store.data["state_error"]
+    assert (tmp_path / "state.unreadable").read_text().startswith('{"paused": true')
+    store.update(paused=False)  # the operator's resume
+    assert json.loads(state.read_text())["paused"] is False and not (tmp_path / "state.tmp").exists()
+    assert agent.Store(tmp_path / "missing.json").data["paused"] is False, "no file yet: a first start"

@@ -126,3 +126,20 @@ def test_the_status_line_says_when_the_supervisor_is_not_armed_for_what_runs() -
     assert gap is not None and "g2" in gap and "armed for g1" in gap
     line = policy.summary({"doing": "serving", "running_generation": "g2", "armed_generation": "g1"}, 0.0)
     assert "NOT ARMED for the running generation g2" in line
+
+
+def test_the_status_command_names_an_unreadable_state_and_a_gap_in_arming() -> None:
+    from components.supervisor.__main__ import format_status
+
+    out = format_status(
+        {
+            "node": "spark-0",
+            "doing": "paused by the operator",
+            "paused": True,
+            "state_error": "/var/lib/x/supervisor-state.json could not be read",
+            "running_generation": "g2",
+            "armed_generation": "g1",
+        }
+    )
+    assert "state: /var/lib/x/supervisor-state.json could not be read (paused until resume)" in out
+    assert "NOT ARMED for the running generation g2 (armed for g1)" in out
