@@ -182,6 +182,20 @@ def _sections(text: str) -> dict[str, list[str]]:
     return sections
 
 
+def _int(value: object) -> int:
+    """docker's integer, or -1 for anything else a hostile or broken node prints."""
+    if isinstance(value, bool):
+        return -1
+    if isinstance(value, int):
+        return value
+    if value is None:
+        return 0
+    try:
+        return int(str(value))
+    except ValueError:
+        return -1
+
+
 def _state(lines: list[str]) -> tuple[ContainerState | None, str | None]:
     for line in lines:
         if line.lstrip().startswith("{"):
@@ -189,11 +203,13 @@ def _state(lines: list[str]) -> tuple[ContainerState | None, str | None]:
                 data = json.loads(line)
             except ValueError:
                 break
+            if not isinstance(data, dict):
+                break  # a node answers what it likes: anything but docker's object is "not read"
             return (
                 ContainerState(
                     status=str(data.get("Status", "")),
                     running=bool(data.get("Running")),
-                    exit_code=int(data.get("ExitCode") or 0),
+                    exit_code=_int(data.get("ExitCode")),
                     oom_killed=bool(data.get("OOMKilled")),
                     started_at=str(data.get("StartedAt", "")),
                     finished_at=str(data.get("FinishedAt", "")),

@@ -520,3 +520,10 @@ def test_a_report_is_running_only_when_reachable_and_running() -> None:
     assert running.running
     assert not NodeReport(state=running.state, unreachable="x").running
     assert not NodeReport().running
+
+
+@pytest.mark.parametrize("exit_code", ["1; rm -rf /", {"x": 1}, [137], 1.5e300, True])
+def test_a_crafted_exit_code_is_read_as_unknown_not_a_traceback(exit_code: object) -> None:
+    report = parse_node_report(stacks.node_text(json.dumps({**stacks.DEAD_STATE, "ExitCode": exit_code})))
+    assert report.state is not None and isinstance(report.state.exit_code, int)
+    assert parse_node_report(stacks.node_text("[1, 2]")).state is None, "not docker's object: not read"
