@@ -924,7 +924,17 @@ def format_report(report: Report) -> str:
     undecided = [(n, u) for n in report.nodes for u in n.undecided]
     lines.append("# could not decide:" + ("" if undecided else " nothing"))
     lines += [f"#   - {n.name} ({n.spec.text}) {u.line()}" for n, u in undecided]
-    return "\n".join(lines)
+    # A comment line carries what a node printed: one line each, with nothing the terminal would act on. The
+    # YAML block's values are JSON-quoted already where they are not plain words.
+    return "\n".join(terminal_safe(line) if line.startswith("#") else line for line in lines)
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def terminal_safe(text: str) -> str:
+    """`text` with every control character (escape sequences, newlines, carriage returns) shown as `\\xNN`."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def as_json(report: Report) -> dict[str, Any]:
@@ -1030,6 +1040,6 @@ def main(argv: Sequence[str] | None = None, run: Run = run_ssh, pin: Pin = host_
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
     for line in unreached_lines(report):
-        print(line, file=sys.stderr)
+        print(terminal_safe(line), file=sys.stderr)
     print(json.dumps(as_json(report), indent=1) if options.json else format_report(report))
     return EXIT_OK if report.ok else EXIT_UNDECIDED

@@ -320,3 +320,19 @@ def test_python_dash_m_runs_the_command() -> None:
     )
     assert done_.returncode == 2
     assert done_.stderr.strip() == "error: '10.0.0.1' has no user: use the form user@host[:port], e.g. nvidia@10.0.0.1"
+
+
+def test_a_hostile_nodes_text_is_shown_escaped_one_line_and_never_becomes_config(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    hostile = "unavailable: \x1b[2J\x1b]0;owned\x07gone\nweights:\n  root: /tmp/evil\r"
+    worker = probe_text(ip="ip_worker.json", ib="ib_worker.txt", replace={"docker": hostile, "leftovers": hostile})
+    code, out, _ = _run(
+        capsys, "nvidia@10.0.0.1", "nvidia@10.0.0.2", ssh=FakeSsh({"10.0.0.1": HEAD, "10.0.0.2": done(worker)})
+    )
+    assert code == 1
+    assert "\x1b" not in out and "\x07" not in out and "\r" not in out, "no escape sequence reaches the terminal"
+    assert "\\x1b[2J" in out, "what the node said is still shown, escaped"
+    assert not [line for line in out.splitlines() if line.startswith("weights:") or line.startswith("  root:")], (
+        "a node's newline never starts a line of the config to paste"
+    )
