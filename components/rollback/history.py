@@ -92,13 +92,17 @@ def _decoded(text: str) -> Any:
         return text
 
 
-def leaves(config: Mapping[str, Value], secure: frozenset[str] = frozenset()) -> dict[str, Value]:
+def leaves(
+    config: Mapping[str, Value], secure: frozenset[str] = frozenset(), plain_now: Mapping[str, str] | None = None
+) -> dict[str, Value]:
     """`--path` leaves (`ns:a.b`) of a config map, each with whether it must be stored encrypted.
 
     A leaf is secret when the program declares it a credential (`SECRET_KEYS`), when `secure` (the leaves
     encrypted in the stack file now) names it, or when its whole value was secret and is not a section of this
     program (another namespace's secret object keeps every leaf encrypted). History marks a section secret as a
-    whole when any of its leaves is, so its other leaves go back in plain text, as they were written.
+    whole when any of its leaves is, without saying which: with `plain_now` (the leaves the stack file holds in plain
+    text today), a leaf of such a section goes back in plain text only when the file holds it so, with that value;
+    any other (a webhook token in `supervisor.notifyCommand` since removed, say) goes back encrypted.
     """
     out: dict[str, Value] = {}
     for key, value in config.items():
@@ -111,7 +115,13 @@ def leaves(config: Mapping[str, Value], secure: frozenset[str] = frozenset()) ->
         for path, text in config_paths(prefix, decoded).items():
             name = full_key(NAMESPACE, path) if ours else path
             credential = ours and name.split(":", 1)[1] in SECRET_KEYS
-            out[name] = Value(text, credential or name in secure or (value.secret and not ours))
+            if not ours:
+                from_section = value.secret
+            elif plain_now is None:
+                from_section = False  # which leaf of our section was secret is unknown: as written
+            else:
+                from_section = value.secret and plain_now.get(name) != text
+            out[name] = Value(text, credential or name in secure or from_section)
     return out
 
 

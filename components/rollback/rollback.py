@@ -111,8 +111,10 @@ def save_copy(path: Path, where: Path) -> Path:
     """A private copy of the stack file (it holds ciphertexts and the node list) named by the time."""
     where.mkdir(parents=True, exist_ok=True, mode=0o700)
     copy = where / f"{path.name}.{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
-    shutil.copyfile(path, copy)
-    copy.chmod(0o600)
+    # Private from its first byte: created 0600 (never copied then narrowed), and never over an existing file.
+    fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(path.read_bytes())
     return copy
 
 
@@ -175,8 +177,8 @@ def main(
         target = choose(updates, options.stack, options.to)
         path = stack_file(options.stack, root)
         secure = secure_now(path)
-        restored = leaves(target.config, secure)
         current = leaves({k: Value(str(v.value), bool(v.secret)) for k, v in stack.get_all_config().items()}, secure)
+        restored = leaves(target.config, secure, plain_now={k: v.text for k, v in current.items() if not v.secret})
         diff = changes(current, restored)
         print(f"stack {options.stack}: back to {describe(target)}")
         print("config changes:" if diff else "config: the same as now (the up re-applies it)")

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 
@@ -115,3 +117,31 @@ def test_a_key_only_one_side_has_is_added_or_unset() -> None:
     found = changes({"a:b": Value("1", False)}, {"a:c": Value("2", False), "a:s": Value("z", True)})
     assert [c.describe() for c in found] == ["a:b: 1 -> (unset)", "a:c: (unset) -> 2", "a:s: (secret, added)"]
     assert Change("a:s", "z", None, True).describe() == "a:s: (secret, removed)"
+
+
+def test_a_leaf_of_a_secret_section_goes_back_plain_only_where_the_file_holds_it_plain_now() -> None:
+    supervisor = {"probeSeconds": 30, "notifyCommand": "curl -d @- https://ntfy.sh/tok-9f3a"}
+    plain_now = {f"{NS}:supervisor.probeSeconds": "30"}  # notifyCommand has since been removed from the file
+    restored = leaves({f"{NS}:supervisor": Value(json.dumps(supervisor), True)}, frozenset(), plain_now=plain_now)
+    assert restored[f"{NS}:supervisor.notifyCommand"].secret, "the webhook's token goes back encrypted"
+    assert not restored[f"{NS}:supervisor.probeSeconds"].secret, "a leaf the file holds in plain stays plain"
+    changed = leaves(
+        {f"{NS}:supervisor": Value(json.dumps({**supervisor, "probeSeconds": 60}), True)}, plain_now=plain_now
+    )
+    assert changed[f"{NS}:supervisor.probeSeconds"].secret, "another value than the plain one now: on the safe side"
+
+
+def test_the_saved_stack_file_is_private_from_its_creation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from components.rollback.rollback import save_copy
+
+    stack_file = tmp_path / "Pulumi.s.yaml"
+    stack_file.write_text("config: {}\n")
+    # No later chmod may be what makes it private: between a copy and a chmod, others could open it.
+    monkeypatch.setattr(Path, "chmod", lambda self, mode: None)
+    monkeypatch.setattr(os, "chmod", lambda *a, **k: None)
+    old = os.umask(0o022)
+    try:
+        copy = save_copy(stack_file, tmp_path / "rollback")
+    finally:
+        os.umask(old)
+    assert copy.read_text() == "config: {}\n" and copy.stat().st_mode & 0o077 == 0
