@@ -1,7 +1,7 @@
 # dsv41-exl3 developer and CI entry points. Every pulumi call runs in the environment of toolchain/env.sh.
 SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
-.DEFAULT_GOAL := test
+.DEFAULT_GOAL := help
 
 include toolchain/versions.env
 
