@@ -616,8 +616,74 @@ class MemoryGuard:
 # --- the HTTP API -------------------------------------------------------------------------------------------
 
 
+# Before any token is checked, a connection costs a thread in a 256 MiB container that also runs the memory
+# guard: at most this many at once from one address, this many in all, and each silent for at most this long.
+MAX_CONNECTIONS_PER_CLIENT = 8
+MAX_CONNECTIONS = 48
+READ_TIMEOUT_S = 10.0
+
+
+class AgentServer(ThreadingHTTPServer):
+    """The agent's API server: connections counted per client address and in all at accept time, refused (503,
+    nothing read) beyond either bound, so one client cannot starve the others."""
+
+    daemon_threads = True
+    request_queue_size = 64
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        handler: type[BaseHTTPRequestHandler],
+        *,
+        per_client: int = MAX_CONNECTIONS_PER_CLIENT,
+        total: int = MAX_CONNECTIONS,
+    ) -> None:
+        self.per_client, self.total = per_client, total
+        self.open: dict[str, int] = {}
+        self.counting = threading.Lock()
+        super().__init__(address, handler)
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        client = str(client_address[0])
+        with self.counting:
+            if self.open.get(client, 0) >= self.per_client or sum(self.open.values()) >= self.total:
+                full = True
+            else:
+                full = False
+                self.open[client] = self.open.get(client, 0) + 1
+        if full:
+            with contextlib.suppress(OSError):
+                request.setblocking(False)
+                request.send(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        return not full
+
+    def _done(self, client_address: Any) -> None:
+        client = str(client_address[0])
+        with self.counting:
+            left = self.open.get(client, 1) - 1
+            if left > 0:
+                self.open[client] = left
+            else:
+                self.open.pop(client, None)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._done(client_address)  # no thread started: it cannot count itself out
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._done(client_address)
+
+
 def make_handler(cfg: dict[str, Any], docker: Docker, token: str, leader: Leader | None) -> type:
     class Handler(BaseHTTPRequestHandler):
+        timeout = READ_TIMEOUT_S  # every receive and send: a connection that says nothing is dropped
+
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
             pass
 
@@ -749,8 +815,7 @@ def main(argv: list[str]) -> int:
         state_dir = Path(cfg["state_dir"])
         state_dir.mkdir(parents=True, exist_ok=True)
         leader = Leader(cfg, docker, token, Store(state_dir / "supervisor-state.json"))
-    server = ThreadingHTTPServer((cfg["listen_host"], cfg["listen_port"]), make_handler(cfg, docker, token, leader))
-    server.daemon_threads = True
+    server = AgentServer((cfg["listen_host"], cfg["listen_port"]), make_handler(cfg, docker, token, leader))
     log(f"{cfg['role']} for {cfg['container']} on {cfg['node']}, API on {cfg['listen_host']}:{cfg['listen_port']}")
     if leader is not None:
         threading.Thread(target=leader.run, name="leader", daemon=True).start()

@@ -282,3 +282,33 @@ def test_an_unreadable_state_file_keeps_the_supervisor_paused_and_is_kept(tmp_pa
     store.update(paused=False)  # the operator's resume
     assert json.loads(state.read_text())["paused"] is False and not (tmp_path / "state.tmp").exists()
     assert agent.Store(tmp_path / "missing.json").data["paused"] is False, "no file yet: a first start"
+
+
+def test_idle_connections_are_bounded_per_client_and_another_client_is_still_answered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import socket
+
+    monkeypatch.setattr(agent, "READ_TIMEOUT_S", 1.0)
+    handler = agent.make_handler({"node": "node-2", "container": "rank-2"}, FakeDocker("node-2", []), TOKEN, None)  # type: ignore[arg-type]
+    server = agent.AgentServer(("127.0.0.1", 0), handler, per_client=8, total=48)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    threads_before = threading.active_count()
+    try:
+        # 500 connections that never send a byte, from one address (a LAN scanner, a slow-loris)
+        idle = [socket.create_connection(("127.0.0.1", port), source_address=("127.0.0.5", 0)) for _ in range(500)]
+        time.sleep(0.5)
+        assert threading.active_count() <= threads_before + 8, "one client holds at most 8 handler threads"
+        reply = requests.get(f"http://127.0.0.1:{port}/rank", timeout=5)  # another address: answered at once
+        assert reply.status_code == 401
+        time.sleep(1.5)  # the idle ones said nothing within the read timeout: dropped
+        assert threading.active_count() <= threads_before + 1
+        again = socket.create_connection(("127.0.0.1", port), source_address=("127.0.0.5", 0))
+        again.sendall(b"GET /rank HTTP/1.0\r\n\r\n")
+        assert again.recv(64).startswith(b"HTTP/1.0 401"), "the same client is served again once its slots free"
+        for s in [*idle, again]:
+            s.close()
+    finally:
+        server.shutdown()
+        server.server_close()
