@@ -241,6 +241,7 @@ class Leader:
         )
         self.next_probe = 0.0
         self.lease = threading.Lock()  # the update lock's check-and-set
+        self.own_check = ""  # the generation the supervisor last verified itself after an update armed it
         self.drift_streak = 0
         self.last_drift = ""
         self.hard_drift = False
@@ -364,6 +365,11 @@ class Leader:
         self.store.update(armed_generation=deployed)
         self.notify("armed", generation=deployed, by="the update that verified it")
 
+    def own_verification_due(self, snap: dict[str, Any], ranks: list[policy.RankView]) -> bool:
+        head = ranks[0].generation
+        verified = str((snap.get("last_verified") or {}).get("generation") or "")
+        return bool(head) and verified != head and self.own_check != head
+
     def step(self) -> policy.Decision:
         ranks = self.look()
         self.arm_for_the_update(ranks)
@@ -392,6 +398,16 @@ class Leader:
             if isinstance(outcome, verify_client.Passed):
                 if self.arm(outcome, ranks):
                     self.notify("armed", generation=ranks[0].generation)
+            else:
+                self.store.update(last_probe={"at": time.time(), "state": "unverified", "seen": outcome.message})
+        elif decision.action == "probe" and self.own_verification_due(snap, ranks):
+            # Armed by the update that verified this generation: the supervisor's own verification of it, once,
+            # records what it answered (status, the last-verified metrics); after that the probe's rules decide.
+            self.own_check = ranks[0].generation
+            self.next_probe = self.clock() + self.cfg["probe_seconds"]
+            outcome = self.verify(self.cfg["verify_timeout_s"])
+            if isinstance(outcome, verify_client.Passed):
+                self.arm(outcome, ranks)
             else:
                 self.store.update(last_probe={"at": time.time(), "state": "unverified", "seen": outcome.message})
         elif decision.action == "probe":

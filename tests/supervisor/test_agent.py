@@ -264,6 +264,20 @@ def test_the_update_that_installed_the_agent_arms_it_for_the_generation_it_verif
     assert any(e["event"] == "armed" and e.get("by") for e in snap["events"]), snap["events"]
 
 
+def test_armed_by_the_update_the_supervisor_verifies_once_itself_to_record_what_it_answered(cluster: Any) -> None:
+    leader, head, worker, _, _ = cluster
+    leader.cfg["generation"] = "g1"
+    leader.verdicts = [PASSED]
+    assert leader.step().action == "probe"  # armed at once; its own verification takes the probe's turn
+    snap = leader.store.snapshot()
+    assert snap["armed_generation"] == "g1" and snap["last_verified"]["generation"] == "g1", snap
+    assert snap["last_verified"]["logprobs"] == [["Paris", -0.1]]
+    asked = len(leader.verified_at)
+    leader.next_probe = 0.0
+    leader.step()
+    assert len(leader.verified_at) == asked, "once per generation: then the probe's rules decide"
+
+
 def test_an_agent_config_for_another_generation_arms_nothing(cluster: Any) -> None:
     leader, head, worker, _, _ = cluster
     leader.store.update(armed_generation="g0")
