@@ -365,6 +365,15 @@ class Leader:
         self.store.update(armed_generation=deployed)
         self.notify("armed", generation=deployed, by="the update that verified it")
 
+    def verify_now(self, ranks: list[policy.RankView]) -> bool:
+        """The verifier's request now; True when it passed and was recorded for the ranks `ranks` saw."""
+        self.next_probe = self.clock() + self.cfg["probe_seconds"]
+        outcome = self.verify(self.cfg["verify_timeout_s"])
+        if isinstance(outcome, verify_client.Passed):
+            return self.arm(outcome, ranks)
+        self.store.update(last_probe={"at": time.time(), "state": "unverified", "seen": outcome.message})
+        return False
+
     def own_verification_due(self, snap: dict[str, Any], ranks: list[policy.RankView]) -> bool:
         head = ranks[0].generation
         verified = str((snap.get("last_verified") or {}).get("generation") or "")
@@ -393,23 +402,13 @@ class Leader:
         if running != snap.get("running_generation"):
             self.store.update(running_generation=running)
         if decision.action == "verify" and self.clock() >= self.next_probe:
-            self.next_probe = self.clock() + self.cfg["probe_seconds"]
-            outcome = self.verify(self.cfg["verify_timeout_s"])
-            if isinstance(outcome, verify_client.Passed):
-                if self.arm(outcome, ranks):
-                    self.notify("armed", generation=ranks[0].generation)
-            else:
-                self.store.update(last_probe={"at": time.time(), "state": "unverified", "seen": outcome.message})
+            if self.verify_now(ranks):
+                self.notify("armed", generation=ranks[0].generation)
         elif decision.action == "probe" and self.own_verification_due(snap, ranks):
             # Armed by the update that verified this generation: the supervisor's own verification of it, once,
             # records what it answered (status, the last-verified metrics); after that the probe's rules decide.
             self.own_check = ranks[0].generation
-            self.next_probe = self.clock() + self.cfg["probe_seconds"]
-            outcome = self.verify(self.cfg["verify_timeout_s"])
-            if isinstance(outcome, verify_client.Passed):
-                self.arm(outcome, ranks)
-            else:
-                self.store.update(last_probe={"at": time.time(), "state": "unverified", "seen": outcome.message})
+            self.verify_now(ranks)
         elif decision.action == "probe":
             self.probe()
         elif decision.action == "heal":
