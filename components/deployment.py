@@ -154,6 +154,7 @@ def _wire(
             spec=PreflightSpec(
                 node_name=n.name,
                 fabric_ip=n.fabric_ip,
+                fabric_interface=n.fabric_interface,
                 ib_hcas=tuple(n.ib_hcas),
                 gid_index=n.gid_index,
                 check_rdma=bool(n.rdma_devices and n.ib_hcas),
@@ -432,8 +433,21 @@ def pin_nodes(s: Settings, stack: str) -> tuple[dict[str, host_keys.Pin], str]:
 
 def gate_ranks(s: Settings, container_names: Mapping[str, str]) -> list[GateRank]:
     """Every rank as the gates and LiveRanks read it: the head first."""
+    # A worker reads the weights from the head's fabric address (`share: nfs`, or an NFS mount of its own under
+    # `bind`): those NFS bytes, its fabric rx bytes and MemAvailable are what moves while it loads in silence on
+    # GB10 (the stall rule's signals). No such mount: nothing is counted.
+    nfs_server = s.head.fabric_ip
     return [
-        GateRank(rank=i, node=n.name, host=n.host, port=n.port, user=n.user, container=container_names[n.name])
+        GateRank(
+            rank=i,
+            node=n.name,
+            host=n.host,
+            port=n.port,
+            user=n.user,
+            container=container_names[n.name],
+            fabric_interface=n.fabric_interface,
+            nfs_server=nfs_server if i else "",
+        )
         for i, n in enumerate(s.nodes)
     ]
 

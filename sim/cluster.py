@@ -104,6 +104,11 @@ class Layout:
     def docker_host(self, i: int) -> str:
         return f"unix://{self.socket(i)}"
 
+    def mountstats(self, i: int) -> Path:
+        """Node i's /proc/self/mountstats: the nodes share one kernel, so each node's NFS client counters (what a
+        GB10 worker's silent load moves) are a file of its own, written by whoever plays its NFS reads."""
+        return self.node_dir(i) / "mountstats"
+
     @property
     def ssh_dir(self) -> Path:
         return self.state / "ssh"
@@ -741,7 +746,7 @@ MaxStartups 100:30:200
 MaxSessions 100
 # Every session on this node, `docker system dial-stdio` included, reaches this node's own daemon.
 # {NODE_TAG} marks what those sessions start as this node's (a fallback: see node_processes).
-SetEnv DOCKER_HOST={layout.docker_host(i)} {layout.node_tag(i)}
+SetEnv DOCKER_HOST={layout.docker_host(i)} {layout.node_tag(i)} DSV41_MOUNTSTATS={layout.mountstats(i)}
 PrintMotd no
 """
 

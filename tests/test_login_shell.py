@@ -176,9 +176,7 @@ def _stream_docker_calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shell:
     (fake / "state").write_text("running 0 2026-09-22T10:00:00Z false\n")
     (fake / "log").write_text("")
     (fake / "events").write_text("")
-    text = scripts.render(
-        stream_source.STREAM_SCRIPT, {"WATCH": "dsv41-rank0= dsv41-rank1=", "MAX_LINE": stream_source.STREAM_MAX_LINE}
-    )
+    text = stream_source.stream_script("dsv41-rank0= dsv41-rank1=")
     env = {**os.environ, "PATH": f"{os.environ['FAKE_DOCKER_BIN']}:{os.environ['PATH']}", "FAKE_DOCKER_DIR": str(fake)}
     proc = subprocess.Popen(
         [shell, "-c", scripts.sh_command(text) if wrapped else text],

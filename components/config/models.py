@@ -515,8 +515,8 @@ class Gates(_Model):
     # growth as progress too (components/gates/decisions.py, the stall rule).
     stall_seconds: int = setting(
         600,
-        "no new log line from any rank, and no growth of any rank container's memory or block I/O (`docker "
-        "stats`, sampled while all are silent), for this long fails the update",
+        "no new log line from any rank, and no progress signal moving (each rank container's memory and block "
+        "I/O; each node's NFS reads, fabric rx and MemAvailable: docs/checks.md), for this long fails the update",
         ge=1,
     )
     verify_timeout_seconds: int = setting(

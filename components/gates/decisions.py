@@ -4,16 +4,20 @@ what their failure messages say. Tests drive them with fake sources and a fake c
 The stall rule. Silence alone is not a stall: a real headless worker prints nothing while it loads weights
 (only rank 0 draws the safetensors progress bar), and on the recipe's hardware the worker streams 196 GiB over
 NFS for ~15 min while the head loaded locally in ~250 s, so no rank prints for ~650 s of a healthy first boot.
-The signal chosen is each rank container's memory and block I/O as `docker stats --no-stream` reports them: the
-page cache of the shards read (NFS included) and the loaded weights are charged to the container's cgroup, local
-reads show as block I/O, the docker CLI reads them as the node's docker user (no root, unlike /proc/<pid>/io), and
-they go over the ssh path the watch already has (a line `U` to the node's stream script, or one more command
-for a polled node). The head's own progress was not chosen: the head is done long before the worker, and a hung
-worker and a loading one look the same from it. CPU was not chosen: a rank spinning in a hung NCCL collective
-burns CPU. The counters are sampled only once every rank has been silent for USAGE_QUIET_S, then every
-USAGE_INTERVAL_S (a chatty boot costs nothing); memory or block I/O grown by USAGE_MIN_GROWTH_BYTES since the
-quiet window's first sample is progress, memory given back is not (the baseline follows it down). Stall: no
-line and no growth for `stall_s`, reported with every rank's last sample. Counters that cannot be read leave
+The signals are each rank container's memory and block I/O as `docker stats --no-stream` reports them (the
+page cache of the shards read and the weights loaded on the CPU are charged to the container's cgroup, local
+reads show as block I/O) and, because on GB10 those can stand still for a whole load (the CUDA driver puts the
+weights in unified memory, not charged to the container; NFS reads are not block I/O), the node's own counters:
+bytes read from the weights' NFS server (/proc/self/mountstats), the fabric interface's rx bytes, and
+MemAvailable falling (docs/hardware.md). All are read as the node's SSH user (no root, unlike /proc/<pid>/io)
+over the ssh path the watch already has (a line `U` to the node's stream script: a polled node, the fallback,
+reads the containers' counters only). The head's own progress was not chosen: the head is done long before the
+worker, and a hung worker and a loading one look the same from it. CPU was not chosen: a rank spinning in a
+hung NCCL collective burns CPU. The counters are sampled only once every rank has been silent for
+USAGE_QUIET_S, then every USAGE_INTERVAL_S (a chatty boot costs nothing); memory or block I/O grown by USAGE_MIN_GROWTH_BYTES since the
+quiet window's first sample is progress, as is MemAvailable fallen by NODE_MEM_MIN_FALL_BYTES; memory given back
+is not (the baseline follows it down, and MemAvailable's follows it up). Stall: no line and no growth for
+`stall_s`, reported with every rank's last sample. Counters that cannot be read leave
 the rule as it was (silence alone).
 """
 
@@ -460,7 +464,7 @@ class _Cluster:
         parts = []
         for view in self.views.values():
             if view.usage is not None:
-                parts.append(f"rank {view.spec.rank} {view.usage.text}")
+                parts.append(f"rank {view.spec.rank} {view.usage.describe()}")
             elif view.usage_error:
                 parts.append(
                     f"rank {view.spec.rank} unreadable "
@@ -699,14 +703,21 @@ def _stall_cause(cluster: _Cluster, quiet: float, stall_s: float, phase: str) ->
     cause = f"no rank logged anything new for {_fmt_duration(quiet)}"
     summary = cluster.usage_summary()
     sampled = any(v.usage is not None for v in cluster.views.values())
+    nodes = any(
+        v.usage is not None and v.usage.node is not None and v.usage.node.text() for v in cluster.views.values()
+    )
+    # what was watched: the containers' counters, and the nodes' own where their streams read them
+    watched = "no rank container's memory or block I/O grew" + (
+        " and no node's NFS reads, fabric rx or MemAvailable moved" if nodes else ""
+    )
     if cluster.usage_progress_at is not None and cluster.usage_progress_at > cluster.last_activity():
         cause += (
-            f" and no rank container's memory or block I/O grew for "
+            f" and {watched} for "
             f"{_fmt_duration(cluster.clock.monotonic() - cluster.usage_progress_at)} "
             f"(last: {cluster.usage_growth})"
         )
     elif sampled:
-        cause += " and no rank container's memory or block I/O grew meanwhile"
+        cause += f" and {watched} meanwhile"
     cause += f" (stall limit {stall_s:g} s) in phase {phase!r}"
     if summary:
         cause += f"; docker stats: {summary}"

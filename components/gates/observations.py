@@ -28,6 +28,10 @@ class RankSpec:
     port: int = 22
     user: str
     container: str
+    fabric_interface: str = ""
+    """The node's fabric interface, whose receive bytes count as a loading rank's progress (empty: not read)."""
+    nfs_server: str = ""
+    """The NFS server the node reads the weights from (the head's fabric IP under `share: nfs`; empty: none)."""
 
     def __post_init__(self) -> None:
         if self.rank < 0:
@@ -51,6 +55,8 @@ class RankSpec:
             "port": self.port,
             "user": self.user,
             "container": self.container,
+            "fabric_interface": self.fabric_interface,
+            "nfs_server": self.nfs_server,
         }
 
     @classmethod
@@ -62,6 +68,8 @@ class RankSpec:
             port=int(r.get("port", 22)),
             user=str(r["user"]),
             container=str(r["container"]),
+            fabric_interface=str(r.get("fabric_interface", "")),
+            nfs_server=str(r.get("nfs_server", "")),
         )
 
 
@@ -87,20 +95,74 @@ class ContainerState:
         return self.status == "running"
 
 
+# MemAvailable falling by this much between two samples is progress: a GB10 rank loading its ~100 GiB into
+# unified memory (the CUDA driver's allocations, not charged to the container) drops it by gigabytes per sample
+# (196 GiB over NFS in ~15 min: ~6.5 GiB per 30 s); a quiet node's own churn stays far below it.
+NODE_MEM_MIN_FALL_BYTES = float(1 << 30)
+
+
+@dataclass(frozen=True)
+class NodeCounters:
+    """One sample of the node's own counters, read without root by the node's stream script (`N` record): the
+    ones that move while a GB10 rank loads and its container's counters stand still (docs/hardware.md)."""
+
+    mem_available_bytes: float | None = None
+    """MemAvailable (/proc/meminfo): falls as the CUDA driver places the weights in unified memory."""
+    nfs_read_bytes: float | None = None
+    """Bytes read from the weights' NFS server (/proc/self/mountstats, `bytes:` serverreadbytes, summed)."""
+    fabric_rx_bytes: float | None = None
+    """The fabric interface's receive bytes (/sys/class/net/<if>/statistics/rx_bytes; not read on loopback)."""
+
+    def text(self) -> str:
+        parts = []
+        if self.mem_available_bytes is not None:
+            parts.append(f"MemAvailable {_fmt_bytes(self.mem_available_bytes)}")
+        if self.nfs_read_bytes is not None:
+            parts.append(f"NFS read {_fmt_bytes(self.nfs_read_bytes)}")
+        if self.fabric_rx_bytes is not None:
+            parts.append(f"fabric rx {_fmt_bytes(self.fabric_rx_bytes)}")
+        return ", ".join(parts)
+
+
+def parse_node_counters(rest: str) -> NodeCounters:
+    """A stream's `N <MemAvailable bytes> <NFS read bytes> <fabric rx bytes>` record (`-`: not readable)."""
+    words = (rest.split() + ["-", "-", "-"])[:3]
+
+    def num(word: str) -> float | None:
+        try:
+            value = float(word)
+        except ValueError:
+            return None
+        return value if value >= 0 and value == value else None
+
+    return NodeCounters(num(words[0]), num(words[1]), num(words[2]))
+
+
 @dataclass(frozen=True)
 class ContainerUsage:
     """One `docker stats --no-stream` sample of a rank's container: memory in use (what the cgroup is charged:
-    the loaded weights and the page cache of the shards read, NFS included) and cumulative block I/O."""
+    the page cache of the shards read) and cumulative block I/O; with the node's own counters when its stream
+    read them. On GB10 the container's counters can stand still for a whole load (the weights go to unified
+    memory, NFS reads are not block I/O): the node's counters are what moves then."""
 
     memory_bytes: float | None
     block_read_bytes: float | None
     block_written_bytes: float | None
     text: str = ""
     """As docker wrote it, for messages: `memory 95.1GiB, block I/O 190GB / 1.2MB`."""
+    node: NodeCounters | None = None
 
-    def grown_from(self, base: ContainerUsage, min_bytes: float) -> str | None:
-        """What grew by at least `min_bytes` since `base` (memory, block I/O), or None."""
+    def describe(self) -> str:
+        node = self.node.text() if self.node is not None else ""
+        return f"{self.text}; node {node}" if node else self.text
+
+    def grown_from(
+        self, base: ContainerUsage, min_bytes: float, mem_fall_bytes: float = NODE_MEM_MIN_FALL_BYTES
+    ) -> str | None:
+        """What moved since `base`: memory, block I/O, NFS reads or fabric bytes grown by at least `min_bytes`,
+        or the node's MemAvailable fallen by at least `mem_fall_bytes`; None when nothing did."""
         grew: list[str] = []
+        now_node, then_node = self.node or NodeCounters(), base.node or NodeCounters()
         for what, now, then in (
             ("memory", self.memory_bytes, base.memory_bytes),
             (
@@ -108,19 +170,32 @@ class ContainerUsage:
                 _sum(self.block_read_bytes, self.block_written_bytes),
                 _sum(base.block_read_bytes, base.block_written_bytes),
             ),
+            ("NFS read", now_node.nfs_read_bytes, then_node.nfs_read_bytes),
+            ("fabric rx", now_node.fabric_rx_bytes, then_node.fabric_rx_bytes),
         ):
             if now is not None and then is not None and now - then >= min_bytes:
                 grew.append(f"{what} +{_fmt_bytes(now - then)}")
+        now_mem, then_mem = now_node.mem_available_bytes, then_node.mem_available_bytes
+        if now_mem is not None and then_mem is not None and then_mem - now_mem >= mem_fall_bytes:
+            grew.append(f"MemAvailable -{_fmt_bytes(then_mem - now_mem)}")
         return ", ".join(grew) or None
 
     def floor(self, other: ContainerUsage) -> ContainerUsage:
-        """A baseline that only goes down: memory given back (page cache reclaimed) is not progress to regain."""
+        """A baseline that gives nothing back twice: memory given back (page cache reclaimed) is not progress to
+        regain, and MemAvailable that came back (a cache dropped) is not progress to lose again."""
         low = (
             min(self.memory_bytes, other.memory_bytes)
             if self.memory_bytes is not None and other.memory_bytes is not None
             else other.memory_bytes
         )
-        return ContainerUsage(low, self.block_read_bytes, self.block_written_bytes, self.text)
+        node = self.node
+        if node is not None and other.node is not None:
+            mine, theirs = node.mem_available_bytes, other.node.mem_available_bytes
+            high = max(mine, theirs) if mine is not None and theirs is not None else theirs
+            node = NodeCounters(high, node.nfs_read_bytes, node.fabric_rx_bytes)
+        elif other.node is not None:
+            node = other.node
+        return ContainerUsage(low, self.block_read_bytes, self.block_written_bytes, self.text, node)
 
 
 def _sum(*values: float | None) -> float | None:

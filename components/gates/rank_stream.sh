@@ -11,11 +11,17 @@
 #   Z                                    the event stream ended
 #   R                                    every stream is started
 #   F <reason>                           this node cannot stream (the reader polls instead)
+#   N <mem> <nfs> <rx>                   the node's own counters, before each sample's U lines: MemAvailable
+#                                        bytes, bytes read from NFS_SERVER's mounts, FABRIC_IF's rx bytes (`-`:
+#                                        not readable, no such mount, or a loopback interface)
 #   U <json>                             one container's `docker stats --no-stream --format '{{json .}}'` line
 #   u <message>                          docker stats failed on this node
 # Every record is one write of at most MAX_LINE + 80 bytes (< PIPE_BUF): writers never interleave.
 # Header values (scripts.render): WATCH ("<container>=<since> ...": resume each log stream after that docker
-# timestamp; an empty since reads from the container's start), MAX_LINE. The script runs until its stdin
+# timestamp; an empty since reads from the container's start), MAX_LINE, FABRIC_IF (the node's fabric
+# interface; empty: not read), NFS_SERVER (the address the node mounts the weights from; empty: none). The
+# kernel's files are read where DSV41_MEMINFO, DSV41_MOUNTSTATS and DSV41_SYSFS_ROOT say when set (fixture
+# trees; the simulated cluster's per-node files), else /proc and /sys. The script runs until its stdin
 # (the ssh channel) closes, then stops what it started. A line `U` on stdin asks for one sample of the
 # containers' memory and block I/O (the ready gate asks while every rank is silent); a sample still running
 # when the next is asked for answers both.
@@ -98,11 +104,36 @@ names=""
 for w in $WATCH; do names="$names ${w%%=*}"; done
 bounded=""
 if command -v timeout >/dev/null 2>&1; then bounded="timeout 30"; fi
-# One `docker stats` sample of every container, in the background so stdin is still read.
+meminfo="${DSV41_MEMINFO:-/proc/meminfo}"
+mountstats="${DSV41_MOUNTSTATS:-/proc/self/mountstats}"
+net="${DSV41_SYSFS_ROOT:-/sys}/class/net/$FABRIC_IF"
+# The node's counters that move while a GB10 rank loads with its container's counters flat (docs/hardware.md):
+# MemAvailable (the CUDA driver's unified memory), NFS bytes read from the weights' server (mountstats'
+# `bytes:` line, field 5: serverreadbytes), the fabric's rx bytes (not on loopback: lo carries no other node's
+# bytes, and every process of the machine moves it). World-readable files: no root.
+node_counters() {
+  mem=$(LC_ALL=C awk '$1 == "MemAvailable:" { printf "%.0f", $2 * 1024; found = 1; exit } END { if (!found) print "-" }' "$meminfo" 2>/dev/null) || mem=-
+  nfs=-
+  if [ -n "$NFS_SERVER" ]; then
+    nfs=$(LC_ALL=C awk -v s="$NFS_SERVER:" '
+      $1 == "device" { on = (index($2, s) == 1 && $7 == "fstype" && $8 ~ /^nfs/) }
+      on && $1 == "bytes:" { sum += $6; found = 1 }
+      END { if (found) printf "%.0f", sum; else print "-" }' "$mountstats" 2>/dev/null) || nfs=-
+  fi
+  rx=-
+  if [ -n "$FABRIC_IF" ] && flags=$(cat "$net/flags" 2>/dev/null) && [ $((flags & 8)) -eq 0 ]; then
+    rx=$(cat "$net/statistics/rx_bytes" 2>/dev/null) || rx=-
+  fi
+  printf 'N %s %s %s\n' "${mem:--}" "${nfs:--}" "${rx:--}"
+}
+
+# One `docker stats` sample of every container (after the node's counters), in the background so stdin is
+# still read.
 usage() {
   if [ -n "$upid" ] && kill -0 "$upid" 2>/dev/null; then return 0; fi
   (
     trap - HUP INT TERM PIPE
+    node_counters
     # shellcheck disable=SC2086 # $bounded: empty or two words; $names: container names have no spaces
     if out=$($bounded docker stats --no-stream --format '{{json .}}' $names 2>&1); then
       printf '%s\n' "$out" | LC_ALL=C awk -v max="$MAX_LINE" 'NF { print "U " substr($0, 1, max); fflush() }'

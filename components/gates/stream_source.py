@@ -4,6 +4,7 @@ reconnected and resumed, with a reader thread per node."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import queue
 import subprocess
@@ -19,10 +20,12 @@ from components import scripts
 from components.gates.decisions import WATCH_POLL_INTERVAL_S
 from components.gates.observations import (
     ContainerState,
+    ContainerUsage,
     EventSeen,
     LineSeen,
     LogEnded,
     LogLine,
+    NodeCounters,
     Notice,
     Observation,
     RankSpec,
@@ -31,6 +34,7 @@ from components.gates.observations import (
     Unobservable,
     UsageSeen,
     parse_docker_logs,
+    parse_node_counters,
     parse_stats,
     poll_once,
     timestamp_key,
@@ -66,6 +70,21 @@ STREAM_QUEUE_ITEMS = 2_000
 STREAM_BATCH_ITEMS = 500
 # Texts remembered at one docker timestamp for the dedupe after a reconnect (lines sharing one nanosecond).
 _AT_SINCE_MAX = 1_000
+
+
+def stream_script(watch: str, node: RankSpec | None = None) -> str:
+    """The node's stream script: WATCH is `<container>=<since> ...`; `node` gives the node's counters' sources
+    (its fabric interface, the weights' NFS server), None reads none of them."""
+    return scripts.render(
+        STREAM_SCRIPT,
+        {
+            "WATCH": watch,
+            "MAX_LINE": STREAM_MAX_LINE,
+            "FABRIC_IF": node.fabric_interface if node else "",
+            "NFS_SERVER": node.nfs_server if node else "",
+        },
+    )
+
 
 Popen = Callable[..., "subprocess.Popen[bytes]"]
 
@@ -208,7 +227,7 @@ class _NodeStream(threading.Thread):
         for res in self.resume.values():
             res.reconnect()
         watch = " ".join(f"{c}={self.resume[r].since}" for c, r in self.ranks.items())
-        text = scripts.render(STREAM_SCRIPT, {"WATCH": watch, "MAX_LINE": STREAM_MAX_LINE})
+        text = stream_script(watch, self.specs[0])  # every rank of a session is on one node
         argv = ssh_argv(self.target, text)
         with tempfile.TemporaryFile() as err:
             try:
@@ -250,6 +269,7 @@ class _NodeStream(threading.Thread):
         assert proc.stdout is not None
         ready = False
         ended: set[str] = set()
+        node_counters: NodeCounters | None = None
         for raw in proc.stdout:
             record = raw.rstrip(b"\n").decode("utf-8", "replace")
             tag, _, rest = record.partition(" ")
@@ -288,14 +308,23 @@ class _NodeStream(threading.Thread):
                 if rank is not None:
                     ended.add(rest)
                     self.owner.put(LogEnded(rank))
+            elif tag == "N":
+                # the node's counters, printed just before the sample's container lines, which carry them
+                node_counters = parse_node_counters(rest)
             elif tag == "U":
                 stats = parse_stats(rest)
                 rank = self.ranks.get(stats[0]) if stats is not None else None
                 if stats is not None and rank is not None:
-                    self.owner.put(UsageSeen(rank, stats[1]))
+                    self.owner.put(UsageSeen(rank, dataclasses.replace(stats[1], node=node_counters)))
             elif tag == "u":
                 for spec in self.specs:
-                    self.owner.put(UsageSeen(spec.rank, None, f"docker stats on node {self.node}: {rest}"))
+                    error = f"docker stats on node {self.node}: {rest}"
+                    if node_counters is not None and node_counters.text():
+                        # the node's own counters still say whether a silent load moves
+                        usage = ContainerUsage(None, None, None, "container counters unreadable", node_counters)
+                        self.owner.put(UsageSeen(spec.rank, usage, error))
+                    else:
+                        self.owner.put(UsageSeen(spec.rank, None, error))
             elif tag == "R":
                 ready = True
             elif tag == "Z":

@@ -19,6 +19,7 @@
 #                     with ~/); "" on other workers
 #   MIN_DISK          minimum free + already staged (or copied) GiB at WEIGHTS_ROOT; "" when WEIGHTS_ROOT is
 #   CHECK_RDMA        1: check /dev/infiniband and the RoCE GID index; 0: skip
+#   FABRIC_IF         the fabric interface, whose statistics the stall rule reads (empty: not checked)
 #   CHECK_EXPORT      1: every directory on the path to WEIGHTS_ROOT must be o+x (NFS share); 0: skip
 #   HCAS              the configured HCAs, space-separated (only named in the findings)
 #   STOP_TIMEOUT_S    docker stop -t seconds
@@ -181,6 +182,14 @@ if [ -n "$WEIGHTS_ROOT" ] && [ "$CHECK_EXPORT" = 1 ]; then
   done <<EOF
 $paths
 EOF
+fi
+
+if [ -n "$FABRIC_IF" ]; then
+  step "fabric interface statistics"
+  # the stall rule reads them while a rank loads in silence (components/gates/rank_stream.sh)
+  rx="${DSV41_SYSFS_ROOT:-/sys}/class/net/$FABRIC_IF/statistics/rx_bytes"
+  [ -r "$rx" ] || refuse "nodes[].fabricInterface $FABRIC_IF of $NODE has no statistics ($rx is not readable);\
+ fix: set it to the interface that holds the node's fabricIp (ip -br addr on $NODE)"
 fi
 
 if [ "$CHECK_RDMA" = 1 ]; then

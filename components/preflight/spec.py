@@ -93,6 +93,9 @@ class PreflightSpec:
     """container_shape() of this update: an own container on the generation but of another shape is stopped."""
     check_export_path: bool
     """Head with the NFS share: every directory on the weights root's path must be o+x."""
+    fabric_interface: str = ""
+    """The node's fabric interface: its rx bytes are one of the stall rule's signals, so it must have them; empty:
+    not checked."""
     stop: bool = True
     """The stop phase (stop this stack's containers of another generation, then check memory); False: the check
     phase, which leaves them serving."""
@@ -192,6 +195,7 @@ def render_script(spec: PreflightSpec) -> str:
             "CHECK_RDMA": "1" if spec.check_rdma else "0",
             "CHECK_EXPORT": "1" if spec.check_export_path else "0",
             "HCAS": " ".join(spec.ib_hcas),
+            "FABRIC_IF": spec.fabric_interface,
             "STOP_TIMEOUT_S": spec.stop_timeout_s,
             "MEM_SETTLE_S": spec.mem_settle_s,
             "DOCKER_TIMEOUT_S": spec.docker_timeout_s,

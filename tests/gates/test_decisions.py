@@ -20,6 +20,7 @@ from components.gates.observations import (
     ContainerUsage,
     GateFailure,
     LogLine,
+    NodeCounters,
     RankSpec,
     SourceError,
     SystemClock,
@@ -974,6 +975,104 @@ class TestSilentLoad:
         with pytest.raises(GateFailure, match="stall limit 600 s"):
             decisions.wait_for_ready(RANKS, src, _defaults(), clock, _noop, Probe(LISTED), "m")
         assert 890 <= clock.t <= 891
+
+
+def gb10(
+    nfs_gib_per_s: float = 0.0, rx_gib_per_s: float = 0.0, mem_fall_gib_per_s: float = 0.0, until: float = 940.0
+) -> Callable[[float], ContainerUsage]:
+    """A GB10 worker loading from `until`'s start: its container's counters flat (the weights go to unified memory,
+    NFS reads are not block I/O), the node's own counters moving at these rates until `until`."""
+
+    def at(t: float) -> ContainerUsage:
+        moved = min(t, until)
+        return ContainerUsage(
+            3.5 * 2**30,
+            0.0,
+            0.0,
+            "memory 3.5GiB, block I/O 0B / 0B",
+            NodeCounters(
+                mem_available_bytes=(120 - mem_fall_gib_per_s * moved) * 2**30,
+                nfs_read_bytes=nfs_gib_per_s * moved * 2**30,
+                fabric_rx_bytes=rx_gib_per_s * moved * 2**30,
+            ),
+        )
+
+    return at
+
+
+class TestGB10SilentLoad:
+    """The recipe's first boot on GB10: the worker silent for ~15 min with its container's counters flat."""
+
+    @pytest.mark.parametrize(
+        "signal",
+        [
+            {"nfs_gib_per_s": 0.22},  # 196 GiB in ~15 min over NFS
+            {"rx_gib_per_s": 0.22},  # the same bytes on the fabric interface
+            {"mem_fall_gib_per_s": 0.11},  # MemAvailable falling as the driver fills unified memory
+        ],
+        ids=["nfs-read", "fabric-rx", "memavailable"],
+    )
+    @pytest.mark.parametrize("streamed", [False, True])
+    def test_a_node_counter_that_moves_keeps_a_flat_container_from_stalling(
+        self, signal: dict[str, float], streamed: bool
+    ) -> None:
+        clock = FakeClock()
+        worker = gb10(**signal)
+        src: observations.RankSource
+        if streamed:
+            src = ScriptedStream(
+                clock, {0: StreamedRank(lines=SILENT_HEAD), 1: StreamedRank(lines=SILENT_WORKER, usage=worker)}
+            )
+        else:
+            src = ScriptedSource(
+                clock, {0: ScriptedRank(lines=SILENT_HEAD), 1: ScriptedRank(lines=SILENT_WORKER, usage=worker)}
+            )
+        said: list[str] = []
+        res = decisions.wait_for_ready(RANKS, src, _defaults(), clock, said.append, Probe(LISTED), "m")
+        assert 1010 <= res.elapsed_s <= 1011
+        what = {"nfs_gib_per_s": "NFS read +", "rx_gib_per_s": "fabric rx +", "mem_fall_gib_per_s": "MemAvailable -"}
+        assert any(f"silent but progressing: rank 1 {what[next(iter(signal))]}" in m for m in said), said
+
+    def test_the_same_silence_with_every_counter_flat_is_a_stall_naming_the_node_counters(self) -> None:
+        clock = FakeClock()
+        src = ScriptedStream(
+            clock, {0: StreamedRank(lines=SILENT_HEAD), 1: StreamedRank(lines=SILENT_WORKER, usage=gb10())}
+        )
+        with pytest.raises(GateFailure) as err:
+            decisions.wait_for_ready(RANKS, src, _defaults(), clock, _noop, Probe(LISTED), "m")
+        assert 890 <= clock.t <= 891, "600 s after the last line, as without the node's counters"
+        first = str(err.value).splitlines()[0]
+        assert "and no node's NFS reads, fabric rx or MemAvailable moved meanwhile (stall limit 600 s)" in first
+        assert "rank 1 memory 3.5GiB, block I/O 0B / 0B; node MemAvailable 120.0GiB, NFS read 0B, fabric rx 0B" in first
+
+    def test_memavailable_churn_below_a_gib_and_memory_coming_back_are_not_progress(self) -> None:
+        # a hung worker on a node whose page cache is reclaimed and refilled: MemAvailable wanders by 0.9 GiB
+        clock = FakeClock()
+
+        def wandering(t: float) -> ContainerUsage:
+            churn = 0.9 * ((int(t) // 45) % 2)
+            return ContainerUsage(3.5 * 2**30, 0.0, 0.0, "flat", NodeCounters((100 - churn) * 2**30, None, None))
+
+        src = ScriptedStream(
+            clock, {0: StreamedRank(lines=SILENT_HEAD), 1: StreamedRank(lines=SILENT_WORKER, usage=wandering)}
+        )
+        with pytest.raises(GateFailure, match="stall limit 600 s"):
+            decisions.wait_for_ready(RANKS, src, _defaults(), clock, _noop, Probe(LISTED), "m")
+        assert 890 <= clock.t <= 891
+
+    def test_a_load_whose_nfs_reads_stop_stalls_a_stall_limit_after_the_last_bytes(self) -> None:
+        clock = FakeClock()
+        src = ScriptedStream(
+            clock,
+            {
+                0: StreamedRank(lines=SILENT_HEAD[:4]),
+                1: StreamedRank(lines=SILENT_WORKER[:2], usage=gb10(0.22, until=500)),
+            },
+        )
+        with pytest.raises(GateFailure) as err:
+            decisions.wait_for_ready(RANKS, src, _defaults(), clock, _noop, Probe(LISTED), "m")
+        assert 1100 <= clock.t <= 1131, "600 s after the last growth, seen within one sampling interval"
+        assert "(last: rank 1 NFS read +" in str(err.value).splitlines()[0]
 
 
 def test_docker_stats_lines_parse_into_bytes() -> None:

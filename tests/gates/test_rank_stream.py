@@ -134,7 +134,7 @@ def _wait_for(cond: Any, timeout_s: float = 10.0, what: Any = "") -> None:
 
 
 def _run_script(d: Path, watch: str) -> subprocess.Popen[bytes]:
-    text = scripts.render("gates/rank_stream.sh", {"WATCH": watch, "MAX_LINE": stream_source.STREAM_MAX_LINE})
+    text = stream_source.stream_script(watch)
     env = {**os.environ, "PATH": f"{os.environ['FAKE_DOCKER_BIN']}:{os.environ['PATH']}", "FAKE_DOCKER_DIR": str(d)}
     return subprocess.Popen(["sh", "-c", text], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
 
@@ -218,6 +218,69 @@ class TestScript:
         assert f"stats --no-stream --format {{{{json .}}}} {HEAD.container}" in _docker_calls(fake)
         _wait_for(lambda: not any(_alive(p) for p in _pids(fake)))
 
+    def test_a_usage_sample_starts_with_the_nodes_own_counters(
+        self, fake: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # GB10: the node's counters are what moves while a worker loads with its container flat
+        (tmp_path / "meminfo").write_text("MemTotal: 125000000 kB\nMemAvailable:   100000000 kB\n")
+        (tmp_path / "mountstats").write_text(
+            "device rootfs mounted on / with fstype rootfs\n"
+            "device 10.0.0.1:/srv/dsv41 mounted on /var/lib/docker/volumes/v1/_data with fstype nfs4 statvers=1.1\n"
+            "\tbytes:\t5 0 0 0 1000 0 2 0\n"
+            "device 10.0.0.1:/srv/dsv41 mounted on /var/lib/docker/volumes/v2/_data with fstype nfs4 statvers=1.1\n"
+            "\tbytes:\t5 0 0 0 234 0 2 0\n"
+            "device 10.0.0.9:/backup mounted on /mnt/backup with fstype nfs statvers=1.1\n"
+            "\tbytes:\t5 0 0 0 999999 0 2 0\n"
+        )
+        for name, flags, rx in (("enp1s0f1np1", "0x1003", "777"), ("lo", "0x9", "555")):
+            (tmp_path / "class" / "net" / name / "statistics").mkdir(parents=True)
+            (tmp_path / "class" / "net" / name / "flags").write_text(flags + "\n")
+            (tmp_path / "class" / "net" / name / "statistics" / "rx_bytes").write_text(rx + "\n")
+        monkeypatch.setenv("DSV41_MEMINFO", str(tmp_path / "meminfo"))
+        monkeypatch.setenv("DSV41_MOUNTSTATS", str(tmp_path / "mountstats"))
+        monkeypatch.setenv("DSV41_SYSFS_ROOT", str(tmp_path))
+        (fake / "stats").write_text(STATS + "\n")
+        got = {}
+        for interface, server in (("enp1s0f1np1", "10.0.0.1"), ("lo", ""), ("eth9", "10.0.0.2")):
+            node = RankSpec(
+                rank=1,
+                node="spark-b",
+                host="h",
+                user="u",
+                container=HEAD.container,
+                fabric_interface=interface,
+                nfs_server=server,
+            )
+            text = stream_source.stream_script(f"{HEAD.container}=", node)
+            env = {
+                **os.environ,
+                "PATH": f"{os.environ['FAKE_DOCKER_BIN']}:{os.environ['PATH']}",
+                "FAKE_DOCKER_DIR": str(fake),
+            }
+            proc = subprocess.Popen(["sh", "-c", text], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+            records = _Records(proc)
+            assert proc.stdin is not None
+            try:
+                records.until(lambda g: "R" in g)
+                proc.stdin.write(b"U\n")
+                proc.stdin.flush()
+                out = records.until(lambda g: any(r.startswith("U ") for r in g))
+            finally:
+                proc.stdin.close()
+                assert proc.wait(timeout=10) == 0
+            samples = [r for r in out if r[:2] in ("N ", "U ")]
+            assert samples[0].startswith("N ") and samples[1].startswith("U "), out
+            got[interface] = samples[0]
+        # MemAvailable in bytes; only the weights' server's mounts, summed (serverreadbytes); rx, not on loopback
+        assert got["enp1s0f1np1"] == f"N {100000000 * 1024} 1234 777"
+        assert got["lo"] == f"N {100000000 * 1024} - -", (
+            "no NFS server given, and lo is the machine's, not the fabric's"
+        )
+        assert got["eth9"] == f"N {100000000 * 1024} - -", "no mount of that server, no such interface"
+        seen = observations.parse_node_counters(got["enp1s0f1np1"][2:])
+        assert seen == observations.NodeCounters(100000000 * 1024, 1234, 777)
+        assert observations.parse_node_counters("- - -") == observations.NodeCounters()
+
     def test_from_the_container_start_when_no_resume_point(self, fake: Path) -> None:
         proc = _run_script(fake, f"{HEAD.container}=")
         try:
@@ -268,10 +331,16 @@ class TestStreamRankSource:
         assert (fake / "stream.n").read_text().strip() == "1", "one ssh session for the whole watch"
         argv = (fake / "argv.log").read_text()
         assert "ControlMaster=auto" in argv and "ControlPath=" in argv and "SECRETKEYMATERIAL" not in argv
-        assert (fake / "remote.log").read_text().splitlines()[0].endswith(f"WATCH={HEAD.container}=; MAX_LINE=2000;")
+        assert (
+            f"WATCH={HEAD.container}=; MAX_LINE=2000; FABRIC_IF=" in (fake / "remote.log").read_text().splitlines()[0]
+        )
 
-    def test_a_usage_request_reaches_the_gate_through_the_session(self, fake: Path) -> None:
+    def test_a_usage_request_reaches_the_gate_through_the_session(
+        self, fake: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         (fake / "stats").write_text(STATS + "\n")
+        (tmp_path / "meminfo").write_text("MemAvailable: 2048 kB\n")
+        monkeypatch.setenv("DSV41_MEMINFO", str(tmp_path / "meminfo"))
         src = StreamRankSource([HEAD])
         try:
             collect(src, lambda g: any(isinstance(i, StateSeen) for i in g))
@@ -282,6 +351,7 @@ class TestStreamRankSource:
             src.close()
         seen = next(i for i in got if isinstance(i, UsageSeen))
         assert seen.rank == 0 and seen.usage is not None and seen.usage.memory_bytes == 12.5 * 2**30
+        assert seen.usage.node == observations.NodeCounters(2048 * 1024, None, None), "the node's counters ride along"
         assert (fake / "stream.n").read_text().strip() == "1", "asked over the open session, no new ssh"
 
     def test_a_dropped_session_reconnects_and_resumes_without_losing_or_repeating_a_line(self, fake: Path) -> None:
@@ -301,7 +371,7 @@ class TestStreamRankSource:
         finally:
             src.close()
         remote = (fake / "remote.log").read_text().splitlines()
-        assert len(remote) == 2 and remote[1].endswith(f"WATCH={HEAD.container}={stamp(50)}; MAX_LINE=2000;")
+        assert len(remote) == 2 and f"WATCH={HEAD.container}={stamp(50)}; MAX_LINE=2000;" in remote[1]
 
     def test_a_die_missed_while_disconnected_is_recovered_from_the_state_read(
         self, fake: Path, monkeypatch: pytest.MonkeyPatch

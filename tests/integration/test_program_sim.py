@@ -8,6 +8,7 @@ as an operator would: every test leaves it healthy and verified for the next.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -15,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -24,6 +26,7 @@ from typing import Any
 import pytest
 from program_support import REPO, Deployment, assert_verified, docker_on, new_deployment, remove_deployment
 
+from sim import cluster
 from sim.deploy import build_image_variant
 
 pytestmark = [pytest.mark.sim, pytest.mark.engine]
@@ -208,6 +211,56 @@ def test_stall_after_load_fails_near_stall_seconds(deployed: Deployment) -> None
     assert "a rank is probably hung" in message and "not ready within" not in message, message
     assert_both_ranks_tails(message, deployed)
     assert elapsed < stall + 90, f"a stall must be called near stallSeconds ({stall} s), took {elapsed:.0f} s"
+
+
+@contextlib.contextmanager
+def nfs_reads(path: Path, server: str, bytes_per_s: float = 64 << 20) -> Iterator[None]:
+    """Plays a worker node's NFS client while the block runs: the node's mountstats (the sim's per-node file)
+    counts bytes read from `server`, as a GB10 worker's does while it streams the weights (docs/hardware.md)."""
+    stop = threading.Event()
+
+    def run() -> None:
+        start = time.monotonic()
+        while not stop.wait(0.5):
+            n = int((time.monotonic() - start) * bytes_per_s)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(
+                f"device {server}:/srv/dsv41 mounted on /var/lib/docker/volumes/w/_data with fstype nfs4 "
+                f"statvers=1.1\n\tbytes:\t{n} 0 0 0 {n} 0 {n >> 12} 0\n"
+            )
+            tmp.replace(path)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+
+
+@pytest.mark.timeout(900)
+def test_a_silent_worker_load_past_stall_seconds_passes_while_its_nfs_reads_move(deployed: Deployment) -> None:
+    # GB10: the worker streams its weights over NFS in silence with its container's counters flat; only the
+    # node's own counters move. The same silence with them flat is still a stall.
+    stall = deployed.config["gates"]["stallSeconds"]
+    head, worker = deployed.sim["nodes"][0], deployed.sim["nodes"][1]
+    mountstats = cluster.default_layout().mountstats(worker["index"])
+    healthy = deployed.config
+    try:
+        deployed.write_config(deployed.with_env(SIM_WORKER_LOAD_SECONDS=str(stall + 20)))
+        with nfs_reads(mountstats, head["ip"]):
+            up = deployed.up()
+        assert_verified(deployed, up.outputs)
+        mountstats.unlink()
+        deployed.write_config(deployed.with_env(SIM_WORKER_LOAD_SECONDS=str(stall + 21)))
+        message, _ = deployed.up_fails()
+        assert "no rank logged anything new for" in message and f"(stall limit {stall:g} s)" in message, message
+        assert "no node's NFS reads, fabric rx or MemAvailable moved meanwhile" in message, message
+    finally:
+        mountstats.unlink(missing_ok=True)
+        deployed.write_config(healthy)
+        assert_verified(deployed, deployed.up().outputs)
 
 
 @pytest.mark.timeout(900)

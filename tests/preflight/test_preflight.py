@@ -630,6 +630,16 @@ def test_no_rdma_checks_when_check_rdma_is_false(node: FakeNode) -> None:
     assert parse_output(run.stdout, spec).gid_index is None
 
 
+def test_a_fabric_interface_without_statistics_is_refused_naming_the_key(node: FakeNode) -> None:
+    # the stall rule reads its rx bytes while a worker loads in silence: a wrong name would blind it
+    assert node.run(make_spec(fabric_interface="enp1s0f1np1")).rc == 0
+    run = node.run(make_spec(fabric_interface="enp9s0"))
+    assert run.rc == 1
+    assert any(
+        "nodes[].fabricInterface enp9s0 of spark-1 has no statistics" in r and "ip -br addr" in r for r in run.refusals
+    ), run.stderr
+
+
 def test_all_problems_are_reported_together(node: FakeNode) -> None:
     node.mem_available_kib = 60 * GIB_KIB
     node.units = "ray-head.service enabled enabled\n"
