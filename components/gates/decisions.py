@@ -14,11 +14,11 @@ over the ssh path the watch already has (a line `U` to the node's stream script:
 reads the containers' counters only). The head's own progress was not chosen: the head is done long before the
 worker, and a hung worker and a loading one look the same from it. CPU was not chosen: a rank spinning in a
 hung NCCL collective burns CPU. The counters are sampled only once every rank has been silent for
-USAGE_QUIET_S, then every USAGE_INTERVAL_S (a chatty boot costs nothing); memory or block I/O grown by USAGE_MIN_GROWTH_BYTES since the
-quiet window's first sample is progress, as is MemAvailable fallen by NODE_MEM_MIN_FALL_BYTES; memory given back
-is not (the baseline follows it down, and MemAvailable's follows it up). Stall: no line and no growth for
-`stall_s`, reported with every rank's last sample. Counters that cannot be read leave
-the rule as it was (silence alone).
+USAGE_QUIET_S, then every USAGE_INTERVAL_S (a chatty boot costs nothing); memory or block I/O grown by
+USAGE_MIN_GROWTH_BYTES since the quiet window's first sample is progress, as is MemAvailable fallen by
+NODE_MEM_MIN_FALL_BYTES; memory given back is not (the baseline follows it down, and MemAvailable's follows it
+up). Stall: no line and no growth for `stall_s`, reported with every rank's last sample. Counters that cannot be
+read leave the rule as it was (silence alone).
 """
 
 from __future__ import annotations
