@@ -5,11 +5,17 @@ Resolvers here are fakes: no test resolves a name through DNS (only `localhost`,
 
 from __future__ import annotations
 
+import base64
+import io
+import json
 import socket
+import tarfile
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import pulumi
 import pytest
+import yaml
 
 from components.access.addresses import (
     AddressError,
@@ -20,7 +26,10 @@ from components.access.addresses import (
     system_resolver,
 )
 from components.config import parse
-from tests.support.graph import config
+from components.deployment import deploy
+from components.observability import spec as obs_spec
+from tests.support import recording
+from tests.support.graph import CONTAINER, FIXTURES, config
 
 
 def fake(table: Mapping[str, Sequence[str]]) -> Any:
@@ -112,3 +121,118 @@ def test_an_ipv6_address_is_bracketed_wherever_a_port_follows() -> None:
     assert host_port("192.168.1.10", 8888) == "192.168.1.10:8888"
     assert host_port("fd7a:115c:a1e0::1", 8888) == "[fd7a:115c:a1e0::1]:8888"
     assert http_url("fd7a:115c:a1e0::1", 8888, "/v1") == "http://[fd7a:115c:a1e0::1]:8888/v1"
+
+
+# --- what the program renders from it ---------------------------------------------------------------
+
+NAMES = {"spark-0.local": ["192.168.1.10"], "spark-1.local": ["192.168.1.11"]}
+
+
+@pytest.fixture(scope="module")
+def named() -> recording.Recorded:
+    """The quick start's shape: nodes given by name; the operator's machine resolves them to LAN addresses."""
+    raw = config(2)
+    raw["nodes"][0]["host"], raw["nodes"][1]["host"] = "spark-0.local", "spark-1.local"
+    loaded = parse(raw)
+    return recording.run(lambda: deploy(loaded, "dev", resolver=fake(NAMES)), FIXTURES)
+
+
+def agent_config(rec: recording.Recorded, node: str) -> dict[str, Any]:
+    value = rec.named(f"supervisor-{node}-files").inputs["stdin"]
+    if isinstance(value, dict):  # a secret, as the mock monitor keeps it
+        value = value["value"]
+    with tarfile.open(fileobj=io.BytesIO(base64.b64decode(value))) as tar:
+        return json.loads(tar.extractfile("config.json").read())  # type: ignore[union-attr]
+
+
+def test_no_container_is_left_a_name_to_resolve(named: recording.Recorded) -> None:
+    containers = named.of_type(CONTAINER)
+    assert {c.name for c in containers} >= {"observability-prometheus", "supervisor-spark-0", "serving-spark-0"}
+    for c in containers:
+        text = json.dumps(c.inputs, default=str)
+        for name in NAMES:
+            assert name not in text, f"{c.name}: a container would resolve {name} itself"
+    for node in ("spark-0", "spark-1"):
+        assert not any(name in json.dumps(agent_config(named, node)) for name in NAMES), node
+
+
+def test_prometheus_listens_and_scrapes_vllm_at_the_heads_resolved_address(named: recording.Recorded) -> None:
+    prom = named.named("observability-prometheus")
+    assert "--web.listen-address=192.168.1.10:18390" in prom.inputs["entrypoints"]
+    items = prom.inputs["uploads"]
+    items = items["value"] if isinstance(items, dict) else items
+    cfg = yaml.safe_load(next(u["content"] for u in items if u["file"].endswith("/prometheus.yml")))
+    jobs = {j["job_name"]: [t for c in j["static_configs"] for t in c["targets"]] for j in cfg["scrape_configs"]}
+    assert jobs["vllm"] == ["192.168.1.10:8888"], "vLLM at the endpoint's address"
+    assert jobs["dsv41"] == ["192.168.100.1:18392", "192.168.100.2:18392"], "the exporters at the fabric IPs"
+    assert jobs["node"] == ["192.168.100.1:18393", "192.168.100.2:18393"]
+
+
+def test_the_head_agent_listens_on_its_fabric_and_resolved_addresses_the_workers_on_the_fabric(
+    named: recording.Recorded,
+) -> None:
+    head, worker = agent_config(named, "spark-0"), agent_config(named, "spark-1")
+    assert head["listen_hosts"] == ["192.168.100.1", "192.168.1.10"], "no longer 0.0.0.0"
+    assert worker["listen_hosts"] == ["192.168.100.2"]
+    assert head["endpoint"] == "http://192.168.1.10:8888/v1"
+
+
+def test_every_url_the_operators_machine_uses_is_the_resolved_address(named: recording.Recorded) -> None:
+    out = named.outputs
+    assert out["endpoint"] == "http://192.168.1.10:8888/v1"
+    assert out["prometheusUrl"] == "http://192.168.1.10:18390"
+    assert out["supervisor"]["url"] == "http://192.168.1.10:18391"
+    assert named.named("verify").inputs["endpoint"] == "http://192.168.1.10:8888/v1"
+    assert named.named("ready").inputs["api_base"] == "http://192.168.1.10:8888"
+    live = named.named("live-ranks")
+    assert live.inputs["endpoint"] == "http://192.168.1.10:8888/v1"
+    assert live.inputs["supervisor_url"] == "http://192.168.1.10:18391"
+
+
+def test_ssh_keeps_the_name(named: recording.Recorded) -> None:
+    """ssh resolves it on the operator's machine, as the program did: the providers and gates dial the name."""
+    providers = named.of_type("pulumi:providers:docker")
+    assert {p.inputs["host"] for p in providers} == {"ssh://me@spark-0.local:22", "ssh://me@spark-1.local:22"}
+
+
+def test_literal_addresses_render_as_before() -> None:
+    """A stack that gave IP literals keeps every output as it was; the simulated cluster's head (host =
+    fabricIp) listens on that one address."""
+    rec = recording.run(lambda: deploy(parse(config(2)), "dev"), FIXTURES)
+    assert rec.outputs["endpoint"] == "http://10.0.0.1:8888/v1"
+    assert rec.outputs["prometheusUrl"] == "http://10.0.0.1:18390"
+    assert rec.outputs["supervisor"]["url"] == "http://10.0.0.1:18391"
+    assert agent_config(rec, "spark-0")["listen_hosts"] == ["192.168.100.1", "10.0.0.1"]
+    raw = config(2)
+    for n in raw["nodes"]:
+        n["host"] = n["fabricIp"]
+    sim = recording.run(lambda: deploy(parse(raw), "dev"), FIXTURES)
+    assert agent_config(sim, "spark-0")["listen_hosts"] == ["192.168.100.1"]
+    assert sim.outputs["endpoint"] == "http://192.168.100.1:8888/v1"
+
+
+def test_a_refused_address_stops_the_program_before_any_resource() -> None:
+    raw = config(2)
+    raw["nodes"][0]["host"] = "spark-0"
+    loaded = parse(raw)
+    registered: list[recording.Registration] = []
+    with pytest.raises(pulumi.RunError) as err:
+        recording.run(
+            lambda: deploy(loaded, "dev", resolver=fake({"spark-0": ["127.0.1.1"]})), FIXTURES, into=registered
+        )
+    assert registered == [], "refused before any resource (and any SSH dial)"
+    assert '`nodes[0].host` = "spark-0" resolves only to loopback' in str(err.value)
+
+
+def test_unit_tests_resolve_no_names_by_default() -> None:
+    raw = config(2)
+    raw["nodes"][1]["host"] = "spark-1"
+    with pytest.raises(pulumi.RunError, match="unit tests resolve no names"):
+        recording.run(lambda: deploy(parse(raw), "dev"), FIXTURES)
+
+
+def test_the_observability_spec_renders_an_ipv6_head_in_brackets() -> None:
+    s = parse(config(2)).settings
+    assert obs_spec.listen_address(s, "fd7a::1") == "[fd7a::1]:18390"
+    assert obs_spec.prometheus_url(s, "fd7a::1") == "http://[fd7a::1]:18390"
+    assert obs_spec.targets(s, "fd7a::1")[0].address == "[fd7a::1]:8888"
