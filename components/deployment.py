@@ -35,7 +35,7 @@ from components.image.image_check import checked_image_ids
 from components.image.node_image import NodeImage, NodeImageArgs
 from components.observability.observability import Observability, ObservabilityArgs, ObservedNode
 from components.preflight.preflight import Preflight, PreflightArgs, PreflightCheck
-from components.preflight.spec import PreflightSpec, container_shape
+from components.preflight.spec import OwnAddress, PreflightSpec, container_shape
 from components.rollback.history import rollback_command
 from components.serving import spec as serve_spec
 from components.serving.api_key import with_endpoint_key
@@ -169,6 +169,7 @@ def _wire(
     )
 
     def preflight_args(n: Node, stop_after: Sequence[pulumi.Resource]) -> PreflightArgs:
+        own = addresses.of(n.name)
         return PreflightArgs(
             spec=PreflightSpec(
                 node_name=n.name,
@@ -185,6 +186,8 @@ def _wire(
                 stack_label=stack,
                 generation=generation,
                 container_shape=container_shape(s.container.ipc_mode, s.container.memlock_bytes),
+                # The head's listeners bind its address: it must be one of the head's own. A worker's is SSH's only.
+                own_address=OwnAddress(key=own.key, host=own.host, address=own.address) if n is s.head else None,
             ),
             connection=access[n.name].connection,
             # Re-run exactly when this node's container will be created or replaced.
