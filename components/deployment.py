@@ -15,6 +15,8 @@ from typing import Any
 import pulumi
 
 from components import capacity, host_keys, labels
+from components.access import addresses as node_addresses
+from components.access.addresses import AddressError, Addresses, Resolver, http_url
 from components.access.node_access import NodeAccess, NodeAccessArgs
 from components.access.stack_keys import StackKeys, StackKeysArgs
 from components.config import Loaded, Node, Settings
@@ -33,7 +35,7 @@ from components.image.image_check import checked_image_ids
 from components.image.node_image import NodeImage, NodeImageArgs
 from components.observability.observability import Observability, ObservabilityArgs, ObservedNode
 from components.preflight.preflight import Preflight, PreflightArgs, PreflightCheck
-from components.preflight.spec import PreflightSpec, container_shape
+from components.preflight.spec import OwnAddress, PreflightSpec, container_shape
 from components.rollback.history import rollback_command
 from components.serving import spec as serve_spec
 from components.serving.api_key import with_endpoint_key
@@ -64,19 +66,29 @@ class Deployment(pulumi.ComponentResource):
     outputs: dict[str, Any]
     """The stack outputs (endpoint, model, containers, generation, verification)."""
 
-    def __init__(self, name: str, loaded: Loaded, stack: str, opts: pulumi.ResourceOptions | None = None) -> None:
-        # Host keys first: a refused key ends the run before anything, this component included, registers.
+    def __init__(
+        self,
+        name: str,
+        loaded: Loaded,
+        stack: str,
+        opts: pulumi.ResourceOptions | None = None,
+        *,
+        resolver: Resolver | None = None,
+    ) -> None:
+        # The nodes' addresses, then their host keys: a refusal ends the run before anything, this component
+        # included, registers. `resolver`: the operator's getaddrinfo unless a test gives its own.
+        addresses = resolve_nodes(loaded.settings, resolver)
         pins, keys_dir = pin_nodes(loaded.settings, stack)
         # Never open by default: an unset `serve.apiKey` becomes the stack's generated key.
         loaded = loaded.model_copy(update={"settings": with_endpoint_key(loaded.settings, stack, keys_dir)})
         super().__init__("dsv41-exl3:index:Deployment", name, None, opts)
-        self.outputs = _wire(loaded, stack, pins=pins, keys_dir=keys_dir, root=self)
+        self.outputs = _wire(loaded, stack, addresses=addresses, pins=pins, keys_dir=keys_dir, root=self)
         self.register_outputs(self.outputs)
 
 
-def deploy(loaded: Loaded, stack: str) -> dict[str, Any]:
+def deploy(loaded: Loaded, stack: str, *, resolver: Resolver | None = None) -> dict[str, Any]:
     """Build every layer under one Deployment; return the stack outputs."""
-    return Deployment("deployment", loaded, stack).outputs
+    return Deployment("deployment", loaded, stack, resolver=resolver).outputs
 
 
 def under(root: pulumi.Resource, opts: pulumi.ResourceOptions | None = None) -> pulumi.ResourceOptions:
@@ -88,17 +100,24 @@ def under(root: pulumi.Resource, opts: pulumi.ResourceOptions | None = None) -> 
 
 
 def _wire(
-    loaded: Loaded, stack: str, *, pins: Mapping[str, host_keys.Pin], keys_dir: str, root: pulumi.Resource
+    loaded: Loaded,
+    stack: str,
+    *,
+    addresses: Addresses,
+    pins: Mapping[str, host_keys.Pin],
+    keys_dir: str,
+    root: pulumi.Resource,
 ) -> dict[str, Any]:
     """Build every layer under `root`; return the stack outputs."""
     s = loaded.settings
+    head_address = addresses.head.address
     for warning in loaded.warnings:
         pulumi.log.warn(warning)
     if s.supervisor.enabled:
         token = supervisor_token(s, stack, keys_dir)
         # The supervisor (once it exists) leaves every rank to this update until the program ends.
         lock = UpdateLock(
-            leader_url(s),
+            leader_url(s, head_address),
             token,
             holder_name(stack, pulumi.runtime.is_dry_run()),
             log=pulumi.log.warn,
@@ -150,6 +169,7 @@ def _wire(
     )
 
     def preflight_args(n: Node, stop_after: Sequence[pulumi.Resource]) -> PreflightArgs:
+        own = addresses.of(n.name)
         return PreflightArgs(
             spec=PreflightSpec(
                 node_name=n.name,
@@ -167,6 +187,8 @@ def _wire(
                 stack_label=stack,
                 generation=generation,
                 container_shape=container_shape(s.container.ipc_mode, s.container.memlock_bytes),
+                # The head's listeners bind its address: it must be one of the head's own. A worker's is SSH's only.
+                own_address=OwnAddress(key=own.key, host=own.host, address=own.address) if n is s.head else None,
             ),
             connection=access[n.name].connection,
             # Re-run exactly when this node's container will be created or replaced.
@@ -241,11 +263,11 @@ def _wire(
             ssh_private_key=_private_key(s),
             ssh_agent_socket=s.ssh.agent_socket,
             ssh_known_hosts_file=s.ssh.known_hosts_file,
-            endpoint=endpoint_of(s),
+            endpoint=endpoint_of(s, head_address),
             model=s.serve.served_model_name,
             api_key=_api_key(s),
             # The supervisor's fresh healthy probe stands in for the preview's own (LiveRanks' docstring).
-            supervisor_url=leader_url(s) if s.supervisor.enabled else None,
+            supervisor_url=leader_url(s, head_address) if s.supervisor.enabled else None,
             supervisor_token=pulumi.Output.secret(token) if s.supervisor.enabled else None,
             supervisor_probe_s=float(s.supervisor.probe_seconds) if s.supervisor.enabled else None,
         ),
@@ -319,9 +341,10 @@ def _wire(
         after=list(serving.containers.values()),
         root=root,
         stack=stack,
+        head_address=head_address,
     )
     outputs: dict[str, Any] = {
-        "endpoint": endpoint_of(s),
+        "endpoint": endpoint_of(s, head_address),
         "model": s.serve.served_model_name,
         "containers": serving.container_names,
         "clusterGeneration": serving.generation,
@@ -349,7 +372,8 @@ def _wire(
                 stack=stack,
                 stack_prefix=prefix,
                 token=token,
-                endpoint=endpoint_of(s),
+                endpoint=endpoint_of(s, head_address),
+                head_address=head_address,
                 generation=serving.generation,
                 nodes=[
                     SupervisorNode(
@@ -387,6 +411,7 @@ def _wire(
                         )
                         for i, n in enumerate(s.nodes)
                     ],
+                    head_address=head_address,
                     after=list(supervisor.containers.values()),
                 ),
                 opts=under(root),
@@ -410,6 +435,15 @@ def engine_alive() -> bool:
         code = getattr(error, "code", None)
         return not (callable(code) and getattr(code(), "name", "") == "UNAVAILABLE")
     return True
+
+
+def resolve_nodes(s: Settings, resolver: Resolver | None = None) -> Addresses:
+    """Every node's address, resolved on this machine once per run (components/access/addresses.py); a name
+    that does not resolve or resolves only to loopback ends the run with every such key, value and fix."""
+    try:
+        return node_addresses.resolve(s.nodes, resolver)
+    except AddressError as err:
+        raise pulumi.RunError(str(err)) from None
 
 
 def pin_nodes(s: Settings, stack: str) -> tuple[dict[str, host_keys.Pin], str]:
@@ -460,9 +494,10 @@ def _api_key(s: Settings) -> pulumi.Output[str] | None:
     return pulumi.Output.secret(s.serve.api_key.get_secret_value()) if s.serve.api_key else None
 
 
-def endpoint_of(s: Settings) -> str:
-    """The OpenAI base URL the operator reaches: the head's SSH address and the API port."""
-    return f"http://{s.head.host}:{s.serve.port}/v1"
+def endpoint_of(s: Settings, head_address: str) -> str:
+    """The OpenAI base URL the operator reaches: the head's address (`nodes[0].host` as this machine resolved
+    it) and the API port."""
+    return http_url(head_address, s.serve.port, "/v1")
 
 
 def verify_after(
@@ -473,13 +508,14 @@ def verify_after(
     after: Sequence[pulumi.Resource],
     root: pulumi.Resource,
     stack: str,
+    head_address: str,
 ) -> Verifier:
     """The rendezvous gate after every container, the ready gate after it, the verifier last.
 
     All three re-run exactly when `container_ids` changes.
     """
     api_key = _api_key(s)
-    endpoint = endpoint_of(s)
+    endpoint = endpoint_of(s, head_address)
     api_base = endpoint.removesuffix("/v1")
     ranks = gate_ranks(s, container_names)
     private_key = _private_key(s)

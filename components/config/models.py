@@ -85,7 +85,12 @@ class Node(_Model):
     """One Spark. The first entry of `nodes` is the head (rank 0)."""
 
     name: str = setting(meaning="lowercase name; names resources and containers")
-    host: str = setting(meaning="SSH address the operator reaches; the head's is also the endpoint host")
+    host: str = setting(
+        meaning="SSH address the operator reaches: an IP address, or a name this machine resolves (refused when it "
+        "does not resolve or resolves only to loopback). The head's address is what the endpoint, `prometheusUrl` "
+        "and the supervisor's URL point at and where Prometheus and the head's agent listen; the head's preflight "
+        "checks that it is the head's own (see [Addresses](#addresses))"
+    )
     port: int = setting(22, "SSH port", ge=1, le=65535, kind="int")
     user: str = setting(meaning="SSH user (must be able to use docker)")
     fabric_ip: str = setting(
@@ -553,11 +558,12 @@ class Supervisor(_Model):
         True,
         "the [supervisor](docs/checks.md#between-updates-the-supervisor) heals a dead group between updates",
     )
-    # Each node's agent listens here on its fabric address (token-protected); not serve.port or masterPort.
+    # Each node's agent listens here on its fabric address, the head's also on its address (token-protected); not
+    # serve.port or masterPort.
     port: int = setting(
         18391,
-        "each node's agent API on its `fabricIp` (the head's on every address), bearer token; not `serve.port` "
-        "or `serve.masterPort`",
+        "each node's agent API on its `fabricIp` (the head's also on the head's address), bearer token; not "
+        "`serve.port` or `serve.masterPort`",
         ge=1024,
         le=65535,
         kind="int",
@@ -620,7 +626,7 @@ class Observability(_Model):
         "prom/node-exporter:v1.5.0",
         "the node exporter's image, pulled on every node; empty: no node exporter",
     )
-    port: int = setting(18390, "Prometheus' port on the head's SSH address (`prometheusUrl`)", ge=1024, le=65535)
+    port: int = setting(18390, "Prometheus' port on the head's address (`prometheusUrl`)", ge=1024, le=65535)
     exporter_port: int = setting(
         18392, "the program's exporter on each node's `fabricIp`, scraped by the head", ge=1024, le=65535
     )

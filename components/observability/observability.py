@@ -4,7 +4,8 @@ Per node: the exporter (a container of the serving image running exporter.py, re
 supervisor's agent, reading its node's agent with the supervisor's token and the stack's watchdog log) and,
 with `observability.nodeExporterImage`, a node exporter. On the head: Prometheus with its config and the
 committed rules uploaded into the container, memory bounded, its data in a volume that `destroy` removes unless
-`observability.keepData`. Every container uses host networking and listens on the node's own addresses.
+`observability.keepData`. Every container uses host networking and listens on an address of its node the program
+decided (spec.py).
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ class ObservabilityArgs:
     generation: pulumi.Input[str]
     api_key: pulumi.Output[str] | None
     nodes: Sequence[ObservedNode]
+    head_address: str
+    """The head's address (components/access/addresses.py): Prometheus listens there and scrapes vLLM there."""
     after: Sequence[pulumi.Resource]
     """The supervisor: the exporters read its agents."""
 
@@ -174,7 +177,7 @@ class Observability(pulumi.ComponentResource):
         uploads = [
             docker.ContainerUploadArgs(
                 file=f"{spec.CONFIG_DIR}/prometheus.yml",
-                content=spec.prometheus_config(s, args.stack, api_key_file=key_file),
+                content=spec.prometheus_config(s, args.stack, head_address=args.head_address, api_key_file=key_file),
             ),
             docker.ContainerUploadArgs(file=f"{spec.CONFIG_DIR}/rules.yml", content=RULES.read_text()),
         ]
@@ -184,7 +187,7 @@ class Observability(pulumi.ComponentResource):
             f"{name}-prometheus",
             name=f"{prefix}-prometheus",
             image=prom_image.image_id,
-            entrypoints=spec.prometheus_args(s),
+            entrypoints=spec.prometheus_args(s, args.head_address),
             envs=spec.prometheus_env(s),
             network_mode="host",
             restart="unless-stopped",
@@ -202,7 +205,7 @@ class Observability(pulumi.ComponentResource):
                 delete_before_replace=True,
             ),
         )
-        self.prometheus_url = spec.prometheus_url(s)
+        self.prometheus_url = spec.prometheus_url(s, args.head_address)
         self.register_outputs({"prometheusUrl": self.prometheus_url})
 
 

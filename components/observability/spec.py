@@ -1,8 +1,10 @@
 """What the observability layer runs, as plain values: Prometheus' config and flags, the exporter's config.
 
-Pure logic, no resources (observability.py makes them). Every address is a node's: Prometheus runs on the
-head with host networking and scrapes vLLM at the endpoint's address, each node's exporter and node exporter
-at the node's fabric address.
+Pure logic, no resources (observability.py makes them). Every address is an IP the program decided, never a name
+left for a container to resolve: Prometheus runs on the head with host networking, listens on the head's address
+(`nodes[0].host` as the operator's machine resolved it, checked on the head by its preflight:
+components/access/addresses.py) and scrapes vLLM at that address too (the endpoint's), each node's exporter and
+node exporter at the node's fabric address.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 import yaml
 
 from components import capacity
+from components.access.addresses import host_port, http_url
 from components.config import Settings
 
 CONFIG_DIR = "/etc/dsv41-prometheus"
@@ -40,22 +43,22 @@ class Target:
     node: str
 
 
-def targets(s: Settings) -> list[Target]:
+def targets(s: Settings, head_address: str) -> list[Target]:
     """Every scrape target: vLLM on the head, then per node the exporter and (with an image) the node exporter."""
     o = s.observability
-    out = [Target(job="vllm", address=f"{s.head.host}:{s.serve.port}", node=s.head.name)]
-    out += [Target(job="dsv41", address=f"{n.fabric_ip}:{o.exporter_port}", node=n.name) for n in s.nodes]
+    out = [Target(job="vllm", address=host_port(head_address, s.serve.port), node=s.head.name)]
+    out += [Target(job="dsv41", address=host_port(n.fabric_ip, o.exporter_port), node=n.name) for n in s.nodes]
     if o.node_exporter_image:
-        out += [Target(job="node", address=f"{n.fabric_ip}:{o.node_exporter_port}", node=n.name) for n in s.nodes]
+        out += [Target(job="node", address=host_port(n.fabric_ip, o.node_exporter_port), node=n.name) for n in s.nodes]
     return out
 
 
-def prometheus_config(s: Settings, stack: str, *, api_key_file: str | None) -> str:
+def prometheus_config(s: Settings, stack: str, *, head_address: str, api_key_file: str | None) -> str:
     """prometheus.yml: the scrape jobs, each target labelled with its node, and the committed rules."""
     o = s.observability
     interval = f"{o.scrape_seconds}s"
     jobs: dict[str, list[Target]] = {}
-    for t in targets(s):
+    for t in targets(s, head_address):
         jobs.setdefault(t.job, []).append(t)
     scrape: list[dict[str, Any]] = []
     for job, ts in jobs.items():
@@ -80,16 +83,16 @@ def prometheus_config(s: Settings, stack: str, *, api_key_file: str | None) -> s
     return yaml.safe_dump(data, sort_keys=False)
 
 
-def listen_address(s: Settings) -> str:
-    """Prometheus' listen address: the head's SSH address, where the operator reaches it (`prometheusUrl`)."""
-    return f"{s.head.host}:{s.observability.port}"
+def listen_address(s: Settings, head_address: str) -> str:
+    """Prometheus' listen address: the head's address, where the operator reaches it (`prometheusUrl`)."""
+    return host_port(head_address, s.observability.port)
 
 
-def prometheus_url(s: Settings) -> str:
-    return f"http://{listen_address(s)}"
+def prometheus_url(s: Settings, head_address: str) -> str:
+    return http_url(head_address, s.observability.port)
 
 
-def prometheus_args(s: Settings) -> list[str]:
+def prometheus_args(s: Settings, head_address: str) -> list[str]:
     o = s.observability
     return [
         "prometheus",
@@ -97,7 +100,7 @@ def prometheus_args(s: Settings) -> list[str]:
         f"--storage.tsdb.path={DATA_DIR}",
         f"--storage.tsdb.retention.time={o.retention_hours}h",
         f"--storage.tsdb.retention.size={o.retention_mib}MB",
-        f"--web.listen-address={listen_address(s)}",
+        f"--web.listen-address={listen_address(s, head_address)}",
     ]
 
 
@@ -109,7 +112,7 @@ def prometheus_env(s: Settings) -> list[str]:
 def node_exporter_args(s: Settings, fabric_ip: str) -> list[str]:
     return [
         "node_exporter",
-        f"--web.listen-address={fabric_ip}:{s.observability.node_exporter_port}",
+        f"--web.listen-address={host_port(fabric_ip, s.observability.node_exporter_port)}",
         "--collector.disable-defaults",
         *(f"--collector.{c}" for c in NODE_COLLECTORS),
     ]

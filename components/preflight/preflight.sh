@@ -21,6 +21,10 @@
 #   CHECK_RDMA        1: check /dev/infiniband and the RoCE GID index; 0: skip
 #   FABRIC_IF         the fabric interface, whose statistics the stall rule reads (empty: not checked)
 #   CHECK_EXPORT      1: every directory on the path to WEIGHTS_ROOT must be o+x (NFS share); 0: skip
+#   ADDRESS           the head: the IP address its listeners bind (ADDRESS_HOST resolved on the operator's
+#                     machine), which must be one of this node's own; "" on the workers: not checked
+#   ADDRESS_KEY       the config key ADDRESS comes from (nodes[0].host), named by a refusal
+#   ADDRESS_HOST      that key's value: a name, or ADDRESS itself
 #   HCAS              the configured HCAs, space-separated (only named in the findings)
 #   STOP_TIMEOUT_S    docker stop -t seconds
 #   MEM_SETTLE_S      seconds to wait after a stop for MemAvailable to come back
@@ -60,6 +64,28 @@ else
   DOCKER_OK=0
   refuse "docker is not reachable ($(last_line "$out")); fix: start the daemon (sudo systemctl start docker)\
  and let user $(id -un) use it (docker group), then re-run"
+fi
+
+if [ -n "$ADDRESS" ]; then
+  step "$ADDRESS_KEY: $ADDRESS is an address of this node"
+  # `local` when the kernel delivers to this node itself (127.0.0.3 too: all of 127.0.0.0/8 is lo's, which is how
+  # the simulated cluster's nodes share one machine).
+  given="$ADDRESS_HOST"
+  [ "$ADDRESS_HOST" = "$ADDRESS" ] || given="$ADDRESS_HOST (resolved on the operator's machine to $ADDRESS)"
+  if ! command -v ip >/dev/null 2>&1; then
+    note "$ADDRESS_KEY: not checked as an address of $NODE (no ip command)"
+  elif route=$(ip route get "$ADDRESS" 2>&1); then
+    case "$route" in
+      "local "*) note "$ADDRESS_KEY: $ADDRESS is an address of $NODE" ;;
+      *) refuse "$ADDRESS_KEY = $given is not an address of $NODE (ip route get: $(printf '%s\n' "$route" | awk 'NR == 1')):\
+ Prometheus, the supervisor's API and the endpoint listen on it, and a listener cannot bind another machine's\
+ address; fix: set $ADDRESS_KEY to $NODE's own LAN or Tailscale address (hostname -I on $NODE lists them), or to a\
+ name that resolves to one of them on the operator's machine" ;;
+    esac
+  else
+    refuse "$ADDRESS_KEY = $given: ip route get $ADDRESS failed on $NODE ($(last_line "$route")); fix: set\
+ $ADDRESS_KEY to $NODE's own LAN or Tailscale address (hostname -I on $NODE lists them)"
+  fi
 fi
 
 if command -v systemctl >/dev/null 2>&1; then

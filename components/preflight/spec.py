@@ -7,6 +7,9 @@ parses the one JSON line the script prints on success.
 
 What the script does, in order (all problems are reported together, not the first only):
 1. docker reachable;
+   head only: the head's address (`nodes[0].host` as the operator's machine resolved it,
+   components/access/addresses.py) is one of the node's own (`ip route get` says `local`): Prometheus, the
+   supervisor's second listener and the endpoint's clients use it, and a listener cannot bind another machine's;
 2. no enabled user systemd unit that starts vllm, sglang or ray (recipe gotcha 4);
 3. no container of anyone else holding the GPU or /dev/infiniband;
 4. head only: free disk at the weights root plus what is already staged there;
@@ -30,6 +33,7 @@ defaults are the real ones and the Pulumi args never carry them.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 import os.path
@@ -70,6 +74,18 @@ _CHECKS_BUDGET_S = 30
 
 
 @dataclass(frozen=True, kw_only=True)
+class OwnAddress:
+    """An address the program binds listeners to on this node, to be checked as the node's own."""
+
+    key: str
+    """The config key it comes from, e.g. `nodes[0].host`: what a refusal names."""
+    host: str
+    """The key's value (a name, or the address itself)."""
+    address: str
+    """The IP address the program renders (`host` resolved on the operator's machine)."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class PreflightSpec:
     """Everything the script needs, as plain values (no secrets: the script text is visible)."""
 
@@ -93,6 +109,8 @@ class PreflightSpec:
     """container_shape() of this update: an own container on the generation but of another shape is stopped."""
     check_export_path: bool
     """Head with the NFS share: every directory on the weights root's path must be o+x."""
+    own_address: OwnAddress | None
+    """The head: the address its listeners bind, which must be local to it; None on the workers."""
     fabric_interface: str = ""
     """The node's fabric interface: its rx bytes are one of the stall rule's signals, so it must have them; empty:
     not checked."""
@@ -162,6 +180,14 @@ class PreflightSpec:
                 f"min_free_disk_gib {self.min_free_disk_gib!r} must be a non-negative number of GiB",
             )
         check(bool(self.stack_label), "stack_label is empty; it must match the label on this stack's containers")
+        if self.own_address is not None:
+            try:
+                ipaddress.ip_address(self.own_address.address)
+            except ValueError:
+                errors.append(
+                    f"own_address {self.own_address.address!r} ({self.own_address.key}) must be an IP address: "
+                    "resolve the name first (components/access/addresses.py)"
+                )
         for name in ("stop_timeout_s", "mem_settle_s", "docker_timeout_s"):
             value = getattr(self, name)
             check(isinstance(value, int) and value > 0, f"{name} {value!r} must be a positive integer of seconds")
@@ -194,6 +220,9 @@ def render_script(spec: PreflightSpec) -> str:
             "MIN_DISK": f"{spec.min_free_disk_gib:g}" if spec.min_free_disk_gib is not None else "",
             "CHECK_RDMA": "1" if spec.check_rdma else "0",
             "CHECK_EXPORT": "1" if spec.check_export_path else "0",
+            "ADDRESS": spec.own_address.address if spec.own_address else "",
+            "ADDRESS_KEY": spec.own_address.key if spec.own_address else "",
+            "ADDRESS_HOST": spec.own_address.host if spec.own_address else "",
             "HCAS": " ".join(spec.ib_hcas),
             "FABRIC_IF": spec.fabric_interface,
             "STOP_TIMEOUT_S": spec.stop_timeout_s,

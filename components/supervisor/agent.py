@@ -2,7 +2,8 @@
 its own crash and at boot). Stdlib plus `requests` (every vLLM image has it), and the verifier's own modules.
 
 Every node's agent owns its node's rank container through the node's docker socket and answers, on
-`supervisor.port` of the node's fabric address, with a bearer token:
+`supervisor.port` of the node's fabric address (the head's also on the head's address, where the operator's
+machine reaches it), with a bearer token:
 
     GET  /rank           the rank container's state and the node's MemAvailable
     GET  /rank/logs?since=<unix>   its log lines since then (docker's, timestamped)
@@ -636,11 +637,14 @@ class MemoryGuard:
 MAX_CONNECTIONS_PER_CLIENT = 8
 MAX_CONNECTIONS = 48
 READ_TIMEOUT_S = 10.0
+# Linux's IP_FREEBIND (the socket module names it from Python 3.12 on): bind an address the node does not hold yet.
+IP_FREEBIND = int(getattr(socket, "IP_FREEBIND", 15))
 
 
 class AgentServer(ThreadingHTTPServer):
     """The agent's API server: connections counted per client address and in all at accept time, refused (503,
-    nothing read) beyond either bound, so one client cannot starve the others."""
+    nothing read) beyond either bound, so one client cannot starve the others. A second listener of the same
+    agent (`sharing`) counts into the first's bounds."""
 
     daemon_threads = True
     request_queue_size = 64
@@ -652,11 +656,23 @@ class AgentServer(ThreadingHTTPServer):
         *,
         per_client: int = MAX_CONNECTIONS_PER_CLIENT,
         total: int = MAX_CONNECTIONS,
+        sharing: AgentServer | None = None,
+        freebind: bool = False,
     ) -> None:
-        self.per_client, self.total = per_client, total
-        self.open: dict[str, int] = {}
-        self.counting = threading.Lock()
+        self.per_client: int = sharing.per_client if sharing else per_client
+        self.total: int = sharing.total if sharing else total
+        self.open: dict[str, int] = sharing.open if sharing else {}
+        self.counting: threading.Lock = sharing.counting if sharing else threading.Lock()
+        self.freebind = freebind
+        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         super().__init__(address, handler)
+
+    def server_bind(self) -> None:
+        if self.freebind:
+            # Best effort: without it a missing address fails the bind, and docker restarts the agent.
+            with contextlib.suppress(OSError):
+                self.socket.setsockopt(socket.SOL_IP, IP_FREEBIND, 1)
+        super().server_bind()
 
     def verify_request(self, request: Any, client_address: Any) -> bool:
         client = str(client_address[0])
@@ -693,6 +709,16 @@ class AgentServer(ThreadingHTTPServer):
             super().process_request_thread(request, client_address)
         finally:
             self._done(client_address)
+
+
+def listen(hosts: list[str], port: int, handler: type[BaseHTTPRequestHandler]) -> list[AgentServer]:
+    """One server per address, all counting into the first's bounds. The first (the fabric address) is bound as
+    it must be: a failure ends the agent and docker restarts it. The others (the head's address as the operator's
+    machine resolved it) may come up after docker starts this container at boot (DHCP, Tailscale): bound with
+    IP_FREEBIND they answer once the address is there, and meanwhile the leader heals over the fabric instead
+    of restarting until the LAN is up. The head's preflight checked that the address is the head's own."""
+    first = AgentServer((hosts[0], port), handler)
+    return [first, *(AgentServer((h, port), handler, sharing=first, freebind=True) for h in hosts[1:])]
 
 
 def make_handler(cfg: dict[str, Any], docker: Docker, token: str, leader: Leader | None) -> type:
@@ -830,8 +856,12 @@ def main(argv: list[str]) -> int:
         state_dir = Path(cfg["state_dir"])
         state_dir.mkdir(parents=True, exist_ok=True)
         leader = Leader(cfg, docker, token, Store(state_dir / "supervisor-state.json"))
-    server = AgentServer((cfg["listen_host"], cfg["listen_port"]), make_handler(cfg, docker, token, leader))
-    log(f"{cfg['role']} for {cfg['container']} on {cfg['node']}, API on {cfg['listen_host']}:{cfg['listen_port']}")
+    hosts = list(cfg["listen_hosts"])
+    server, *more = listen(hosts, int(cfg["listen_port"]), make_handler(cfg, docker, token, leader))
+    for host, extra in zip(hosts[1:], more, strict=True):
+        threading.Thread(target=extra.serve_forever, name=f"api-{host}", daemon=True).start()
+    listening = ", ".join(f"{h}:{cfg['listen_port']}" for h in hosts)
+    log(f"{cfg['role']} for {cfg['container']} on {cfg['node']}, API on {listening}")
     if leader is not None:
         threading.Thread(target=leader.run, name="leader", daemon=True).start()
     if guard := cfg.get("memory_guard"):

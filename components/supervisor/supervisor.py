@@ -29,6 +29,7 @@ import pulumi_docker as docker
 from pulumi_command import remote
 
 from components import labels, scripts
+from components.access.addresses import http_url
 from components.config import Settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -79,16 +80,26 @@ def supervisor_token(s: Settings, stack: str, keys_dir: str) -> str:
 
 
 def agent_url(s: Settings, node_index: int) -> str:
-    return f"http://{s.nodes[node_index].fabric_ip}:{s.supervisor.port}"
+    return http_url(s.nodes[node_index].fabric_ip, s.supervisor.port)
 
 
-def leader_url(s: Settings) -> str:
-    """Where the operator's machine (the CLI, the update lock) reaches the leading agent: the head's SSH
-    address, as the endpoint."""
-    return f"http://{s.head.host}:{s.supervisor.port}"
+def leader_url(s: Settings, head_address: str) -> str:
+    """Where the operator's machine (the CLI, the update lock) reaches the leading agent: the head's address
+    (components/access/addresses.py), as the endpoint."""
+    return http_url(head_address, s.supervisor.port)
 
 
-def agent_config(s: Settings, stack: str, node_index: int, *, endpoint: str, generation: str) -> dict[str, Any]:
+def listen_hosts(s: Settings, node_index: int, head_address: str) -> list[str]:
+    """Where a node's agent listens: its fabric address (the leader and the exporters reach it there) and, on the
+    head, also the head's address, where the operator's machine reaches it. Never every address: the API
+    stops and starts ranks (token or not, a port on a docker bridge or a public interface is not needed)."""
+    fabric = s.nodes[node_index].fabric_ip
+    return list(dict.fromkeys([fabric, head_address])) if node_index == 0 else [fabric]
+
+
+def agent_config(
+    s: Settings, stack: str, node_index: int, *, endpoint: str, generation: str, head_address: str
+) -> dict[str, Any]:
     """The agent's config file (no secret: the token is a file of its own, the API key is read from the head
     container's env)."""
     node = s.nodes[node_index]
@@ -96,8 +107,8 @@ def agent_config(s: Settings, stack: str, node_index: int, *, endpoint: str, gen
         "stack": stack,
         "node": node.name,
         "role": "leader" if node_index == 0 else "worker",
-        # The head's agent also answers the operator's machine, which reaches the head at its SSH address.
-        "listen_host": "0.0.0.0" if node_index == 0 and node.host != node.fabric_ip else node.fabric_ip,
+        # The first is bound as it must be; the head's second with IP_FREEBIND (agent.py says why).
+        "listen_hosts": listen_hosts(s, node_index, head_address),
         "listen_port": s.supervisor.port,
         "token_file": f"{CODE_MOUNT}/token",
         "state_dir": STATE_MOUNT,
@@ -203,6 +214,8 @@ class SupervisorArgs:
     stack_prefix: str
     token: str
     endpoint: str
+    head_address: str
+    """The head's address (components/access/addresses.py): the operator's URL and the head agent's listener."""
     generation: pulumi.Input[str]
     """The ranks' generation label this update deploys; the agents are installed only once the verifier passed it."""
     nodes: Sequence[SupervisorNode]
@@ -221,7 +234,7 @@ class Supervisor(pulumi.ComponentResource):
         self.containers = {}
         for node in args.nodes:
             built = pulumi.Output.from_input(args.generation).apply(
-                functools.partial(_payload_for, s, args.stack, node.index, args.endpoint, args.token)
+                functools.partial(_payload_for, s, args.stack, node.index, args.endpoint, args.head_address, args.token)
             )
             files: pulumi.Output[str] = built.apply(lambda b: b[0])
             code_hash: pulumi.Output[str] = built.apply(lambda b: b[1])
@@ -269,12 +282,15 @@ class Supervisor(pulumi.ComponentResource):
                     parent=self, provider=node.docker_provider, depends_on=[install], delete_before_replace=True
                 ),
             )
-        self.url = leader_url(s)
+        self.url = leader_url(s, args.head_address)
         self.register_outputs({"url": self.url})
 
 
-def _payload_for(s: Settings, stack: str, index: int, endpoint: str, token: str, generation: str) -> tuple[str, str]:
-    return payload(agent_config(s, stack, index, endpoint=endpoint, generation=generation), token)
+def _payload_for(
+    s: Settings, stack: str, index: int, endpoint: str, head_address: str, token: str, generation: str
+) -> tuple[str, str]:
+    cfg = agent_config(s, stack, index, endpoint=endpoint, generation=generation, head_address=head_address)
+    return payload(cfg, token)
 
 
 def _install_with_image(prefix: str, node: str, notify: str, image: str) -> str:

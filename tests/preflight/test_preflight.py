@@ -27,6 +27,7 @@ from components.preflight.preflight import Preflight, PreflightArgs
 from components.preflight.spec import (
     INSPECT_FORMAT,
     SHAPE_FORMAT,
+    OwnAddress,
     PreflightSpec,
     format_report,
     parse_output,
@@ -119,6 +120,13 @@ if [ -n "${FAKE_SYSTEMCTL_FAIL:-}" ]; then echo "Failed to connect to bus: No me
 cat "$FAKE_UNITS"
 """
 
+# `ip route get ADDR` as iproute2 prints it: the route the node's kernel would take to ADDR.
+FAKE_IP = """#!/bin/sh
+echo "$*" >> "$FAKE_IP_LOG"
+if [ -n "${FAKE_IP_FAIL:-}" ]; then echo "$FAKE_IP_FAIL" >&2; exit 2; fi
+printf '%s\\n' "$FAKE_IP_ROUTE"
+"""
+
 FAKE_DF = """#!/bin/sh
 echo "$*" >> "$FAKE_DF_LOG"
 echo "Filesystem     1024-blocks      Used Available Capacity Mounted on"
@@ -163,6 +171,7 @@ class Run:
     docker_calls: list[list[str]]
     systemctl_calls: list[str]
     df_calls: list[str]
+    ip_calls: list[str]
     containers: list[dict[str, Any]]
 
     @property
@@ -192,6 +201,10 @@ class FakeNode:
     sysfs_case: str = "healthy"
     dev_infiniband: bool = True
     home: Path | None = None
+    ip: str | None = "fake"
+    """`fake`: an `ip` that prints `ip_route` (or fails with `ip_fails`); `real`: this machine's; None: none."""
+    ip_route: str = "local 192.168.1.10 dev lo table local src 192.168.1.10 uid 1000\n    cache <local>"
+    ip_fails: str = ""
 
     def run(self, spec: PreflightSpec) -> Run:
         tmp = self.tmp
@@ -206,13 +219,24 @@ class FakeNode:
                 link.symlink_to(target)
         (fake_bin / "docker").write_text(FAKE_DOCKER.format(python=sys.executable))
         (fake_bin / "df").write_text(FAKE_DF)
+        ip = fake_bin / "ip"
+        if ip.exists() or ip.is_symlink():
+            ip.unlink()
+        if self.ip == "fake":
+            ip.write_text(FAKE_IP)
+        elif self.ip == "real":
+            real = shutil.which("ip", path="/usr/sbin:/usr/bin:/sbin:/bin")
+            if real is None:
+                pytest.skip("this machine has no `ip` (iproute2)")
+            ip.symlink_to(real)
         systemctl = fake_bin / "systemctl"
         if self.systemctl:
             systemctl.write_text(FAKE_SYSTEMCTL)
         elif systemctl.exists():
             systemctl.unlink()
         for f in fake_bin.iterdir():
-            f.chmod(0o755)
+            if not f.is_symlink():
+                f.chmod(0o755)
 
         meminfo = tmp / "meminfo"
         # MemFree is tiny on purpose: the check must read MemAvailable, never free/used.
@@ -238,7 +262,7 @@ class FakeNode:
         dev = tmp / "dev"
         if self.dev_infiniband:
             (dev / "infiniband").mkdir(parents=True, exist_ok=True)
-        logs = {k: tmp / f"{k}.log" for k in ("docker", "systemctl", "df")}
+        logs = {k: tmp / f"{k}.log" for k in ("docker", "systemctl", "df", "ip")}
         for log in logs.values():
             log.write_text("")
         env = {
@@ -255,6 +279,9 @@ class FakeNode:
             "FAKE_UNITS": str(units),
             "FAKE_DF_LOG": str(logs["df"]),
             "FAKE_DF_FREE_K": str(self.df_free_kib),
+            "FAKE_IP_LOG": str(logs["ip"]),
+            "FAKE_IP_ROUTE": self.ip_route,
+            "FAKE_IP_FAIL": self.ip_fails,
         }
         if self.systemctl_fails:
             env["FAKE_SYSTEMCTL_FAIL"] = "1"
@@ -272,6 +299,7 @@ class FakeNode:
             docker_calls=[json.loads(line) for line in logs["docker"].read_text().splitlines()],
             systemctl_calls=logs["systemctl"].read_text().splitlines(),
             df_calls=logs["df"].read_text().splitlines(),
+            ip_calls=logs["ip"].read_text().splitlines(),
             containers=json.loads(state.read_text())["containers"],
         )
 
@@ -290,6 +318,7 @@ def make_spec(**overrides: Any) -> PreflightSpec:
         generation="",
         container_shape="host -1",
         check_export_path=False,
+        own_address=None,
         command_timeout_s=40,
         stop_timeout_s=2,
         mem_settle_s=3,
@@ -789,6 +818,7 @@ def component_args(**spec_overrides: Any) -> PreflightArgs:
         generation="",
         container_shape="host -1",
         check_export_path=False,
+        own_address=None,
     )
     spec.update(spec_overrides)
     return PreflightArgs(
@@ -934,3 +964,97 @@ def test_a_missing_weights_root_is_created_and_checked_writable(node: FakeNode, 
     run = node.run(make_spec(weights_root=str(root), min_free_disk_gib=1))
     assert run.rc == 0, run.stderr
     assert root.is_dir() and list(root.iterdir()) == [], "created empty: the write check leaves nothing"
+
+
+# --- issue 34: the head's address must be one of the head's own ------------------------------------
+
+HEAD_NAME = OwnAddress(key="nodes[0].host", host="spark-1", address="192.168.1.10")
+
+
+def test_the_heads_own_address_passes_and_is_noted(node: FakeNode) -> None:
+    spec = make_spec(own_address=HEAD_NAME)
+    run = node.run(spec)
+    assert run.rc == 0, run.stderr
+    assert run.ip_calls == ["route get 192.168.1.10"], "asked of the node's kernel, by the resolved address"
+    assert "nodes[0].host: 192.168.1.10 is an address of spark-1" in parse_output(run.stdout, spec).findings
+
+
+def test_an_address_of_another_machine_is_refused_naming_the_key_the_name_the_address_and_the_fix(
+    node: FakeNode,
+) -> None:
+    """A name the operator's machine resolves to another machine (a stale /etc/hosts line, a NAT in front of
+    the head): Prometheus could not bind it and would exit after the verifier passed."""
+    node.ip_route = "192.168.1.20 via 192.168.1.1 dev enP7s7 src 192.168.1.10 uid 1000\n    cache"
+    run = node.run(make_spec(own_address=HEAD_NAME))
+    assert run.rc == 1
+    (refusal,) = run.refusals
+    assert refusal.startswith(
+        "preflight refused on node spark-1: nodes[0].host = spark-1 (resolved on the operator's machine to "
+        "192.168.1.10) is not an address of spark-1 (ip route get: 192.168.1.20 via 192.168.1.1 dev enP7s7"
+    ), refusal
+    assert "fix: set nodes[0].host to spark-1's own LAN or Tailscale address (hostname -I on spark-1" in refusal
+
+
+def test_an_address_the_node_has_no_route_to_is_refused_with_the_error(node: FakeNode) -> None:
+    node.ip_fails = "RTNETLINK answers: Network is unreachable"
+    literal = OwnAddress(key="nodes[0].host", host="10.9.9.9", address="10.9.9.9")
+    run = node.run(make_spec(own_address=literal))
+    assert run.rc == 1
+    (refusal,) = run.refusals
+    assert "nodes[0].host = 10.9.9.9: ip route get 10.9.9.9 failed on spark-1 (RTNETLINK answers: Network is" in refusal
+    assert "resolved on the operator's machine" not in refusal, "an IP literal was not resolved"
+
+
+def test_the_address_is_noted_unchecked_on_a_node_without_ip(node: FakeNode) -> None:
+    node.ip = None
+    spec = make_spec(own_address=HEAD_NAME)
+    run = node.run(spec)
+    assert run.rc == 0, run.stderr
+    assert (
+        "nodes[0].host: not checked as an address of spark-1 (no ip command)" in parse_output(run.stdout, spec).findings
+    )
+
+
+def test_a_worker_checks_no_address(node: FakeNode) -> None:
+    node.ip_route = "10.0.0.1 via 10.0.0.254 dev eth0"  # would refuse, were it asked
+    run = node.run(make_spec(own_address=None))
+    assert run.rc == 0, run.stderr
+    assert run.ip_calls == []
+
+
+def test_the_sims_loopback_node_address_is_local_to_the_real_ip(node: FakeNode) -> None:
+    """The simulated cluster's nodes are 127.0.0.2, 127.0.0.3, ... of one machine's lo: this machine's own `ip`
+    says `local ... dev lo` for every one of them (a lookup in the kernel's table, no packet sent)."""
+    node.ip = "real"
+    spec = make_spec(own_address=OwnAddress(key="nodes[0].host", host="127.0.0.3", address="127.0.0.3"))
+    run = node.run(spec)
+    assert run.rc == 0, run.stderr
+    assert "nodes[0].host: 127.0.0.3 is an address of spark-1" in parse_output(run.stdout, spec).findings
+
+
+def test_the_address_must_be_resolved_before_it_reaches_the_node() -> None:
+    with pytest.raises(ValueError, match="must be an IP address: resolve the name first"):
+        make_spec(own_address=OwnAddress(key="nodes[0].host", host="spark-1", address="spark-1"))
+
+
+def test_only_the_heads_preflight_checks_its_resolved_address() -> None:
+    from components.config import parse
+    from components.deployment import deploy
+    from tests.support.graph import COMMAND, FIXTURES, config
+    from tests.support.scripts import header_value
+
+    raw = config()
+    raw["nodes"][0]["host"] = "spark-0.local"
+    loaded = parse(raw)
+    rec = recording.run(
+        lambda: deploy(loaded, "dev", resolver=lambda name: {"spark-0.local": ["10.0.0.1"]}[name]), FIXTURES
+    )
+    for phase in ("precheck", "preflight"):
+        head = next(c for c in rec.of_type(COMMAND) if c.name == f"{phase}-spark-0-check").inputs["create"]
+        worker = next(c for c in rec.of_type(COMMAND) if c.name == f"{phase}-spark-1-check").inputs["create"]
+        assert [header_value(head, v) for v in ("ADDRESS", "ADDRESS_KEY", "ADDRESS_HOST")] == [
+            "10.0.0.1",
+            "nodes[0].host",
+            "spark-0.local",
+        ], phase
+        assert header_value(worker, "ADDRESS") == "", "a worker's host is SSH's only: nothing binds it"

@@ -326,3 +326,49 @@ def test_idle_connections_are_bounded_per_client_and_another_client_is_still_ans
     finally:
         server.shutdown()
         server.server_close()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_the_head_agent_answers_on_each_of_its_addresses_counting_into_one_bound() -> None:
+    """The head's agent listens on its fabric address and on the head's address the operator reaches (no longer
+    on every address): both answer, and a client's connections count against the same bounds on both."""
+    handler = agent.make_handler({"node": "node-1", "container": "rank-1"}, FakeDocker("node-1", []), TOKEN, None)  # type: ignore[arg-type]
+    port = _free_port()
+    servers = agent.listen(["127.0.0.1", "127.0.0.7"], port, handler)
+    try:
+        for s in servers:
+            threading.Thread(target=s.serve_forever, daemon=True).start()
+        for host in ("127.0.0.1", "127.0.0.7"):
+            assert requests.get(f"http://{host}:{port}/rank", timeout=5).status_code == 401, host
+        assert servers[1].open is servers[0].open and servers[1].counting is servers[0].counting
+        assert (servers[1].per_client, servers[1].total) == (servers[0].per_client, servers[0].total)
+    finally:
+        for s in servers:
+            s.shutdown()
+            s.server_close()
+
+
+def test_the_heads_second_address_binds_before_the_node_holds_it() -> None:
+    """At boot docker may start the agent before DHCP or Tailscale gives the head its address: the second
+    listener binds anyway (IP_FREEBIND), where a plain bind fails; the first stays a plain bind."""
+    import errno
+
+    handler = agent.make_handler({"node": "node-1", "container": "rank-1"}, FakeDocker("node-1", []), TOKEN, None)  # type: ignore[arg-type]
+    absent = "198.51.100.77"  # TEST-NET-2: an address no machine here holds (bound, never sent to)
+    port = _free_port()
+    with pytest.raises(OSError) as err:
+        agent.AgentServer((absent, port), handler)
+    assert err.value.errno == errno.EADDRNOTAVAIL
+    servers = agent.listen(["127.0.0.1", absent], port, handler)
+    try:
+        assert [s.server_address[0] for s in servers] == ["127.0.0.1", absent]
+    finally:
+        for s in servers:
+            s.server_close()
