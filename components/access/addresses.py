@@ -8,9 +8,10 @@ after the verifier passed) or may resolve to loopback (Ubuntu maps a machine's o
 would listen for the head alone). The head's preflight checks on the node that the address is one of its own
 (components/preflight). SSH keeps the name: ssh resolves it on this machine too, which is what this decides from.
 
-An IP literal is kept as it is: the simulated cluster's nodes are 127.0.0.2, 127.0.0.3, ... of one machine's `lo`,
-legitimately. A name that resolves only to loopback is refused: it is the operator's own machine's name (or a
-mistake), and the listeners would answer only there.
+An IP literal is kept as it is. A name that resolves only to loopback is refused while any other node is not on
+loopback: it is the operator's own machine's name (Ubuntu's 127.0.1.1, or a mistake), and the listeners would
+answer only there. When every node is on loopback they are all one machine (the simulated cluster's nodes are
+127.0.0.2, 127.0.0.3, ... of one `lo`, by address or by name) and loopback is what reaches them.
 """
 
 from __future__ import annotations
@@ -101,8 +102,9 @@ def _usable(found: Sequence[str]) -> tuple[list[str], list[str]]:
     return [str(ip) for ip in usable], loopback
 
 
-def decide(key: str, host: str, resolver: Resolver) -> str:
-    """The address to render for `host` (config key `key`); ValueError with the problem and the fix."""
+def decide(key: str, host: str, resolver: Resolver, *, allow_loopback: bool = False) -> str:
+    """The address to render for `host` (config key `key`); ValueError with the problem and the fix.
+    `allow_loopback`: a name that resolves only to loopback is taken (every node is this one machine)."""
     shown = json.dumps(host)
     literal = _literal(host)
     if literal is not None:
@@ -119,6 +121,8 @@ def decide(key: str, host: str, resolver: Resolver) -> str:
     usable, loopback = _usable(found)
     if usable:
         return usable[0]
+    if loopback and allow_loopback:
+        return loopback[0]
     if loopback:
         raise ValueError(
             f"`{key}` = {shown} resolves only to loopback on this machine ({', '.join(loopback)}): Ubuntu maps a "
@@ -131,15 +135,46 @@ def decide(key: str, host: str, resolver: Resolver) -> str:
     )
 
 
+def _on_loopback(host: str, resolver: Resolver) -> bool:
+    """Whether `host` is, or resolves only to, a loopback address (False when it does not resolve)."""
+    literal = _literal(host)
+    if literal is not None:
+        return literal.is_loopback
+    try:
+        usable, loopback = _usable(list(resolver(host)))
+    except OSError:
+        return False
+    return not usable and bool(loopback)
+
+
 def resolve(nodes: Sequence[Node], resolver: Resolver | None = None) -> Addresses:
-    """Every node's address, each name resolved once; AddressError lists every refusal together."""
+    """Every node's address, each name resolved once; AddressError lists every refusal together.
+
+    Loopback is taken only when every node is on it: then they are all this one machine (the simulated cluster,
+    whose nodes are 127.0.0.2, 127.0.0.3, ... and may be given by name), and loopback reaches each of them. Where
+    any node is elsewhere, a node on loopback could not be reached from it: refused."""
     lookup = resolver or system_resolver
+    cache: dict[str, Sequence[str]] = {}
+
+    def once(name: str) -> Sequence[str]:
+        if name not in cache:
+            cache[name] = list(lookup(name))
+        return cache[name]
+
+    one_machine = all(_on_loopback(n.host, once) for n in nodes)
     decided: list[Resolved] = []
     problems: list[str] = []
     for i, n in enumerate(nodes):
         key = f"nodes[{i}].host"
         try:
-            decided.append(Resolved(node=n.name, key=key, host=n.host, address=decide(key, n.host, lookup)))
+            literal = _literal(n.host)
+            if literal is not None and literal.is_loopback and not one_machine:
+                raise ValueError(
+                    f"`{key}` = {json.dumps(n.host)} is a loopback address while other nodes are not on this "
+                    f"machine: they could not reach it; {FIX}"
+                )
+            address = decide(key, n.host, once, allow_loopback=one_machine)
+            decided.append(Resolved(node=n.name, key=key, host=n.host, address=address))
         except ValueError as error:
             problems.append(str(error))
     if problems:

@@ -94,6 +94,21 @@ def test_a_name_that_resolves_only_to_127_0_1_1_is_refused_naming_the_key_the_va
     assert "node address(es) refused, before any resource or connection" in str(err.value)
 
 
+def test_loopback_is_taken_only_when_every_node_is_on_it() -> None:
+    """One machine's cluster (the simulated one, given by name): loopback reaches every node. A loopback literal
+    beside a node elsewhere could not be reached from it."""
+    got = resolve(nodes("sim-1", "sim-2"), fake({"sim-1": ["127.0.0.2"], "sim-2": ["127.0.0.3"]}))
+    assert [r.address for r in got.nodes] == ["127.0.0.2", "127.0.0.3"]
+    assert [r.address for r in resolve(nodes("127.0.0.2", "sim-2"), fake({"sim-2": ["127.0.0.3"]})).nodes] == [
+        "127.0.0.2",
+        "127.0.0.3",
+    ]
+    with pytest.raises(AddressError) as err:
+        resolve(nodes("127.0.0.1", "10.0.0.2"), fake({}))
+    (problem,) = err.value.problems
+    assert problem.startswith('`nodes[0].host` = "127.0.0.1" is a loopback address while other nodes are not')
+
+
 def test_localhost_resolves_only_to_loopback_and_is_refused() -> None:
     """This machine's own resolver (its /etc/hosts, no network): loopback only, so refused."""
     assert all(a.startswith("127.") or a == "::1" for a in system_resolver("localhost"))
