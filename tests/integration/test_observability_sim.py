@@ -26,6 +26,7 @@ from program_support import REPO, Deployment, assert_verified, docker_on, new_de
 
 from components import labels
 from components.observability.observability import LABEL
+from sim import cluster
 from tests.observability.tools import api
 
 pytestmark = [pytest.mark.sim, pytest.mark.engine]
@@ -43,6 +44,10 @@ def configure(config: dict[str, Any]) -> None:
     # A probe every 5 s and a quick restart: the heal after the kill test is short.
     config["supervisor"].update({"probeSeconds": 5, "backoffSeconds": 1, "maxRestarts": 3, "windowHours": 1})
     assert config["observability"]["scrapeSeconds"] == SCRAPE_S
+    # Nodes given by host name, as owners give theirs (`spark-1`): on its own node each name resolves to
+    # 127.0.1.1, as Ubuntu's /etc/hosts has it, and on this machine to the node's address (sim/cluster.py).
+    for node in config["nodes"]:
+        node["host"] = cluster.Layout.node_name(int(node["name"].removeprefix("node-")))
 
 
 @pytest.fixture(scope="module")
@@ -172,6 +177,18 @@ def test_every_target_is_up_and_every_program_metric_has_a_value(observed: Deplo
         wait_until("every target up", lambda: targets() == dict.fromkeys(want, "up"), 4 * SCRAPE_S + 10)
     except AssertionError:
         raise AssertionError(f"the scrape targets and their health: {targets()}; expected {sorted(want)} up") from None
+
+    # Listeners and targets hold the addresses the program resolved, never a name left for a container to resolve
+    # (on the node the head's name is 127.0.1.1: a listener there would answer the node alone).
+    head = d.sim["nodes"][0]
+    assert (
+        d.config["nodes"][0]["host"] == head["name"]
+        and prometheus(d) == f"http://{head['ip']}:{d.config['observability']['port']}"
+    )
+    container = f"{labels.stack_prefix('dsv41-exl3', d.name)}-prometheus"
+    args = json.loads(docker_on(head["index"], "inspect", "-f", "{{json .Config.Entrypoint}}", container).stdout)
+    assert f"--web.listen-address={head['ip']}:{d.config['observability']['port']}" in args, args
+    assert not any(n["name"] in arg for n in d.sim["nodes"] for arg in args), args
 
     running = query(d, 'vllm:num_requests_running{job="vllm"}')
     assert running and running[0]["metric"]["node"] == nodes[0], f"vLLM's own metric, from the head: {running}"
