@@ -832,7 +832,12 @@ def staging_loopback(
                     elapsed = time.monotonic() - began
                 if done.returncode != 0:
                     raise RuntimeError(f"staging from the loopback hub failed: {done.stderr[-1500:]}")
-                staged_files = wm.parse_stage_output(done.stdout).files
+                # What was downloaded: the slim Engram directory's files are hardlinks of staged ones (no bytes).
+                staged_files = {
+                    rel: size
+                    for rel, size in wm.parse_stage_output(done.stdout).files.items()
+                    if not rel.startswith(f"{wm.ENGRAM_VLLM_DIR}/")
+                }
                 files, staged = len(staged_files), sum(staged_files.values())
                 rates[str(n)].append(staged / (1 << 20) / elapsed)
                 progress = [ln for ln in done.stderr.splitlines() if ln.startswith("stage_weights: progress ")]

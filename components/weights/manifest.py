@@ -35,7 +35,18 @@ MODEL_SHARD_COUNT = 39
 ENGRAM_SHARD_TOTAL = 48
 ENGRAM_SHARDS = (47, 48)
 ENGRAM_INDEX = "model.safetensors.index.json"
-ENGRAM_EXTRA_FILES = (ENGRAM_INDEX, "config.json")
+ENGRAM_CONFIG = "config.json"
+ENGRAM_EXTRA_FILES = (ENGRAM_INDEX, ENGRAM_CONFIG)
+# What every rank mounts at /engram-src: built by staging beside engram-src/ from what it downloaded, hardlinks of
+# shards 47 and 48 and config.json (no extra bytes) and an index listing only the Engram embed tables. vLLM's
+# default loader loads every shard an index names: given the base repo's native index (48 shards listed, 2
+# present) it would pull the whole tree (upstream's scripts/prepare_engram_src.py). Named for its reader, vLLM
+# (`engram_table_dir`), and not `engram-src/`, which keeps meaning what the recipe's layout says: the base repo's
+# own files and native index, which the staging count check reads.
+ENGRAM_VLLM_DIR = "engram-vllm"
+ENGRAM_EMBED_SUFFIXES = (".engram.embed.weight", ".engram.embed.scale")
+# The directories a rank reads (mounted at /model and /engram-src): what a worker's share or copy must hold.
+SERVED_DIRS = (MODEL_DIR, ENGRAM_VLLM_DIR)
 
 EXPORTS_DIR = "/etc/exports.d"
 # Tests point the exports directory elsewhere; the Pulumi args never carry it.
@@ -106,6 +117,12 @@ def staging_plan(
                 "index_file": ENGRAM_INDEX,
                 "index_shard_total": ENGRAM_SHARD_TOTAL,
                 "required_shards": engram_shards,
+                "engram_vllm": {
+                    "dest": ENGRAM_VLLM_DIR,
+                    "shards": engram_shards,
+                    "config": ENGRAM_CONFIG,
+                    "suffixes": list(ENGRAM_EMBED_SUFFIXES),
+                },
             },
         ],
     }
