@@ -243,6 +243,19 @@ def parse_stage_output(stdout: str) -> StagedWeights:
     )
 
 
+def served_files(files: Mapping[str, int]) -> dict[str, int]:
+    """The staged files a rank reads: `model/` and the slim Engram directory, never `engram-src/` (the base repo's
+    own files, whose native index would make vLLM's loader look for all 48 shards)."""
+    served = {p: s for p, s in sorted(files.items()) if p.split("/", 1)[0] in SERVED_DIRS}
+    if f"{ENGRAM_VLLM_DIR}/{ENGRAM_INDEX}" not in served:
+        raise ValueError(
+            f"weights staging reported no {ENGRAM_VLLM_DIR}/{ENGRAM_INDEX} (the output of a staging run before the "
+            f"slim Engram directory existed); run staging again: `pulumi up` (it builds {ENGRAM_VLLM_DIR}/ from "
+            f"the {ENGRAM_DIR}/ already staged, downloading nothing)"
+        )
+    return served
+
+
 def parse_manifest(manifest_json: str) -> dict[str, int]:
     raw = json.loads(manifest_json)
     if not isinstance(raw, dict):
@@ -348,7 +361,7 @@ def render_size_check(*, node: str, root: str, files: Mapping[str, int], where: 
 
 
 def _check(*, node: str, mode: str, size_check: str, timeout_s: int, volume: Mapping[str, str]) -> str:
-    keys = ("CONTAINER", "IMAGE", "MODEL_VOLUME", "ENGRAM_VOLUME", "MOUNT", "MODEL_DIR", "ENGRAM_DIR")
+    keys = ("CONTAINER", "IMAGE", "MODEL_VOLUME", "ENGRAM_VOLUME", "MOUNT", "MODEL_DIR", "ENGRAM_VLLM_DIR")
     return scripts.render(
         "weights/check.sh",
         {
@@ -377,9 +390,10 @@ def render_volume_check(
     stack_prefix: str,
     timeout_s: int = 300,
 ) -> str:
-    """Check through the node's docker volumes, exactly as the serving container will mount them."""
+    """Check through the node's docker volumes, exactly as the serving container will mount them: the files a rank
+    reads (`model/` and the slim Engram directory; the engram volume is that directory)."""
     inner = render_size_check(
-        node=node, root=_MOUNT_IN_CHECK, files=files, where=f"volumes {model_volume}, {engram_volume}"
+        node=node, root=_MOUNT_IN_CHECK, files=served_files(files), where=f"volumes {model_volume}, {engram_volume}"
     )
     return _check(
         node=node,
@@ -393,6 +407,6 @@ def render_volume_check(
             "ENGRAM_VOLUME": engram_volume,
             "MOUNT": _MOUNT_IN_CHECK,
             "MODEL_DIR": MODEL_DIR,
-            "ENGRAM_DIR": ENGRAM_DIR,
+            "ENGRAM_VLLM_DIR": ENGRAM_VLLM_DIR,
         },
     )
