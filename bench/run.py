@@ -766,13 +766,14 @@ STAGING_STREAMS = (1, 8)
 
 def staging_checkpoint(shard_bytes: int) -> dict[str, dict[str, bytes]]:
     """The sim's checkpoint with every shard staging fetches made `shard_bytes` long (random content: the
-    program hashes it all the same); the index, configs and the shards it never fetches stay as they are."""
+    program hashes it all the same; the Engram shards keep a safetensors header naming their embed tables, which
+    staging reads); the index, configs and the shards it never fetches stay as they are."""
     repos = checkpoint.build()
     for name in list(repos[checkpoint.MODEL_REPO]):
         if name.endswith(".safetensors"):
             repos[checkpoint.MODEL_REPO][name] = os.urandom(shard_bytes)
     for i in wm.ENGRAM_SHARDS:
-        repos[checkpoint.BASE_REPO][wm.engram_shard_name(i)] = os.urandom(shard_bytes)
+        repos[checkpoint.BASE_REPO][wm.engram_shard_name(i)] = checkpoint.base_engram_shard(i, shard_bytes)
     return repos
 
 
@@ -831,7 +832,12 @@ def staging_loopback(
                     elapsed = time.monotonic() - began
                 if done.returncode != 0:
                     raise RuntimeError(f"staging from the loopback hub failed: {done.stderr[-1500:]}")
-                staged_files = wm.parse_stage_output(done.stdout).files
+                # What was downloaded: the slim Engram directory's files are hardlinks of staged ones (no bytes).
+                staged_files = {
+                    rel: size
+                    for rel, size in wm.parse_stage_output(done.stdout).files.items()
+                    if not rel.startswith(f"{wm.ENGRAM_VLLM_DIR}/")
+                }
                 files, staged = len(staged_files), sum(staged_files.values())
                 rates[str(n)].append(staged / (1 << 20) / elapsed)
                 progress = [ln for ln in done.stderr.splitlines() if ln.startswith("stage_weights: progress ")]

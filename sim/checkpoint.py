@@ -7,8 +7,10 @@ Same names and counts as the real repos:
   written out directly (256 byte tokens, no merges: nothing is trained) with the chat template in
   `tokenizer_config.json`. Random weights answer nonsense; their logprobs are real and finite.
 - the base repo: all 48 shards `model-000NN-of-00048.safetensors` (one U8 tensor each, a few KiB), an index
-  naming all 48, config.json and a README (which staging must not fetch). Only the recipe's Engram path reads
-  them; real vLLM serving the tiny model does not.
+  naming all 48, config.json and a README (which staging must not fetch). As in the real repo, shards 47 and 48
+  also hold the Engram embed tables (`model.layers.{1,14}.engram.embed.weight` / `.scale`), which the index maps
+  there beside the shards' other tensors: staging's slim Engram directory lists only those. Only the recipe's
+  Engram path reads them; real vLLM serving the tiny model does not.
 """
 
 from __future__ import annotations
@@ -45,12 +47,33 @@ def _payload(seed: str, size: int) -> bytes:
 
 def safetensors_file(tensor: str, data: bytes, metadata: dict[str, str]) -> bytes:
     """One U8 tensor in the safetensors layout: u64 header length, JSON header (space-padded to 8), data."""
-    header = json.dumps(
-        {"__metadata__": metadata, tensor: {"dtype": "U8", "shape": [len(data)], "data_offsets": [0, len(data)]}},
-        separators=(",", ":"),
-    ).encode()
-    header += b" " * (-len(header) % 8)
-    return struct.pack("<Q", len(header)) + header + data
+    return safetensors_tensors({tensor: data}, metadata)
+
+
+def _st_header(tensors: dict[str, bytes], metadata: dict[str, str]) -> bytes:
+    entries: dict[str, object] = {"__metadata__": metadata}
+    offset = 0
+    for name, data in tensors.items():
+        entries[name] = {"dtype": "U8", "shape": [len(data)], "data_offsets": [offset, offset + len(data)]}
+        offset += len(data)
+    return json.dumps(entries, separators=(",", ":")).encode()
+
+
+def safetensors_tensors(tensors: dict[str, bytes], metadata: dict[str, str], size: int | None = None) -> bytes:
+    """U8 tensors in the safetensors layout, in order; `size`: the last tensor's data is cut so the file is exactly
+    that long (the header keeps the room its longest form needs, padded with spaces as the format allows)."""
+    if size is not None:
+        *first, (last, data) = tensors.items()
+        room = len(_st_header({**dict(first), last: bytes(size)}, metadata))
+        room += -room % 8
+        if size < 8 + room + sum(len(d) for _, d in first):
+            raise ValueError(f"size={size} cannot hold the header and the other tensors")
+        tensors = {**dict(first), last: data[: size - 8 - room - sum(len(d) for _, d in first)]}
+        header = _st_header(tensors, metadata).ljust(room)
+    else:
+        header = _st_header(tensors, metadata)
+        header += b" " * (-len(header) % 8)
+    return struct.pack("<Q", len(header)) + header + b"".join(tensors.values())
 
 
 def _json(obj: object) -> bytes:
@@ -226,8 +249,35 @@ def model_repo() -> Repo:
     return files
 
 
+# Which layer's Engram embed tables each Engram shard holds (upstream's prepare_engram_src.py: layers 1 and 14).
+ENGRAM_TABLES = {47: 1, 48: 14}
+ENGRAM_EMBED_SUFFIXES = (".engram.embed.weight", ".engram.embed.scale")
+
+
+def engram_tensors(shard: int) -> list[str]:
+    """The Engram embed tables shard 47 or 48 holds (beside its other tensor)."""
+    return [f"model.layers.{ENGRAM_TABLES[shard]}{suffix}" for suffix in ENGRAM_EMBED_SUFFIXES]
+
+
+def base_engram_shard(shard: int, size: int | None = None) -> bytes:
+    """Shard 47 or 48 of the base repo: its layer tensor, then the Engram embed tables (the weight last). `size`
+    (the staging bench's shards): small other tensors, and the weight cut so the file is exactly `size` bytes."""
+    name = shard_name(shard, BASE_SHARDS)
+    weight, scale = engram_tensors(shard)
+    small = size is not None
+    tensors = {
+        f"model.layers.{shard - 1}.weight": _payload(f"{BASE_REPO}/{name}", 16 if small else 1024 + 31 * shard),
+        scale: _payload(f"{BASE_REPO}/{scale}", 16 if small else 64),
+        weight: _payload(f"{BASE_REPO}/{weight}", size or 4096),
+    }
+    return safetensors_tensors(tensors, {"format": "pt"}, size)
+
+
 def base_repo() -> Repo:
     files, weight_map = _shards(BASE_REPO, BASE_SHARDS, 1024, 31, "pt")
+    for shard in ENGRAM_TABLES:
+        files[shard_name(shard, BASE_SHARDS)] = base_engram_shard(shard)
+        weight_map.update({t: shard_name(shard, BASE_SHARDS) for t in engram_tensors(shard)})
     total = sum(len(d) for d in files.values())
     files[INDEX] = _json({"metadata": {"total_size": total}, "weight_map": weight_map})
     files["config.json"] = _json(

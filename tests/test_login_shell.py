@@ -229,7 +229,7 @@ def test_a_workers_copy_runs_end_to_end_through_the_login_shell(
     files = {
         f"{wm.MODEL_DIR}/model-00001-of-00002.safetensors": os.urandom(700_000),
         f"{wm.MODEL_DIR}/config.json": b'{"a": 1}\n',
-        f"{wm.ENGRAM_DIR}/config.json": b"{}\n",
+        f"{wm.ENGRAM_VLLM_DIR}/config.json": b"{}\n",  # what a worker copies: the slim Engram directory
     }
     for rel, data in files.items():
         (head / rel).parent.mkdir(parents=True, exist_ok=True)

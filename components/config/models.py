@@ -221,7 +221,8 @@ class Ssh(_Model):
 class Weights(_Model):
     root: str = setting(
         "/srv/dsv41-exl3",
-        "on the head; `model/` and `engram-src/` below it (`~` expands on the node). Outside the home by default: "
+        "on the head; `model/`, `engram-src/` and the slim `engram-vllm/` built from it below it (`~` expands on "
+        "the node). Outside the home by default: "
         "a stock Ubuntu home is 0750, which the workers' root-squashed NFS mount cannot traverse; the preflight "
         "creates it, or prints the one `sudo install -d` line that does. A directory of its own: "
         "config refuses `~`, `/`, `/home/<user>`, system directories, relative paths and a `:` or `,` (the root "
@@ -263,7 +264,12 @@ class Weights(_Model):
     )
     hf_endpoint: str | None = setting(None, "a hub mirror (`HF_ENDPOINT`)", kind="URL")
     model_repo: str = setting("Mia-AiLab/DeepSeek-V4.1-Flash-EXL3-2.9bpw", "39 EXL3 shards into `model/`")
-    engram_repo: str = setting("deepseek-ai/DeepSeek-V4.1-Flash", "shards 47, 48, index, config into `engram-src/`")
+    engram_repo: str = setting(
+        "deepseek-ai/DeepSeek-V4.1-Flash",
+        "shards 47, 48, index, config into `engram-src/`; staging builds `engram-vllm/` beside it (hardlinks of the "
+        "shards and config, an index of the `*.engram.embed.weight` / `.scale` tensors only), which every rank "
+        "mounts at `/engram-src`, and refuses a repo whose index or shards hold no such tensors",
+    )
     revision: str = setting("main", "the Hub branch, tag or commit of both repos")
     stage_timeout_minutes: int = setting(720, "bound on the staging command", ge=1)
 

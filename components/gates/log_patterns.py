@@ -211,6 +211,19 @@ FATAL_PATTERNS: tuple[FatalPattern, ...] = (
         "lower serve.gpuMemoryUtilization or serve.maxNumBatchedTokens, and check MemAvailable on {nodes}",
     ),
     FatalPattern(
+        "Engram tables",
+        # The loader's exception naming the Engram table directory: a shard its index names that is not there
+        # (`FileNotFoundError: ... '/engram-src/model-00001-of-00048.safetensors'`, the native index), a missing
+        # `/engram-src/config.json`, an index listing other tensors than the embed tables, a table absent from its
+        # shard. Only ever printed as a raised exception (`<Name>Error: ...`), never by the INFO load lines.
+        re.compile(r"\b[A-Z]\w*(?:Error|Exception): .*(?i:engram)"),
+        "could not load the Engram tables from /engram-src",
+        "every rank mounts the slim Engram directory at /engram-src (<weights.root>/engram-vllm: hardlinks of "
+        "shards 47 and 48, config.json, and an index listing only the *.engram.embed.weight / .scale tensors); "
+        "see what /engram-src holds on {nodes}, then re-stage (`pulumi up --replace <urn>` of the `weights-stage` "
+        "resource: it rebuilds and checks that directory, downloading nothing already staged)",
+    ),
+    FatalPattern(
         "engine start failed",
         re.compile(r"Engine core initialization failed"),
         "reports that its engine core failed to start",
@@ -238,6 +251,7 @@ _FATAL_WORDS = (
     "outofmemory",
     "engine core",
     "nccl",
+    "engram",
 )
 
 

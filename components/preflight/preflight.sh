@@ -185,7 +185,8 @@ if [ -n "$WEIGHTS_ROOT" ] && [ "$CHECK_EXPORT" = 1 ]; then
   # The workers' root is squashed to nobody on the export: it needs o+x on every directory of the
   # path. Checked from the leaves up; directories the staging has not created yet are skipped.
   paths=''
-  for d in "$WEIGHTS_ROOT/model" "$WEIGHTS_ROOT/engram-src" "$WEIGHTS_ROOT"; do
+  # engram-vllm/: the slim Engram directory staging builds, which the workers mount at /engram-src.
+  for d in "$WEIGHTS_ROOT/model" "$WEIGHTS_ROOT/engram-src" "$WEIGHTS_ROOT/engram-vllm" "$WEIGHTS_ROOT"; do
     [ -d "$d" ] && paths="$paths$d$NL"
   done
   d=$(dirname "$WEIGHTS_ROOT")

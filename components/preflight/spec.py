@@ -13,8 +13,8 @@ What the script does, in order (all problems are reported together, not the firs
 2. no enabled user systemd unit that starts vllm, sglang or ray (recipe gotcha 4);
 3. no container of anyone else holding the GPU or /dev/infiniband;
 4. head only: free disk at the weights root plus what is already staged there;
-   with the NFS share, every existing directory from / down to the weights root (and its model/
-   and engram-src/) traversable by others (o+x): the workers mount the export with root squashed,
+   with the NFS share, every existing directory from / down to the weights root (and its model/,
+   engram-src/ and engram-vllm/) traversable by others (o+x): the workers mount the export with root squashed,
    and Ubuntu 24.04 creates home directories 0750, so the mount would fail after hours of staging;
 5. RDMA: /dev/infiniband exists, each HCA's port is ACTIVE, and the RoCE v2 GID index;
 6. this stack's own running containers (label dsv41-exl3.stack=<stack label>) of another generation: they hold

@@ -7,14 +7,15 @@
 #   MODE        bind or volume
 #   TIMEOUT_S   bound on the check, seconds
 #   SIZE_CHECK  (text) the rendered size_check.sh, fed to `sh -s` on stdin
-#   CONTAINER, IMAGE, MODEL_VOLUME, ENGRAM_VOLUME, MOUNT, MODEL_DIR, ENGRAM_DIR  (volume only; empty for bind)
-#               the check container's name and image, the volumes, and where they mount (MOUNT/MODEL_DIR ...)
+#   CONTAINER, IMAGE, MODEL_VOLUME, ENGRAM_VOLUME, MOUNT, MODEL_DIR, ENGRAM_VLLM_DIR  (volume only; empty for bind)
+#               the check container's name and image, the volumes, and where they mount (MOUNT/MODEL_DIR ...):
+#               the engram volume is the slim Engram directory, so it mounts where the listing names it
 set -eu
 case "$MODE" in
   bind) set -- sh -s ;;
   volume)
     set -- docker run --rm -i --name "$CONTAINER" --network none --entrypoint sh \
-      -v "$MODEL_VOLUME:$MOUNT/$MODEL_DIR:ro" -v "$ENGRAM_VOLUME:$MOUNT/$ENGRAM_DIR:ro" "$IMAGE" -s
+      -v "$MODEL_VOLUME:$MOUNT/$MODEL_DIR:ro" -v "$ENGRAM_VOLUME:$MOUNT/$ENGRAM_VLLM_DIR:ro" "$IMAGE" -s
     docker rm -f "$CONTAINER" >/dev/null 2>&1 || true ;;
   *) fail "${LINENO:-}" "MODE=$MODE: expected bind or volume" ;;
 esac

@@ -6,7 +6,8 @@
 # Header values (local_copy.render_copy_command):
 #   NODE          this worker's name, for messages
 #   COPY_ROOT     the copy root as configured: absolute, or `~` / `~/...` (expanded here, on the worker)
-#   MODEL_DIR, ENGRAM_DIR the two directories copied under it
+#   MODEL_DIR, ENGRAM_VLLM_DIR the two directories copied under it (what the ranks mount: model/ and the slim
+#                 Engram directory)
 #   SOURCE        http://<head fabric ip>:<port> of the head's source
 #   SOURCE_IDENT  machine-id:dev:inode of the head's weights root
 #   BIND          this worker's fabric address
@@ -32,7 +33,7 @@ fi
 case "$root" in
   *[:,]*) fail "${LINENO:-}" "copy root $root on $NODE holds ':' or ',', which docker's -v splits at; use a directory without them (weights.copyRoot)" ;;
 esac
-mkdir -p "$root/$MODEL_DIR" "$root/$ENGRAM_DIR"
+mkdir -p "$root/$MODEL_DIR" "$root/$ENGRAM_VLLM_DIR"
 ident="$(cat /etc/machine-id 2>/dev/null || hostname):$(stat -c '%d:%i' "$root")"
 stage=$(mktemp -d)
 # shellcheck disable=SC2329 # invoked by the EXIT trap below

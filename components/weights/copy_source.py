@@ -17,7 +17,7 @@ heartbeat line every HEARTBEAT_S. EOF (the copy is done, or the deployer or its 
 without a byte (the deployer's machine or its network vanished, which the head's sshd may not notice for hours)
 stops the server, and docker removes the container. No daemon is left on the head.
 
-stdin, first line (JSON): {"token": "...", "allow": ["<worker fabric ip>"], "dirs": ["model", "engram-src"],
+stdin, first line (JSON): {"token": "...", "allow": ["<worker fabric ip>"], "dirs": ["model", "engram-vllm"],
 "max_lifetime_s": N} (tests may add "max_connections", "request_timeout_s", "io_timeout_s", "silence_s").
 Then heartbeats. stdout: `DSV41_COPY_SOURCE_LISTENING <port>` once listening (source.sh prints the root's
 identity before).

@@ -11,7 +11,10 @@ Per file, largest first, in --streams parallel streams:
 - otherwise fetched from the head's source into `<name>.dsv41-partial` (a partial file left by an
   interrupted run is hashed and resumed with a Range request, not fetched again), hashed as it is written,
   checked, fsynced and only then renamed into place: a rank never sees a half-written file. A source at its
-  connection cap (503, or a connection reset before any reply) is asked again for up to BUSY_RETRY_S.
+  connection cap (503, or a connection reset before any reply) is asked again for up to BUSY_RETRY_S;
+- but first, when another file of the copy is recorded as verified with the same sha256 and size (and its size
+  and mtime are still the recorded ones), hardlinked from it instead: an upgrade that moved files between
+  directories (the Engram shards, from `engram-src/` to the slim `engram-vllm/`) copies none of them again.
 The record is rewritten (temporary name, rename) after every file, so an interrupted copy resumes without
 copying a finished file again. A file the record names that is no longer expected (an older revision this
 program copied) is removed; a file nobody recorded is left alone.
@@ -229,9 +232,45 @@ class Copier:
         self.record.set(e.path, e.sha256, path.stat())
         return received
 
+    def link_verified(self, todo: list[Expected]) -> list[str]:
+        """The files of `todo` another verified file of this copy holds: hardlinked from it (renamed into place,
+        recorded), not fetched. Returns their paths; a link that cannot be made is left to the fetch."""
+        donors: dict[tuple[str, int], Path] = {}
+        for rel, (sha, size, mtime) in sorted(self.record.rows.items()):
+            with contextlib.suppress(OSError):
+                st = (self.dest / rel).stat()
+                if st.st_size == size and mtime_text(st) == mtime:
+                    donors.setdefault((sha, size), self.dest / rel)
+        linked: list[str] = []
+        for e in todo:
+            donor = donors.get((e.sha256, e.size))
+            path = self.dest / e.path
+            if donor is None or donor == path:
+                continue
+            tmp = path.with_name(f".{path.name}.dsv41-link")
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp.unlink(missing_ok=True)
+                os.link(donor, tmp)
+                os.replace(tmp, path)
+            except OSError:
+                continue
+            self.record.set(e.path, e.sha256, path.stat())
+            linked.append(e.path)
+            print(
+                f"copy_weights: {self.node}: {e.path} linked to {donor.relative_to(self.dest).as_posix()} "
+                "(verified, the same sha256): nothing copied",
+                file=sys.stderr,
+            )
+        return linked
+
     def run(self, expected: list[Expected], streams: int) -> dict[str, object]:
         began = time.monotonic()
         wanted = {e.path for e in expected}
+        todo = [e for e in sorted(expected, key=lambda e: -e.size) if not self.current(e)]
+        # Before anything is removed: a verified file no longer expected where it is may be expected elsewhere.
+        linked = self.link_verified(todo)
+        todo = [e for e in todo if e.path not in linked]
         removed = []
         for rel in sorted(set(self.record.rows) - wanted):
             # An older revision's file that this program copied: it would sit beside the new shards.
@@ -239,7 +278,6 @@ class Copier:
                 (self.dest / rel).unlink()
             self.record.drop(rel)
             removed.append(rel)
-        todo = [e for e in sorted(expected, key=lambda e: -e.size) if not self.current(e)]
         total = sum(e.size for e in todo)
         if todo:
             print(
@@ -267,6 +305,7 @@ class Copier:
             "seconds": round(seconds, 3),
             "files": len(expected),
             "removed": removed,
+            "linked": sorted(linked),
             "root": self.host_dest,
         }
 

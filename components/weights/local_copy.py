@@ -51,7 +51,8 @@ def copier_script() -> str:
 
 
 def expected_json(files: Mapping[str, int], sha256: Mapping[str, str]) -> str:
-    """What the copier must end with: every staged file, its size and the sha256 staging verified."""
+    """What the copier must end with: every file given (the worker's rank reads `model/` and the slim Engram
+    directory: manifest.served_files), its size and the sha256 staging verified."""
     missing = sorted(set(files) - set(sha256))
     if missing:
         raise ValueError(f"staging recorded no sha256 for {missing[:3]}: a copy could not be verified; re-stage")
@@ -98,7 +99,7 @@ def render_copy_command(
             "NODE": node,
             "COPY_ROOT": wm.root_value(copy_root),
             "MODEL_DIR": wm.MODEL_DIR,
-            "ENGRAM_DIR": wm.ENGRAM_DIR,
+            "ENGRAM_VLLM_DIR": wm.ENGRAM_VLLM_DIR,
             "SOURCE": source,
             "SOURCE_IDENT": source_ident,
             "BIND": wm.validate_ip(f"{node} fabric_ip", bind),

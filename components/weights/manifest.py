@@ -35,7 +35,18 @@ MODEL_SHARD_COUNT = 39
 ENGRAM_SHARD_TOTAL = 48
 ENGRAM_SHARDS = (47, 48)
 ENGRAM_INDEX = "model.safetensors.index.json"
-ENGRAM_EXTRA_FILES = (ENGRAM_INDEX, "config.json")
+ENGRAM_CONFIG = "config.json"
+ENGRAM_EXTRA_FILES = (ENGRAM_INDEX, ENGRAM_CONFIG)
+# What every rank mounts at /engram-src: built by staging beside engram-src/ from what it downloaded, hardlinks of
+# shards 47 and 48 and config.json (no extra bytes) and an index listing only the Engram embed tables. vLLM's
+# default loader loads every shard an index names: given the base repo's native index (48 shards listed, 2
+# present) it would pull the whole tree (upstream's scripts/prepare_engram_src.py). Named for its reader, vLLM
+# (`engram_table_dir`), and not `engram-src/`, which keeps meaning what the recipe's layout says: the base repo's
+# own files and native index, which the staging count check reads.
+ENGRAM_VLLM_DIR = "engram-vllm"
+ENGRAM_EMBED_SUFFIXES = (".engram.embed.weight", ".engram.embed.scale")
+# The directories a rank reads (mounted at /model and /engram-src): what a worker's share or copy must hold.
+SERVED_DIRS = (MODEL_DIR, ENGRAM_VLLM_DIR)
 
 EXPORTS_DIR = "/etc/exports.d"
 # Tests point the exports directory elsewhere; the Pulumi args never carry it.
@@ -106,6 +117,12 @@ def staging_plan(
                 "index_file": ENGRAM_INDEX,
                 "index_shard_total": ENGRAM_SHARD_TOTAL,
                 "required_shards": engram_shards,
+                "engram_vllm": {
+                    "dest": ENGRAM_VLLM_DIR,
+                    "shards": engram_shards,
+                    "config": ENGRAM_CONFIG,
+                    "suffixes": list(ENGRAM_EMBED_SUFFIXES),
+                },
             },
         ],
     }
@@ -226,6 +243,19 @@ def parse_stage_output(stdout: str) -> StagedWeights:
     )
 
 
+def served_files(files: Mapping[str, int]) -> dict[str, int]:
+    """The staged files a rank reads: `model/` and the slim Engram directory, never `engram-src/` (the base repo's
+    own files, whose native index would make vLLM's loader look for all 48 shards)."""
+    served = {p: s for p, s in sorted(files.items()) if p.split("/", 1)[0] in SERVED_DIRS}
+    if f"{ENGRAM_VLLM_DIR}/{ENGRAM_INDEX}" not in served:
+        raise ValueError(
+            f"weights staging reported no {ENGRAM_VLLM_DIR}/{ENGRAM_INDEX} (the output of a staging run before the "
+            f"slim Engram directory existed); run staging again: `pulumi up` (it builds {ENGRAM_VLLM_DIR}/ from "
+            f"the {ENGRAM_DIR}/ already staged, downloading nothing)"
+        )
+    return served
+
+
 def parse_manifest(manifest_json: str) -> dict[str, int]:
     raw = json.loads(manifest_json)
     if not isinstance(raw, dict):
@@ -331,7 +361,7 @@ def render_size_check(*, node: str, root: str, files: Mapping[str, int], where: 
 
 
 def _check(*, node: str, mode: str, size_check: str, timeout_s: int, volume: Mapping[str, str]) -> str:
-    keys = ("CONTAINER", "IMAGE", "MODEL_VOLUME", "ENGRAM_VOLUME", "MOUNT", "MODEL_DIR", "ENGRAM_DIR")
+    keys = ("CONTAINER", "IMAGE", "MODEL_VOLUME", "ENGRAM_VOLUME", "MOUNT", "MODEL_DIR", "ENGRAM_VLLM_DIR")
     return scripts.render(
         "weights/check.sh",
         {
@@ -360,9 +390,10 @@ def render_volume_check(
     stack_prefix: str,
     timeout_s: int = 300,
 ) -> str:
-    """Check through the node's docker volumes, exactly as the serving container will mount them."""
+    """Check through the node's docker volumes, exactly as the serving container will mount them: the files a rank
+    reads (`model/` and the slim Engram directory; the engram volume is that directory)."""
     inner = render_size_check(
-        node=node, root=_MOUNT_IN_CHECK, files=files, where=f"volumes {model_volume}, {engram_volume}"
+        node=node, root=_MOUNT_IN_CHECK, files=served_files(files), where=f"volumes {model_volume}, {engram_volume}"
     )
     return _check(
         node=node,
@@ -376,6 +407,6 @@ def render_volume_check(
             "ENGRAM_VOLUME": engram_volume,
             "MOUNT": _MOUNT_IN_CHECK,
             "MODEL_DIR": MODEL_DIR,
-            "ENGRAM_DIR": ENGRAM_DIR,
+            "ENGRAM_VLLM_DIR": ENGRAM_VLLM_DIR,
         },
     )

@@ -6,7 +6,8 @@
 # `docker inspect` shows for as long as the container lives).
 # Header values (manifest.render_stage_command):
 #   WEIGHTS_ROOT the weights root as configured: absolute, or `~` / `~/...` (the remote user's home, expanded here)
-#   MODEL_DIR, ENGRAM_DIR the two directories staged under it
+#   MODEL_DIR, ENGRAM_DIR the two directories staged under it (stage_weights.py builds the slim Engram
+#                directory beside them, from what it staged)
 #   WITH_TOKEN   1: the first stdin line is the token; 0: it is empty (anonymous)
 #   HF_ENDPOINT  the Hub endpoint, or empty for the default
 #   IMAGE        the image that runs stage_weights.py

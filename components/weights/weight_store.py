@@ -5,6 +5,11 @@ hundreds of GiB of weights. Workers see them through the same filesystem (`bind`
 that mount the head's read-only NFS export (`nfs`), or keep their own verified copy, filled from the head once
 and kept (`copy`, components/weights/worker_copy.py). A per-node check proves, from that node's side, that
 every staged file is there before any container is started on it.
+
+Every rank, in every share mode, mounts `model/` at /model and the slim Engram directory `engram-vllm/` (built by
+staging: hardlinks of shards 47/48 and config.json, an index of the Engram embed tables only; see
+manifest.ENGRAM_VLLM_DIR) at /engram-src, never `engram-src/` itself: its native index names all 48 shards of the
+base model, and vLLM's loader would look for every one. A worker's share or copy holds those two directories.
 """
 
 from __future__ import annotations
@@ -81,6 +86,10 @@ class WeightStoreArgs:
     """share='copy': how the copies are made; None otherwise."""
 
 
+_MODEL_VOLUME = "model"
+_ENGRAM_VOLUME = "engram-src"
+
+
 def _node_key(name: str) -> str:
     return re.sub(r"[^a-zA-Z0-9_.-]", "-", name)
 
@@ -119,7 +128,7 @@ class WeightStore(pulumi.ComponentResource):
     model_source: dict[str, pulumi.Output[str]]
     """Per node: what its container mounts at /model (a host path, or a docker volume name)."""
     engram_source: dict[str, pulumi.Output[str]]
-    """Per node: what its container mounts at /engram-src."""
+    """Per node: what its container mounts at /engram-src: the slim Engram directory (a host path or a volume)."""
     mount_type: dict[str, str]
     """Per node: 'bind' (host path) or 'volume' (docker volume)."""
     visible: dict[str, pulumi.Resource]
@@ -196,7 +205,7 @@ class WeightStore(pulumi.ComponentResource):
         self.manifest_file = staged.apply(lambda s: s.manifest_file)
         files = staged.apply(lambda s: s.files)
         model_path = self.root.apply(lambda r: f"{r}/{wm.MODEL_DIR}")
-        engram_path = self.root.apply(lambda r: f"{r}/{wm.ENGRAM_DIR}")
+        engram_path = self.root.apply(lambda r: f"{r}/{wm.ENGRAM_VLLM_DIR}")
 
         self.model_source = {}
         self.engram_source = {}
@@ -246,7 +255,9 @@ class WeightStore(pulumi.ComponentResource):
             for worker in args.workers:
                 key = _node_key(worker.name)
                 volumes: dict[str, docker.Volume] = {}
-                for which, path in ((wm.MODEL_DIR, model_path), (wm.ENGRAM_DIR, engram_path)):
+                # Named after the mount each volume backs (/model, /engram-src), as before the slim Engram
+                # directory: a changed device path makes a new volume (its name carries the options' digest).
+                for which, path in ((_MODEL_VOLUME, model_path), (_ENGRAM_VOLUME, engram_path)):
                     options = path.apply(lambda p: wm.nfs_volume_options(head_ip=head.fabric_ip, device_path=p))
                     volumes[which] = docker.Volume(
                         f"{name}-{key}-{which}",
@@ -255,7 +266,7 @@ class WeightStore(pulumi.ComponentResource):
                         driver_opts=options,
                         opts=pulumi.ResourceOptions(parent=self, provider=worker.docker_provider, depends_on=[export]),
                     )
-                model_vol, engram_vol = volumes[wm.MODEL_DIR], volumes[wm.ENGRAM_DIR]
+                model_vol, engram_vol = volumes[_MODEL_VOLUME], volumes[_ENGRAM_VOLUME]
                 image = worker.image if worker.image is not None else args.staging_image
                 check = remote.Command(
                     f"{name}-visible-{key}",
@@ -279,6 +290,11 @@ class WeightStore(pulumi.ComponentResource):
 
         if args.share == "copy":
             assert args.copy is not None  # _validate
+            # A worker's copy holds what its rank reads: model/ and the slim Engram directory.
+            served = files.apply(wm.served_files)
+            served_sha256 = pulumi.Output.all(served, self.digests).apply(
+                lambda a: {p: a[1][p] for p in a[0] if p in a[1]}
+            )
             for worker in args.workers:
                 assert worker.copy_root is not None
                 copy = WorkerCopy(
@@ -301,8 +317,8 @@ class WeightStore(pulumi.ComponentResource):
                         head_image=args.staging_image,
                         worker_image=worker.image if worker.image is not None else args.staging_image,
                         copy_root=worker.copy_root,
-                        files=files,
-                        sha256=self.digests,
+                        files=served,
+                        sha256=served_sha256,
                         streams=args.copy.streams,
                         timeout_s=args.copy.timeout_s,
                         stack_prefix=args.stack_prefix,
@@ -312,7 +328,7 @@ class WeightStore(pulumi.ComponentResource):
                 # Read-only local files: the rank loads at local disk speed, never over the network.
                 # From the id (the absolute root), which a preview of a repair keeps known: the rank is untouched.
                 self.model_source[worker.name] = copy.id.apply(lambda r: f"{r}/{wm.MODEL_DIR}")
-                self.engram_source[worker.name] = copy.id.apply(lambda r: f"{r}/{wm.ENGRAM_DIR}")
+                self.engram_source[worker.name] = copy.id.apply(lambda r: f"{r}/{wm.ENGRAM_VLLM_DIR}")
                 self.mount_type[worker.name] = "bind"
                 self.visible[worker.name] = copy
 

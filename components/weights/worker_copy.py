@@ -152,7 +152,7 @@ class _Source:
         config = {
             "token": token,
             "allow": [str(props["worker_fabric_ip"])],
-            "dirs": [wm.MODEL_DIR, wm.ENGRAM_DIR],
+            "dirs": list(wm.SERVED_DIRS),
             "max_lifetime_s": int(props["timeout_s"]) + 600,
         }
         self.proc.stdin.write(json.dumps(config) + "\n")

@@ -507,6 +507,7 @@ def sleep_forever() -> NoReturn:
 _SHARD_NUMBER = re.compile(r"model-0*(\d+)-of-0*(\d+)\.safetensors$")
 ENGRAM_SHARDS = (47, 48)
 INDEX_NAME = "model.safetensors.index.json"
+ENGRAM_EMBED_SUFFIXES = (".engram.embed.weight", ".engram.embed.scale")
 
 
 class LoadFailure(Exception):
@@ -542,14 +543,58 @@ def model_files(model_dir: Path) -> list[Path]:
     return shards
 
 
+def _safetensors_names(path: Path) -> set[str]:
+    """The tensor names in a shard's header (u64 little-endian length, JSON), as safe_open reads them."""
+    with open(path, "rb") as f:  # open(): a missing shard raises vLLM's FileNotFoundError
+        head = f.read(8)
+        length = int.from_bytes(head, "little") if len(head) == 8 else -1
+        try:
+            if not 2 <= length <= 100 << 20:
+                raise ValueError(f"header length {length}")
+            header = json.loads(f.read(length))
+            if not isinstance(header, dict):
+                raise ValueError("header is not a JSON object")
+        except ValueError as err:
+            raise LoadFailure(
+                f"safetensors_rust.SafetensorError: Error while deserializing header of {path}: {err}"
+            ) from None
+    return {str(k) for k in header if k != "__metadata__"}
+
+
 def engram_files(engram_dir: Path) -> list[Path]:
-    """The base model's Engram shards (47 and 48 of 48) as its index names them: all the recipe ships."""
-    names = set(_weight_map(engram_dir / INDEX_NAME).values())
-    wanted = sorted(n for n in names if (m := _SHARD_NUMBER.search(n)) and int(m.group(1)) in ENGRAM_SHARDS)
-    if len(wanted) != len(ENGRAM_SHARDS):
+    """The Engram tables' shards (47 and 48 of 48) as the table directory's index names them.
+
+    The index is the loader's authority: every shard it names is opened, and every tensor it lists is loaded as an
+    Engram table. The recipe mounts a slim directory (upstream's prepare_engram_src.py): the two shards, config.json
+    and an index of the `*.engram.embed.weight` / `.scale` tables only. The base repo's native index (48 shards, 2
+    present) fails on the first absent shard, as the default loader pulling the whole tree would; an index listing
+    any other tensor is refused; a missing config.json is the FileNotFoundError owners met at boot."""
+    index = engram_dir / INDEX_NAME
+    weight_map = _weight_map(index)
+    config = engram_dir / "config.json"
+    with open(config, "rb") as f:  # the Engram loader reads engram_layer_ids / engram_num_embeddings there
+        try:
+            json.loads(f.read())
+        except ValueError as err:
+            raise LoadFailure(f"json.decoder.JSONDecodeError: {config}: {err}") from None
+    shards = sorted(set(weight_map.values()))
+    tensors = {shard: _safetensors_names(engram_dir / shard) for shard in shards}
+    other = sorted(name for name in weight_map if not name.endswith(ENGRAM_EMBED_SUFFIXES))
+    if other:
+        more = f" and {len(other) - 3} more" if len(other) > 3 else ""
         raise LoadFailure(
-            f"ValueError: {engram_dir / INDEX_NAME} names {len(wanted)} of the Engram shards "
-            f"{ENGRAM_SHARDS} (found {wanted}); point engram_table_dir at the base model's index"
+            f"ValueError: Engram table index {index} lists {len(other)} tensor(s) that are not Engram embed tables "
+            f"({', '.join(other[:3])}{more}); engram_table_dir must hold an index of *.engram.embed.weight / "
+            "*.engram.embed.scale only"
+        )
+    absent = sorted(name for name, shard in weight_map.items() if name not in tensors[shard])
+    if absent:
+        raise LoadFailure(f"KeyError: Engram table {absent[0]!r} is not in {engram_dir / weight_map[absent[0]]}")
+    wanted = [n for n in shards if (m := _SHARD_NUMBER.search(n)) and int(m.group(1)) in ENGRAM_SHARDS]
+    if len(wanted) != len(ENGRAM_SHARDS) or len(shards) != len(ENGRAM_SHARDS):
+        raise LoadFailure(
+            f"ValueError: Engram table index {index} names the shards {shards}; the Engram tables are in "
+            f"{ENGRAM_SHARDS} of the base model"
         )
     return [engram_dir / name for name in wanted]
 

@@ -114,7 +114,18 @@ FATAL_LINES = {
         "above. Failed core proc(s): {}"
     ),
     "NCCL": "(Worker_TP1 pid=88) RuntimeError: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO)",
+    # What an owner's every rank died with, its Engram config.json not staged (issue 34).
+    "Engram tables": "FileNotFoundError: [Errno 2] No such file or directory: '/engram-src/config.json'",
 }
+
+# The other Engram load failures, as the simulated cluster's stand-in raises them (sim/standin/vllm_standin.py).
+ENGRAM_LOAD_ERRORS = [
+    "FileNotFoundError: [Errno 2] No such file or directory: '/engram-src/model-00001-of-00048.safetensors'",
+    "ValueError: Engram table index /engram-src/model.safetensors.index.json lists 1 tensor(s) that are not "
+    "Engram embed tables (model.layers.46.weight); engram_table_dir must hold an index of *.engram.embed.weight "
+    "/ *.engram.embed.scale only",
+    "KeyError: Engram table 'model.layers.1.engram.embed.scale' is not in /engram-src/model-00047-of-00048.safetensors",
+]
 
 
 class TestFatalPatterns:
@@ -141,10 +152,20 @@ class TestFatalPatterns:
             "(Worker_TP0 pid=211) INFO 12-02 10:39:00 [gpu_worker.py:400] Available KV cache memory: 4.0 GiB",
             "spark-a:211:211 [0] NCCL INFO NET/IB : Using [0]rocep1s0f1:1/RoCE [RO]; OOB enp1s0f1np1:10.0.0.1<0>",
             '(APIServer pid=1) INFO: 127.0.0.1:51234 - "POST /v1/completions HTTP/1.1" 200 OK',
+            "(Worker_TP0 pid=7) INFO 12-02 10:39:00 [engram.py:214] Loaded Engram table shard "
+            "model-00047-of-00048.safetensors from /engram-src",
+            "(APIServer pid=1) INFO 12-02 10:38:00 [api_utils.py:286] non-default args: {'hf_overrides': "
+            "{'engram_table_dir': '/engram-src'}, 'disable_log_errors': False}",
         ],
     )
     def test_healthy_lines_are_not_fatal(self, line: str) -> None:
         assert fatal_of(line) is None
+
+    @pytest.mark.parametrize("line", ENGRAM_LOAD_ERRORS)
+    def test_every_engram_load_error_fails_at_once_naming_the_slim_directory(self, line: str) -> None:
+        fatal = fatal_of(line)
+        assert fatal is not None and fatal.name == "Engram tables" and fatal.at_once
+        assert "engram-vllm" in fatal.advice and "--replace" in fatal.advice
 
     def test_only_nccl_and_the_heads_pointer_wait_for_the_exit(self) -> None:
         # NCCL prints errors it recovers from; "Engine core initialization failed" points at a cause another line

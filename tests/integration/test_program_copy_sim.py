@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from program_support import Deployment, assert_verified, docker_on, new_deployment, remove_deployment
 
+from components.weights import manifest as wm
 from components.weights.copy_weights import PARTIAL_SUFFIX, RECORD_FILE, read_record
 
 pytestmark = [pytest.mark.sim, pytest.mark.engine]
@@ -68,10 +69,11 @@ def worker_copy_outputs(d: Deployment) -> dict[str, Any]:
 
 
 def staged(head_root: Path) -> dict[str, bytes]:
+    """What a worker's copy holds: what its rank reads (model/ and the slim Engram directory)."""
     return {
         p.relative_to(head_root).as_posix(): p.read_bytes()
         for p in sorted(head_root.rglob("*"))
-        if p.is_file() and p.relative_to(head_root).parts[0] in ("model", "engram-src")
+        if p.is_file() and p.relative_to(head_root).parts[0] in wm.SERVED_DIRS
     }
 
 
@@ -92,6 +94,9 @@ def test_a_copy_mode_up_verifies_with_the_worker_loading_its_own_copy(
     )
     model = next(m for m in mounts if m["Destination"] == "/model")
     assert (model["Type"], model["Source"], model["RW"]) == ("bind", f"{copies}/node-2/model", False), model
+    engram = next(m for m in mounts if m["Destination"] == "/engram-src")
+    assert (engram["Type"], engram["Source"], engram["RW"]) == ("bind", f"{copies}/node-2/engram-vllm", False), engram
+    assert not (copies / "node-2" / wm.ENGRAM_DIR).exists(), "the worker holds the slim Engram directory only"
     files = staged(head_root)
     assert files and {p: (copies / "node-2" / p).read_bytes() for p in files} == files
     outs = worker_copy_outputs(deployed)

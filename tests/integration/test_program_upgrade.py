@@ -2,12 +2,15 @@
 
 The old program is this repository at the last commit where every layer hung off the stack; the stack is
 deployed with it, then previewed and updated with the program of this checkout. Aliases must carry every
-resource over: no replacement, no deletion, the same rank containers before and after.
+resource over: no deletion, and no replacement but the ranks'. Those are replaced once, by design: what they mount
+at /engram-src is now the slim Engram directory staging builds (issue 34), so the upgrade replaces exactly what a
+rank replacement replaces, and nothing else.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import shutil
 import subprocess
 import tarfile
@@ -108,7 +111,9 @@ def test_a_stack_deployed_before_the_layout_move_upgrades_without_replacing_anyt
 
         d.preview()
         destructive = {name: ops & DESTRUCTIVE for name, ops in d.ops.items() if ops & DESTRUCTIVE}
-        assert not destructive, f"the upgrade would replace or delete: {destructive}\n" + "\n".join(d.lines[-60:])
+        upgrade_lines = d.lines[-60:]
+        ranks = {f"serving-node-{n['index']}" for n in d.sim["nodes"]}
+        assert ranks <= set(destructive), f"the ranks remount /engram-src: {destructive}"
         created = sorted(name for name, ops in d.ops.items() if "create" in ops)
         # New since that layout: the root component, and each node's check phase of the two-phase preflight
         # (it runs with the ranks serving and stops nothing).
@@ -118,10 +123,23 @@ def test_a_stack_deployed_before_the_layout_move_upgrades_without_replacing_anyt
         )
 
         assert_verified(d, d.up().outputs)
-        assert container_ids(d) == before, "the same rank containers keep serving"
+        after = container_ids(d)
+        assert all(after[i] != before[i] for i in before), "each rank replaced once, on the slim Engram directory"
+        head = d.sim["nodes"][0]
+        mounts = docker_on(head["index"], "inspect", "--format", "{{json .Mounts}}", d.container(head))
+        engram = {m["Destination"]: m["Source"] for m in json.loads(mounts.stdout)}["/engram-src"]
+        assert engram == f"{weights_root.resolve()}/engram-vllm", engram
         again = d.preview()
         assert again.change_summary.get("same") and not {k for k in again.change_summary if k != "same"}, (
             f"after the upgrade a preview is a no-op: {again.change_summary}"
+        )
+        # What replacing the ranks replaces (a change of the ranks' environment): the upgrade replaced no more.
+        d.write_config(d.with_env(SIM_UPGRADE_PROBE="1"))
+        d.preview()
+        by_a_rank_change = {name for name, ops in d.ops.items() if ops & DESTRUCTIVE}
+        beyond = {name: ops for name, ops in destructive.items() if name not in by_a_rank_change}
+        assert not beyond, f"the upgrade would replace or delete more than the ranks' replacement: {beyond}\n" + (
+            "\n".join(upgrade_lines)
         )
         # Resources unchanged by the upgrade keep their providers pickled under the old module paths.
         d.stack.destroy(on_output=lambda _l: None, color="never")

@@ -99,6 +99,15 @@ def test_checkpoint_has_the_names_and_counts_staging_expects() -> None:
     shard = base["model-00001-of-00048.safetensors"]
     header = json.loads(shard[8 : 8 + int.from_bytes(shard[:8], "little")])
     assert header["model.layers.0.weight"]["data_offsets"][1] == len(shard) - 8 - int.from_bytes(shard[:8], "little")
+    # As in the real repo, shards 47 and 48 also hold the Engram embed tables, which the index maps there: what
+    # staging's slim Engram directory lists (and the stand-in loads).
+    for i in wm.ENGRAM_SHARDS:
+        shard = base[wm.engram_shard_name(i)]
+        names = set(json.loads(shard[8 : 8 + int.from_bytes(shard[:8], "little")])) - {"__metadata__"}
+        tables = checkpoint.engram_tensors(i)
+        assert len(tables) == 2 and all(t.endswith(wm.ENGRAM_EMBED_SUFFIXES) for t in tables)
+        assert names == {f"model.layers.{i - 1}.weight", *tables}
+        assert {t: index["weight_map"][t] for t in tables} == dict.fromkeys(tables, wm.engram_shard_name(i))
 
 
 def test_the_model_repo_is_a_real_tiny_llama_one_tensor_per_shard() -> None:
@@ -192,9 +201,12 @@ def test_staging_script_verifies_every_file_against_the_hub_stand_in(
     assert proc.returncode == 0, proc.stderr[-3000:]
     staged = wm.parse_stage_output(proc.stdout)
     record = json.loads((root / "dsv41-weights-manifest.json").read_text())["files"]
-    shards = [r for r in staged.files if r.endswith(".safetensors")]
+    # The slim Engram directory's files are derived from staged ones (hardlinks, its own index): no record.
+    fetched = [r for r in staged.files if not r.startswith(f"{wm.ENGRAM_VLLM_DIR}/")]
+    assert set(record) == set(fetched) and len(staged.files) == len(fetched) + 4
+    shards = [r for r in fetched if r.endswith(".safetensors")]
     assert len(shards) == 41 and all(record[r]["verified_by"] == "lfs-sha256" for r in shards)
-    assert all(record[r]["verified_by"] == "git-blob-id" for r in staged.files if r not in shards)
+    assert all(record[r]["verified_by"] == "git-blob-id" for r in fetched if r not in shards)
     assert record["model/config.json"]["revision"] == checkpoint.repo_commit(checkpoint.build()[MODEL_REPO])
 
 
@@ -475,6 +487,11 @@ def test_hub_checkpoint_stages_fully_on_the_head(sim: dict[str, Any], stage_root
             for n in (wm.engram_shard_name(47), wm.engram_shard_name(48), wm.ENGRAM_INDEX, "config.json")
         }
     )
+    # The slim Engram directory, built by the image's python3: hardlinks of the shards and config, its own index.
+    linked = (wm.engram_shard_name(47), wm.engram_shard_name(48), "config.json")
+    slim = stage_root / wm.ENGRAM_VLLM_DIR
+    expected.update({f"{wm.ENGRAM_VLLM_DIR}/{n}": len(repos[BASE_REPO][n]) for n in linked})
+    expected[f"{wm.ENGRAM_VLLM_DIR}/{wm.ENGRAM_INDEX}"] = (slim / wm.ENGRAM_INDEX).stat().st_size
     assert staged.files == expected
     assert len(list((stage_root / "model").glob("*.safetensors"))) == 39
     for rel, size in staged.files.items():
@@ -482,6 +499,10 @@ def test_hub_checkpoint_stages_fully_on_the_head(sim: dict[str, Any], stage_root
     assert (stage_root / "model" / "model-00039-of-00039.safetensors").read_bytes() == repos[MODEL_REPO][
         "model-00039-of-00039.safetensors"
     ]
+    for n in linked:
+        assert (slim / n).stat().st_ino == (stage_root / wm.ENGRAM_DIR / n).stat().st_ino, f"{n} is a hardlink"
+    tables = {t: wm.engram_shard_name(s) for s in checkpoint.ENGRAM_TABLES for t in checkpoint.engram_tensors(s)}
+    assert json.loads((slim / wm.ENGRAM_INDEX).read_text())["weight_map"] == tables
 
 
 @pytest.mark.sim

@@ -907,6 +907,15 @@ def test_nfs_export_under_a_0750_home_is_refused_naming_the_directory_and_the_fi
     assert not any(f"directory {home / 'dsv41-exl3'} " in r for r in run.refusals), "0755 below is fine"
 
 
+def test_a_slim_engram_directory_the_workers_cannot_traverse_is_refused(node: FakeNode, tmp_path: Path) -> None:
+    root = tmp_path / "dsv41-exl3"
+    (root / "engram-vllm").mkdir(parents=True, mode=0o750)  # what the workers mount at /engram-src
+    run = node.run(make_spec(weights_root=str(root), min_free_disk_gib=1, check_export_path=True))
+    assert run.rc == 1
+    refusal = next(r for r in run.refusals if f"directory {root / 'engram-vllm'} " in r)
+    assert f"fix: chmod o+x {root / 'engram-vllm'}" in refusal
+
+
 def test_nfs_export_path_traversable_by_others_passes(node: FakeNode) -> None:
     base = Path(tempfile.mkdtemp(dir="/tmp"))  # pytest's own tmp root is 0700: use an o+x tree
     try:

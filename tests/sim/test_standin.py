@@ -45,6 +45,8 @@ from components.gates.observations import (
 from components.serving import spec as serve_spec
 from components.verify.client import DecodeMeasurement, Passed, measure_decode, probe_endpoint, verify_endpoint
 from components.verify.verdict import DECODE_PROBE_PROMPTS, VERIFY_PROMPT, Failed, Reason
+from components.weights import manifest as wm
+from sim import checkpoint as checkpoint_data
 
 REPO = Path(__file__).resolve().parents[2]
 STANDIN_DIR = REPO / "sim" / "standin"
@@ -83,10 +85,27 @@ def free_port() -> int:
 # A tiny checkpoint in the layout components/weights/manifest.py stages
 
 
+ENGRAM_TABLES = {
+    47: ["model.layers.1.engram.embed.weight", "model.layers.1.engram.embed.scale"],
+    48: ["model.layers.14.engram.embed.weight", "model.layers.14.engram.embed.scale"],
+}
+
+
+def engram_shard(i: int, tables: Sequence[str], salt: str = "") -> bytes:
+    """Base shard 47 or 48 in the safetensors layout: its layer tensor, then its Engram embed tables."""
+    return checkpoint_data.safetensors_tensors(
+        {f"model.layers.{i - 1}.weight": f"layer {i}{salt}".encode(), **{t: f"{t}{salt}".encode() for t in tables}},
+        {"format": "pt"},
+    )
+
+
 def write_checkpoint(root: Path, salt: str = "") -> Path:
-    model, engram = root / "model", root / "engram-src"
+    """/model, the base repo's Engram files as staged (engram-src/) and the slim directory the ranks mount at
+    /engram-src (engram-vllm/: hardlinks of shards 47/48 and config.json, an index of the embed tables only)."""
+    model, engram, slim = root / "model", root / "engram-src", root / wm.ENGRAM_VLLM_DIR
     model.mkdir(parents=True)
     engram.mkdir()
+    slim.mkdir()
     weight_map = {}
     for i in range(1, 40):
         name = f"model-{i:05d}-of-00039.safetensors"
@@ -94,11 +113,15 @@ def write_checkpoint(root: Path, salt: str = "") -> Path:
         weight_map[f"model.layers.{i - 1}.weight"] = name
     (model / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
     (model / "config.json").write_text(json.dumps({"model_type": "deepseek_v4", "max_position_embeddings": 1048576}))
-    engram_map = {f"model.layers.{i - 1}.engram": f"model-{i:05d}-of-00048.safetensors" for i in range(1, 49)}
-    (engram / "model.safetensors.index.json").write_text(json.dumps({"weight_map": engram_map}))
-    (engram / "config.json").write_text("{}")
-    for i in (47, 48):
-        (engram / f"model-{i:05d}-of-00048.safetensors").write_bytes(f"engram table {i}{salt}".encode())
+    engram_map = {f"model.layers.{i - 1}.weight": f"model-{i:05d}-of-00048.safetensors" for i in range(1, 49)}
+    embed = {t: f"model-{i:05d}-of-00048.safetensors" for i, tables in ENGRAM_TABLES.items() for t in tables}
+    (engram / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {**engram_map, **embed}}))
+    (engram / "config.json").write_text('{"model_type": "deepseek_v4"}')
+    for i, tables in ENGRAM_TABLES.items():
+        (engram / f"model-{i:05d}-of-00048.safetensors").write_bytes(engram_shard(i, tables, salt))
+    for name in ["config.json", *{*embed.values()}]:
+        os.link(engram / name, slim / name)
+    (slim / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": embed}))
     # what the image carries at /opt/dsv41/chat_template.jinja
     (root / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
     return root
@@ -230,7 +253,7 @@ def mounted(argv: list[str], checkpoint: Path) -> list[str]:
     by the temp checkpoint."""
     out = [str(checkpoint / "model") if a == serve_spec.MODEL_MOUNT else a for a in argv]
     out = [str(checkpoint / "chat_template.jinja") if a == IMAGE_CHAT_TEMPLATE else a for a in out]
-    return [a.replace(serve_spec.ENGRAM_MOUNT, str(checkpoint / "engram-src")) for a in out]
+    return [a.replace(serve_spec.ENGRAM_MOUNT, str(checkpoint / wm.ENGRAM_VLLM_DIR)) for a in out]
 
 
 def as_single_node(argv: list[str]) -> list[str]:
@@ -833,11 +856,98 @@ def test_missing_model_shard_fails_loading_with_file_not_found(tmp_path: Path) -
 
 def test_missing_engram_shard_fails_loading_with_file_not_found(tmp_path: Path) -> None:
     weights = write_checkpoint(tmp_path / "w")
-    (weights / "engram-src" / "model-00048-of-00048.safetensors").unlink()
+    missing = weights / wm.ENGRAM_VLLM_DIR / "model-00048-of-00048.safetensors"
+    missing.unlink()
     done = run_cli(single_node_argv(weights), {"SIM_LOAD_SECONDS": "0.2"})
-    missing = weights / "engram-src" / "model-00048-of-00048.safetensors"
     assert done.returncode == 1
     assert f"FileNotFoundError: [Errno 2] No such file or directory: '{missing}'" in done.stderr
+    assert _fatal(done.stderr) == "Engram tables"
+
+
+# --- the Engram table directory: what the ranks mount at /engram-src (issue 34) --------------------------------
+
+
+def _fatal(stderr: str) -> str | None:
+    """The fatal-pattern entry that fails the gates at once on a rank's output: its first line that is one."""
+    found = (f for ln in stderr.splitlines() if (f := log_patterns.fatal_of(ln)) is not None and f.at_once)
+    return next((f.name for f in found), None)
+
+
+def _slim_index(weights: Path, weight_map: Mapping[str, str]) -> None:
+    index = weights / wm.ENGRAM_VLLM_DIR / "model.safetensors.index.json"
+    index.write_text(json.dumps({"metadata": {}, "weight_map": dict(weight_map)}))
+
+
+def _fails_loading(weights: Path) -> subprocess.CompletedProcess[str]:
+    done = run_cli(single_node_argv(weights), {"SIM_LOAD_SECONDS": "0.2"})
+    assert done.returncode == 1, done.stdout[-2000:]
+    assert "Starting to load model" in done.stdout and "Model loading took" not in done.stdout
+    assert "WorkerProc failed to start." in done.stdout and "EngineCore failed to start." in done.stdout
+    return done
+
+
+def test_the_slim_engram_directory_loads_its_two_shards(healthy: Healthy, checkpoint: Path) -> None:
+    for rank in healthy.cluster.ranks:
+        loaded = re.findall(r"Loaded Engram table shard (\S+) from (\S+)", rank.text())
+        assert [name for name, _ in loaded] == ["model-00047-of-00048.safetensors", "model-00048-of-00048.safetensors"]
+        assert {where for _, where in loaded} == {str(checkpoint / wm.ENGRAM_VLLM_DIR)}
+
+
+def test_an_engram_dir_with_the_native_index_fails_the_boot_naming_the_engram_tables(
+    launch: Callable[..., Cluster], tmp_path: Path
+) -> None:
+    # The base repo's own index mounted at /engram-src: 48 shards listed, 2 present. The loader opens what the
+    # index names, and the first shard absent ends the boot, the way vLLM's loader "pulling the whole tree" would.
+    weights = write_checkpoint(tmp_path / "w")
+    native = (weights / "engram-src" / "model.safetensors.index.json").read_text()
+    (weights / wm.ENGRAM_VLLM_DIR / "model.safetensors.index.json").write_text(native)
+    cluster = launch(cluster_settings(), weights=weights)
+    with pytest.raises(GateFailure) as failure:
+        run_gates(cluster, ready_timeout_s=20, stall_s=10)
+    message = str(failure.value)
+    absent = weights / wm.ENGRAM_VLLM_DIR / "model-00001-of-00048.safetensors"
+    assert "could not load the Engram tables from /engram-src" in message, message
+    assert f"FileNotFoundError: [Errno 2] No such file or directory: '{absent}'" in message
+    assert "engram-vllm" in message and "--replace" in message, "the advice names the slim directory and the fix"
+    assert [r.wait_exit(5) for r in cluster.ranks] == [1, 1], "every rank loads the tables: every rank fails"
+
+
+def test_an_engram_index_listing_a_tensor_that_is_not_an_embed_table_is_refused(tmp_path: Path) -> None:
+    weights = write_checkpoint(tmp_path / "w")
+    embed = {t: f"model-{i:05d}-of-00048.safetensors" for i, tables in ENGRAM_TABLES.items() for t in tables}
+    _slim_index(weights, {**embed, "model.layers.46.weight": "model-00047-of-00048.safetensors"})
+    done = _fails_loading(weights)
+    assert "not Engram embed tables (model.layers.46.weight)" in done.stderr
+    assert _fatal(done.stderr) == "Engram tables"
+
+
+def test_an_engram_index_naming_a_shard_that_is_not_there_fails_with_file_not_found(tmp_path: Path) -> None:
+    weights = write_checkpoint(tmp_path / "w")
+    embed = {t: f"model-{i:05d}-of-00048.safetensors" for i, tables in ENGRAM_TABLES.items() for t in tables}
+    _slim_index(weights, {**embed, "model.layers.5.engram.embed.weight": "model-00012-of-00048.safetensors"})
+    done = _fails_loading(weights)
+    absent = weights / wm.ENGRAM_VLLM_DIR / "model-00012-of-00048.safetensors"
+    assert f"FileNotFoundError: [Errno 2] No such file or directory: '{absent}'" in done.stderr
+    assert _fatal(done.stderr) == "Engram tables"
+
+
+def test_an_engram_table_absent_from_its_shard_fails_loading(tmp_path: Path) -> None:
+    weights = write_checkpoint(tmp_path / "w")
+    embed = {t: f"model-{i:05d}-of-00048.safetensors" for i, tables in ENGRAM_TABLES.items() for t in tables}
+    _slim_index(weights, {**embed, "model.layers.2.engram.embed.scale": "model-00047-of-00048.safetensors"})
+    done = _fails_loading(weights)
+    assert "KeyError: Engram table 'model.layers.2.engram.embed.scale' is not in" in done.stderr
+    assert _fatal(done.stderr) == "Engram tables"
+
+
+def test_an_engram_dir_without_config_json_fails_every_rank_at_boot(tmp_path: Path) -> None:
+    # An owner's first run: staged fine, NCCL came up, then FileNotFoundError: /engram-src/config.json.
+    weights = write_checkpoint(tmp_path / "w")
+    (weights / wm.ENGRAM_VLLM_DIR / "config.json").unlink()
+    done = _fails_loading(weights)
+    missing = weights / wm.ENGRAM_VLLM_DIR / "config.json"
+    assert f"FileNotFoundError: [Errno 2] No such file or directory: '{missing}'" in done.stderr
+    assert _fatal(done.stderr) == "Engram tables"
 
 
 def test_graph_capture_takes_the_time_it_logs(tmp_path: Path) -> None:

@@ -58,8 +58,9 @@ def fake_stdout(args: pulumi.runtime.MockResourceArgs) -> dict[str, Any]:
 
 
 def full_manifest() -> dict[str, int]:
-    """What staging reports on hardware: 39 EXL3 shards plus their metadata, and the two Engram shards of 48
-    with the index and config (sizes as the recipe's repos list them, to the order of magnitude)."""
+    """What staging reports on hardware: 39 EXL3 shards plus their metadata, the two Engram shards of 48 with the
+    index and config (sizes as the recipe's repos list them, to the order of magnitude), and the slim Engram
+    directory built from them (the shards and config again, as hardlinks, and an embed-only index)."""
     files = {
         f"{wm.MODEL_DIR}/model-{i:05d}-of-{wm.MODEL_SHARD_COUNT:05d}.safetensors": 5_300_000_000 + i
         for i in range(1, wm.MODEL_SHARD_COUNT + 1)
@@ -72,6 +73,9 @@ def full_manifest() -> dict[str, int]:
     )
     files.update({f"{wm.ENGRAM_DIR}/{wm.engram_shard_name(i)}": 4_900_000_000 + i for i in wm.ENGRAM_SHARDS})
     files.update({f"{wm.ENGRAM_DIR}/{name}": 2048 for name in wm.ENGRAM_EXTRA_FILES})
+    linked = [*(wm.engram_shard_name(i) for i in wm.ENGRAM_SHARDS), wm.ENGRAM_CONFIG]
+    files.update({f"{wm.ENGRAM_VLLM_DIR}/{name}": files[f"{wm.ENGRAM_DIR}/{name}"] for name in linked})
+    files[f"{wm.ENGRAM_VLLM_DIR}/{wm.ENGRAM_INDEX}"] = 512
     return files
 
 

@@ -21,6 +21,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from components.weights import manifest as wm
+from sim import checkpoint
 
 PYTHON = sys.executable  # the venv's python: stands for the staging container's python3
 SCRIPT = Path(wm.__file__).with_name("stage_weights.py")
@@ -62,8 +63,9 @@ class FakeHub:
     corrupt: set[tuple[str, str]] = field(default_factory=set)  # served with one byte flipped (same size)
     delay_s: dict[tuple[str, str], float] = field(default_factory=dict)  # answered (HEAD and GET) this late
     pace: dict[tuple[str, str], float] = field(default_factory=dict)  # body sent at this many bytes/s
-    # The first downloads wait until this many are being served at once, 10 s at most (then none waits again):
-    # only downloads that really overlap get past it early. 0: no waiting.
+    # The first shard downloads wait until this many are being served at once, 10 s at most (then none waits
+    # again): only downloads that really overlap get past it early. 0: no waiting. Only shards are held: staging
+    # fetches the Engram index and config on their own first.
     hold_until: int = 0
     in_flight: int = 0
     max_in_flight: int = 0
@@ -73,13 +75,13 @@ class FakeHub:
     def gets_of(self, suffix: str) -> list[str]:
         return [p for m, p, _ in self.requests if m == "GET" and "/resolve/" in p and p.endswith(suffix)]
 
-    def enter_download(self) -> None:
+    def enter_download(self, name: str) -> None:
         with self._gauge:
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
             if self.in_flight >= self.hold_until:
                 self._all_in.set()
-        if self.hold_until and not self._all_in.wait(timeout=10):
+        if self.hold_until and name.endswith(".safetensors") and not self._all_in.wait(timeout=10):
             self._all_in.set()
 
     def leave_download(self) -> None:
@@ -178,7 +180,7 @@ def hub_handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                 code, start = 206, int(asked[len("bytes=") : -1])
                 headers = {**headers, "Content-Range": f"bytes {start}-{len(data) - 1}/{len(data)}"}
             body = data[start:]
-            hub.enter_download()
+            hub.enter_download(name)
             try:
                 self.send_response(code)
                 for k, v in headers.items():
@@ -206,8 +208,23 @@ def hub_handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+# The Engram embed tables of the base repo, by shard (as the real repo: layers 1 and 14, in shards 47 and 48).
+ENGRAM_TABLES = {
+    wm.engram_shard_name(47): ["model.layers.1.engram.embed.weight", "model.layers.1.engram.embed.scale"],
+    wm.engram_shard_name(48): ["model.layers.14.engram.embed.weight", "model.layers.14.engram.embed.scale"],
+}
+
+
+def engram_shard(i: int, tables: list[str]) -> bytes:
+    """A base shard in the safetensors layout: its layer tensor and `tables`."""
+    return checkpoint.safetensors_tensors(
+        {f"layer.{i}.w": f"base shard {i}".encode() * 3, **{t: t.encode() * 2 for t in tables}}, {"format": "pt"}
+    )
+
+
 def small_checkpoint() -> dict[str, dict[str, bytes]]:
-    """39 tiny EXL3 shards + side files; the base repo has all 48 shards and an index naming them."""
+    """39 tiny EXL3 shards + side files; the base repo has all 48 shards and an index naming them, shards 47 and
+    48 (real safetensors headers) holding the Engram embed tables beside their layer tensor."""
     model = {f"model-{i:05d}-of-00039.safetensors": f"exl3 shard {i}".encode() * (i % 5 + 1) for i in range(1, 40)}
     model.update(
         {
@@ -216,8 +233,11 @@ def small_checkpoint() -> dict[str, dict[str, bytes]]:
             "quantization_config.json": b'{"bits":2.9}',
         }
     )
-    index = {"metadata": {}, "weight_map": {f"layer.{i}.w": wm.engram_shard_name(i) for i in range(1, 49)}}
-    engram = {wm.engram_shard_name(i): f"base shard {i}".encode() * 3 for i in range(1, 49)}
+    weight_map = {f"layer.{i}.w": wm.engram_shard_name(i) for i in range(1, 49)}
+    weight_map.update({t: shard for shard, tables in ENGRAM_TABLES.items() for t in tables})
+    index = {"metadata": {}, "weight_map": weight_map}
+    engram = {wm.engram_shard_name(i): f"base shard {i}".encode() * 3 for i in range(1, 47)}
+    engram.update({shard: engram_shard(int(shard[6:11]), tables) for shard, tables in ENGRAM_TABLES.items()})
     engram.update(
         {wm.ENGRAM_INDEX: json.dumps(index).encode(), "config.json": b'{"model_type":"base"}', "README.md": b"# base"}
     )

@@ -21,7 +21,7 @@ import pytest
 from components.scripts import sh_command
 from components.weights import local_copy as lc
 from components.weights import manifest as wm
-from components.weights.copy_weights import PARTIAL_SUFFIX, RECORD_FILE, read_record
+from components.weights.copy_weights import PARTIAL_SUFFIX, RECORD_FILE, REPORT_MARKER, read_record
 from tests.support.fake_docker import install_fake_docker
 from tests.support.scripts import header_value, run_sh
 
@@ -53,7 +53,9 @@ class Source:
         self.proc.wait(timeout=10)
 
 
-def start_source(root: Path, allow: str = "127.0.0.1", **limits: float) -> Source:
+def start_source(
+    root: Path, allow: str = "127.0.0.1", dirs: tuple[str, ...] = wm.SERVED_DIRS, **limits: float
+) -> Source:
     """copy_source.py as source.sh runs it, the config line on stdin (`limits`: copy_source.Limits' fields)."""
     proc = subprocess.Popen(
         [PYTHON, str(HERE / "copy_source.py"), "--root", str(root), "--bind", "127.0.0.1"],
@@ -63,9 +65,7 @@ def start_source(root: Path, allow: str = "127.0.0.1", **limits: float) -> Sourc
         text=True,
     )
     assert proc.stdin and proc.stdout
-    proc.stdin.write(
-        json.dumps({"token": TOKEN, "allow": [allow], "dirs": [wm.MODEL_DIR, wm.ENGRAM_DIR], **limits}) + "\n"
-    )
+    proc.stdin.write(json.dumps({"token": TOKEN, "allow": [allow], "dirs": list(dirs), **limits}) + "\n")
     proc.stdin.flush()
     ready = lc.parse_source_line(proc.stdout.readline(), {})
     assert ready is not None
@@ -84,6 +84,11 @@ def head(tmp_path: Path) -> Path:
     write(root / wm.MODEL_DIR / "model-00002-of-00002.safetensors", os.urandom(2_000_000))
     write(root / wm.MODEL_DIR / "config.json", b'{"a": 1}\n')
     write(root / wm.ENGRAM_DIR / "model-00047-of-00048.safetensors", os.urandom(1_000_000))
+    write(root / wm.ENGRAM_DIR / wm.ENGRAM_INDEX, b'{"weight_map": {}}\n')
+    # As staging builds it: the slim Engram directory, a hardlink of the shard and its own index.
+    (root / wm.ENGRAM_VLLM_DIR).mkdir()
+    os.link(root / wm.ENGRAM_DIR / "model-00047-of-00048.safetensors", root / wm.ENGRAM_VLLM_DIR / SHARD47)
+    write(root / wm.ENGRAM_VLLM_DIR / wm.ENGRAM_INDEX, b'{"weight_map": {"x.engram.embed.weight": "s"}}\n')
     write(root / "dsv41-weights-manifest.json", b"{}")
     return root
 
@@ -95,20 +100,27 @@ def source(head: Path) -> Iterator[Source]:
     s.stop()
 
 
-def expected_of(head: Path) -> tuple[dict[str, int], dict[str, str]]:
+def expected_of(head: Path, dirs: tuple[str, ...] = wm.SERVED_DIRS) -> tuple[dict[str, int], dict[str, str]]:
     files, digests = {}, {}
     for p in sorted(head.rglob("*")):
         rel = p.relative_to(head).as_posix()
-        if p.is_file() and rel.split("/")[0] in (wm.MODEL_DIR, wm.ENGRAM_DIR):
+        if p.is_file() and rel.split("/")[0] in dirs:
             files[rel] = p.stat().st_size
             digests[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
     return files, digests
 
 
 def copy(
-    source: Source, head: Path, dest: Path, *, streams: int = 3, token: str = TOKEN, idents: tuple[str, str] = ("", "")
+    source: Source,
+    head: Path,
+    dest: Path,
+    *,
+    streams: int = 3,
+    token: str = TOKEN,
+    idents: tuple[str, str] = ("", ""),
+    dirs: tuple[str, ...] = wm.SERVED_DIRS,
 ) -> tuple[subprocess.CompletedProcess[str], lc.CopyReport | None]:
-    files, digests = expected_of(head)
+    files, digests = expected_of(head, dirs)
     expected = dest.parent / "expected.json"
     expected.write_text(lc.expected_json(files, digests))
     dest.mkdir(parents=True, exist_ok=True)
@@ -144,6 +156,9 @@ def copy(
     return done, (lc.parse_copy_report(done.stdout) if done.returncode == 0 else None)
 
 
+SHARD47 = "model-00047-of-00048.safetensors"
+
+
 def same_tree(head: Path, dest: Path) -> bool:
     files, _ = expected_of(head)
     return all((dest / p).read_bytes() == (head / p).read_bytes() for p in files)
@@ -160,6 +175,7 @@ def test_a_first_copy_fetches_every_staged_file_verified_and_records_it(
     assert sorted(report.copied) == sorted(files) and report.bytes == sum(files.values())
     assert same_tree(head, dest)
     assert not (dest / "dsv41-weights-manifest.json").exists(), "only the staged directories are copied"
+    assert not (dest / wm.ENGRAM_DIR).exists(), "a worker holds what its rank reads: never engram-src/"
     assert {p: row[0] for p, row in read_record(dest).items()} == digests
     assert not list(dest.rglob(f"*{PARTIAL_SUFFIX}")), "no temporary file is left in place"
 
@@ -200,7 +216,7 @@ def test_a_corrupted_file_of_the_right_size_is_detected_and_copied_again(
 ) -> None:
     dest = tmp_path / "worker"
     copy(source, head, dest)
-    small = f"{wm.ENGRAM_DIR}/model-00047-of-00048.safetensors"
+    small = f"{wm.ENGRAM_VLLM_DIR}/model-00047-of-00048.safetensors"
     with (dest / small).open("r+b") as f:
         f.seek(1000)
         f.write(b"\x00\x01\x02")
@@ -262,6 +278,33 @@ def test_files_of_an_older_revision_this_copy_made_are_removed_and_unrecorded_fi
     assert done.returncode == 0, done.stderr
     assert not (dest / old).exists() and old not in read_record(dest)
     assert (dest / wm.MODEL_DIR / "notes.txt").read_bytes() == b"mine"
+
+
+def test_an_upgrade_links_the_engram_shards_a_copy_already_holds_instead_of_copying_them(
+    head: Path, tmp_path: Path
+) -> None:
+    # A worker copied by a version before the slim Engram directory holds engram-src/ (the shards and the native
+    # index); now it must hold engram-vllm/. The shards' bytes are already there and verified: nothing moves.
+    dest = tmp_path / "worker"
+    both = start_source(head, dirs=(wm.MODEL_DIR, wm.ENGRAM_DIR, wm.ENGRAM_VLLM_DIR))
+    try:
+        done, _ = copy(both, head, dest, dirs=(wm.MODEL_DIR, wm.ENGRAM_DIR))
+        assert done.returncode == 0, done.stderr
+        old = dest / wm.ENGRAM_DIR / SHARD47
+        inode = old.stat().st_ino
+        done, report = copy(both, head, dest)
+    finally:
+        both.stop()
+    assert done.returncode == 0, done.stderr
+    assert report is not None and report.copied == (f"{wm.ENGRAM_VLLM_DIR}/{wm.ENGRAM_INDEX}",), (
+        "only the slim index is fetched: the shard is linked from the verified copy already on the worker"
+    )
+    raw = json.loads(done.stdout.split(f"{REPORT_MARKER} ", 1)[1])
+    assert raw["linked"] == [f"{wm.ENGRAM_VLLM_DIR}/{SHARD47}"]
+    assert (dest / wm.ENGRAM_VLLM_DIR / SHARD47).stat().st_ino == inode
+    assert not old.exists() and not (dest / wm.ENGRAM_DIR / wm.ENGRAM_INDEX).exists(), "the old layout is removed"
+    assert set(read_record(dest)) == set(expected_of(head)[0])
+    assert same_tree(head, dest)
 
 
 def test_the_copy_refuses_to_write_into_the_heads_own_directory(source: Source, head: Path, tmp_path: Path) -> None:
@@ -444,7 +487,7 @@ def test_the_check_passes_a_verified_copy_and_names_every_file_that_is_not(
     with (dest / shard).open("r+b") as f:
         f.write(b"\xff")  # rewritten in place: same size, new mtime
     (dest / f"{wm.MODEL_DIR}/config.json").unlink()
-    engram = f"{wm.ENGRAM_DIR}/model-00047-of-00048.safetensors"
+    engram = f"{wm.ENGRAM_VLLM_DIR}/model-00047-of-00048.safetensors"
     assert check(dest, head, **{engram: "0" * 64}) == {
         shard: "modified",
         f"{wm.MODEL_DIR}/config.json": "missing",

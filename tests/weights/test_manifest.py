@@ -205,8 +205,19 @@ def test_nfs_volume_options() -> None:
     assert wm.volume_name("ws-w1", "model", opts) == wm.volume_name("ws-w1", "model", dict(opts))
 
 
+# What a rank reads, as a volume check is given it: model/ and the slim Engram directory.
+SERVED = {"model/a": 1, "engram-vllm/model.safetensors.index.json": 2}
+
+
 def _staged_tree(root: Path) -> dict[str, int]:
-    files = {"model/a.safetensors": 5, "model/config.json": 2, "engram-src/model-00047-of-00048.safetensors": 3}
+    files = {
+        "model/a.safetensors": 5,
+        "model/config.json": 2,
+        "engram-src/model-00047-of-00048.safetensors": 3,
+        "engram-src/model.safetensors.index.json": 9,
+        "engram-vllm/model-00047-of-00048.safetensors": 3,
+        "engram-vllm/model.safetensors.index.json": 4,
+    }
     for rel, size in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_bytes(b"x" * size)
@@ -218,7 +229,7 @@ def test_bind_check_passes_when_every_file_is_visible(tmp_path: Path) -> None:
     cmd = wm.render_bind_check(node="head", abs_root=str(tmp_path), files=files, timeout_s=30)
     proc = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
-    assert "weights visible on node head: 3 files" in proc.stdout
+    assert "weights visible on node head: 6 files" in proc.stdout, "the head sees every staged file"
 
 
 def test_bind_check_fails_naming_node_and_missing_files(tmp_path: Path) -> None:
@@ -241,18 +252,30 @@ def test_volume_check_mounts_both_volumes_read_only_and_is_bounded(tmp_path: Pat
         image="sha256:abc",
         model_volume="ws-w1-model-1",
         engram_volume="ws-w1-engram-src-2",
-        files={"model/a": 1},
+        files={**SERVED, "engram-src/model.safetensors.index.json": 9},
         timeout_s=45,
         stack_prefix=PREFIX,
     )
     ran = run_logged(cmd, tmp_path)
     bounded = ran.line("timeout ")
     assert bounded.startswith("timeout --kill-after=30 45 docker run --rm -i "), bounded
-    assert " -v ws-w1-model-1:/w/model:ro " in bounded and " -v ws-w1-engram-src-2:/w/engram-src:ro " in bounded
+    assert " -v ws-w1-model-1:/w/model:ro " in bounded and " -v ws-w1-engram-src-2:/w/engram-vllm:ro " in bounded, (
+        "the engram volume is the slim Engram directory: it mounts where the listing names its files"
+    )
     assert " --entrypoint sh " in bounded and bounded.endswith(" sha256:abc -s")
     inner = header_value(cmd, "SIZE_CHECK", as_text=True)
     assert ran.docker_stdin == inner, "the size check reaches the container's sh on stdin"
-    assert header_value(inner, "FILES", as_text=True) == "1 model/a\n" and header_value(inner, "WEIGHTS_ROOT") == "/w"
+    assert header_value(inner, "FILES", as_text=True) == "2 engram-vllm/model.safetensors.index.json\n1 model/a\n", (
+        "through the volumes only what a rank reads is checked: never engram-src/"
+    )
+    assert header_value(inner, "WEIGHTS_ROOT") == "/w"
+
+
+def test_served_files_are_model_and_the_slim_engram_directory() -> None:
+    staged = {**SERVED, "engram-src/model.safetensors.index.json": 9, "engram-src/config.json": 3}
+    assert wm.served_files(staged) == SERVED
+    with pytest.raises(ValueError, match=r"no engram-vllm/model.safetensors.index.json .*run staging again"):
+        wm.served_files({"model/a": 1, "engram-src/model.safetensors.index.json": 9})
 
 
 def test_volume_check_script_runs_inside_the_container_root(tmp_path: Path) -> None:
@@ -270,9 +293,14 @@ def test_volume_check_script_runs_inside_the_container_root(tmp_path: Path) -> N
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
     ok = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=30, env=env)
     assert ok.returncode == 0, ok.stderr
+    (tmp_path / "head/engram-src/model.safetensors.index.json").unlink()
+    ok = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=30, env=env)
+    assert ok.returncode == 0, "a worker's volumes do not show engram-src/: it is not checked there"
     (tmp_path / "head/model/config.json").unlink()
+    (tmp_path / "head/engram-vllm/model.safetensors.index.json").unlink()
     bad = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=30, env=env)
     assert bad.returncode == 1 and "node w1" in bad.stderr and "model/config.json" in bad.stderr
+    assert "engram-vllm/model.safetensors.index.json" in bad.stderr
 
 
 def test_check_timeout_names_the_node(tmp_path: Path) -> None:
@@ -285,7 +313,7 @@ def test_check_timeout_names_the_node(tmp_path: Path) -> None:
         image="img",
         model_volume="m",
         engram_volume="e",
-        files={"model/a": 1},
+        files=SERVED,
         timeout_s=1,
         stack_prefix=PREFIX,
     )

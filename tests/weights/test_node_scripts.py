@@ -182,7 +182,12 @@ def test_stage_and_check_containers_are_named_per_stack(tmp_path: Path) -> None:
     assert ran.line("docker rm ") == f"docker rm -f {PREFIX}-stage-weights"
     assert ran.line("docker run ").startswith(f"docker run --rm -i --name {PREFIX}-stage-weights ")
     check = wm.render_volume_check(
-        node="w1", image="img", model_volume="m", engram_volume="e", files={"model/a": 1}, stack_prefix=OTHER
+        node="w1",
+        image="img",
+        model_volume="m",
+        engram_volume="e",
+        files={"model/a": 1, "engram-vllm/model.safetensors.index.json": 2},
+        stack_prefix=OTHER,
     )
     assert header_value(check, "CONTAINER") == f"{OTHER}-weights-check"
     ran = run_logged(check, fresh_dir(tmp_path / "check"))

@@ -36,7 +36,10 @@ def test_stage_downloads_expected_files_and_reports_manifest(hub: FakeHub, tmp_p
         f"engram-src/{n}": len(engram[n])
         for n in [wm.engram_shard_name(47), wm.engram_shard_name(48), wm.ENGRAM_INDEX, "config.json"]
     }
-    assert staged.files == {**model_files, **engram_files}, "manifest must be every model file + the 4 engram files"
+    slim = {f"engram-vllm/{n}": (root / "engram-vllm" / n).stat().st_size for n in _slim_names()}
+    assert staged.files == {**model_files, **engram_files, **slim}, (
+        "manifest must be every model file + the 4 engram files + the slim Engram directory's 4"
+    )
     for rel, size in staged.files.items():
         assert (root / rel).stat().st_size == size, rel
     assert len(list((root / "model").glob("*.safetensors"))) == 39
@@ -61,7 +64,7 @@ def test_second_run_downloads_nothing(hub: FakeHub, tmp_path: Path) -> None:
         f"/api/models/{ENGRAM_REPO}",
     }, "only each repo's commit and listing"
     staged = len(wm.parse_stage_output(proc.stdout).files)
-    assert proc.stderr.count("present (recorded) [") == staged == 46, "the records decide; no file is read again"
+    assert proc.stderr.count("present (recorded) [") == staged - 4 == 46, "the records decide; no file is read again"
 
 
 def test_partial_stage_resumes_only_missing_files(hub: FakeHub, tmp_path: Path) -> None:
@@ -171,6 +174,15 @@ def test_index_naming_47_shards_fails(hub: FakeHub, tmp_path: Path) -> None:
     assert "index names 47 shards (expected 48" in error_line(proc)
 
 
+def _slim_names() -> list[str]:
+    return [wm.engram_shard_name(47), wm.engram_shard_name(48), "config.json", wm.ENGRAM_INDEX]
+
+
+def _downloaded(files: dict[str, int]) -> set[str]:
+    """The staged files fetched from the hub: all but the slim Engram directory's (derived from them)."""
+    return {rel for rel in files if not rel.startswith("engram-vllm/")}
+
+
 # --- content verified by the hub's ids, recorded on the head (issue 12, item 6) ----------------------
 
 SHARD = "model-00005-of-00039.safetensors"
@@ -188,7 +200,7 @@ def test_staging_records_name_size_sha256_and_revision_on_the_head(hub: FakeHub,
     assert proc.returncode == 0, proc.stderr[-3000:]
     staged = wm.parse_stage_output(proc.stdout)
     body = records(root)
-    assert body["format"] == 1 and set(body["files"]) == set(staged.files), "one record per staged file"
+    assert body["format"] == 1 and set(body["files"]) == _downloaded(staged.files), "one record per staged file"
     assert body["repos"]["model"] == {"repo": MODEL_REPO, "revision": "main", "commit": COMMIT}
     for rel, rec in body["files"].items():
         data = (root / rel).read_bytes()
@@ -280,7 +292,7 @@ def test_unrecorded_copy_is_hashed_once_and_replaced_only_when_it_differs(hub: F
     assert fetched == [SHARD], "only the copy whose sha256 differs from the hub's is downloaded"
     assert target.read_bytes() == hub.repos[MODEL_REPO][SHARD]
     assert proc.stderr.count("present (hashed once: no record)") == 45
-    assert set(records(root)["files"]) == set(wm.parse_stage_output(proc.stdout).files)
+    assert set(records(root)["files"]) == _downloaded(wm.parse_stage_output(proc.stdout).files)
 
 
 def test_hashing_writer_follows_the_clients_resume_and_restart() -> None:
@@ -350,7 +362,7 @@ def test_downloads_overlap_and_never_exceed_download_streams(hub: FakeHub, tmp_p
     assert hub.max_in_flight == 4, (
         f"with downloadStreams 4 the hub must serve exactly 4 downloads at once at most, saw {hub.max_in_flight}"
     )
-    assert len(wm.parse_stage_output(proc.stdout).files) == 46
+    assert len(_downloaded(wm.parse_stage_output(proc.stdout).files)) == 46
 
 
 def test_a_plan_without_a_stream_count_downloads_one_file_at_a_time(hub: FakeHub, tmp_path: Path) -> None:
@@ -387,7 +399,7 @@ def test_a_failing_file_leaves_the_finished_ones_recorded_and_is_the_one_error(h
         for m, p, _ in hub.requests
         if m == "GET" and "/resolve/" in p and (parts := p.strip("/").split("/"))
     }
-    planned = set(wm.parse_stage_output(proc.stdout).files)
+    planned = _downloaded(wm.parse_stage_output(proc.stdout).files)
     assert fetched == planned - finished, "the re-run fetches exactly what the failed run had not finished"
 
 

@@ -27,8 +27,18 @@ from tests.support.staging import (
 
 SIG_SECRET = "1b47061264138c4ac30d75fd1eb44270"
 STAGED_ROOT = "/home/u/dsv41-exl3"
-STAGED_FILES = {"model/config.json": 10, "model/a.safetensors": 20, "engram-src/config.json": 5}
+STAGED_FILES = {
+    "model/config.json": 10,
+    "model/a.safetensors": 20,
+    "engram-src/config.json": 5,
+    "engram-src/model.safetensors.index.json": 30,
+    "engram-vllm/config.json": 5,
+    "engram-vllm/model.safetensors.index.json": 7,
+}
 STAGED_DIGESTS = {p: hashlib.sha256(p.encode()).hexdigest() for p in STAGED_FILES}
+# What a rank reads, so what a worker's share shows and its copy holds: never engram-src/.
+SERVED_FILES = {p: size for p, size in STAGED_FILES.items() if not p.startswith("engram-src/")}
+SERVED_DIGESTS = {p: STAGED_DIGESTS[p] for p in SERVED_FILES}
 
 
 def _stage_outputs(args: pulumi.runtime.MockResourceArgs) -> dict[str, Any]:
@@ -180,7 +190,8 @@ def test_bind_share_gives_every_node_the_head_path() -> None:
     assert store.mount_type == {"head": "bind", "w1": "bind", "w2": "bind"}
     values = run.values
     assert json.loads(values[0]) == STAGED_FILES
-    assert values[1:4] == [f"{STAGED_ROOT}/model"] * 3 and values[4:7] == [f"{STAGED_ROOT}/engram-src"] * 3
+    assert values[1:4] == [f"{STAGED_ROOT}/model"] * 3
+    assert values[4:7] == [f"{STAGED_ROOT}/engram-vllm"] * 3, "every rank mounts the slim Engram directory"
     assert not [r for r in run.requests if r.typ == "docker:index/volume:Volume"]
     assert "ws-nfs-export" not in reqs
     for node in ("head", "w1", "w2"):
@@ -207,9 +218,10 @@ def test_nfs_share_mounts_worker_volumes_with_options() -> None:
             assert vol.typ == "docker:index/volume:Volume"
             assert f"pulumi:providers:docker::{w}-docker::" in vol.provider, "the volume lives on that worker's daemon"
             assert _field(vol, "driver") == "local"
+            device = {"model": "model", "engram-src": "engram-vllm"}[which]  # the volume backing /engram-src
             assert _field(vol, "driverOpts") == {
                 "type": "nfs",
-                "device": f":{STAGED_ROOT}/{which}",
+                "device": f":{STAGED_ROOT}/{device}",
                 "o": "addr=10.0.0.1,nfsvers=4.2,ro,nconnect=8,rsize=1048576,wsize=1048576,hard,timeo=600",
             }
             assert any(d.endswith("::ws-nfs-export") for d in vol.dependencies)
@@ -222,12 +234,14 @@ def test_nfs_share_mounts_worker_volumes_with_options() -> None:
         assert header_value(create, "MODE") == "volume"
         assert header_value(create, "MODEL_VOLUME").startswith(f"ws-{w}-model-")
         assert (header_value(create, "MOUNT"), header_value(create, "MODEL_DIR")) == ("/w", "model")
-        assert "engram-src/config.json" in header_value(
-            header_value(create, "SIZE_CHECK", as_text=True), "FILES", as_text=True
+        assert header_value(create, "ENGRAM_VLLM_DIR") == "engram-vllm"
+        listing = header_value(header_value(create, "SIZE_CHECK", as_text=True), "FILES", as_text=True)
+        assert listing == "".join(f"{size} {p}\n" for p, size in sorted(SERVED_FILES.items())), (
+            "the worker checks what its rank reads through the volumes: model/ and the slim Engram directory"
         )
     values = run.values
     model_vols, engram_vols = values[2:4], values[5:7]
-    assert values[1] == f"{STAGED_ROOT}/model" and values[4] == f"{STAGED_ROOT}/engram-src"
+    assert values[1] == f"{STAGED_ROOT}/model" and values[4] == f"{STAGED_ROOT}/engram-vllm"
     assert all(v.startswith(f"ws-w{i}-model-") for i, v in enumerate(model_vols, 1))
     assert all(v.startswith(f"ws-w{i}-engram-src-") for i, v in enumerate(engram_vols, 1))
     assert "ws-visible-head" in reqs and reqs["ws-visible-head"].dependencies
@@ -239,7 +253,7 @@ def test_copy_share_gives_each_worker_its_own_verified_copy_after_staging() -> N
     assert store.mount_type == {"head": "bind", "w1": "bind", "w2": "bind"}
     values = run.values
     assert values[1:4] == [f"{STAGED_ROOT}/model", "/copies/w1/model", "/copies/w2/model"]
-    assert values[4:7] == [f"{STAGED_ROOT}/engram-src", "/copies/w1/engram-src", "/copies/w2/engram-src"]
+    assert values[4:7] == [f"{STAGED_ROOT}/engram-vllm", "/copies/w1/engram-vllm", "/copies/w2/engram-vllm"]
     assert "ws-nfs-export" not in reqs and not [r for r in run.requests if r.typ == "docker:index/volume:Volume"]
     for i, w in enumerate(("w1", "w2"), 2):
         copy = reqs[f"ws-copy-{w}"]
@@ -263,8 +277,8 @@ def test_copy_share_gives_each_worker_its_own_verified_copy_after_staging() -> N
             "worker": w,
             "copy_root": f"~/copies/{w}",
             "head_root": STAGED_ROOT,
-            "files": STAGED_FILES,
-            "sha256": STAGED_DIGESTS,
+            "files": SERVED_FILES,
+            "sha256": SERVED_DIGESTS,
             "worker_fabric_ip": f"10.0.0.{i}",
             "head_fabric_ip": "10.0.0.1",
             "worker_image": f"sha256:{w}",

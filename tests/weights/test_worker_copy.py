@@ -102,6 +102,9 @@ def test_a_copy_pairs_source_and_copier_with_a_token_sent_on_stdin_only(ssh_dir:
     assert "root@" not in copy_argv and "me@10.0.0.2" in copy_argv and "me@10.0.0.1" in source_argv
     assert " SOURCE=http://192.168.100.1:40123;" in copy_argv and " SOURCE_IDENT=m:1:2;" in copy_argv
     assert json.loads(source_stdin.splitlines()[0])["allow"] == ["192.168.100.2"]
+    assert json.loads(source_stdin.splitlines()[0])["dirs"] == ["model", "engram-vllm"], (
+        "the source serves what a rank reads: model/ and the slim Engram directory, never engram-src/"
+    )
     assert (ssh_dir / "source.stopped").exists(), "the source is stopped once the copy is done"
     assert outs["root"] == "/copies/spark-1" and outs["copied_files"] == 1 and outs["copied_bytes"] == 5
     assert any("1 of 2 files copied" in m for m in logged)
