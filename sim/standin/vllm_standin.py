@@ -9,8 +9,8 @@ files' bytes, and for every token the head adds partial logits that each worker 
 the rendezvous connection, so a dead worker hangs completions exactly as a lost rank does.
 
 Environment knobs (see README.md): SIM_FAULT, SIM_FAULT_FILE, SIM_LOAD_SECONDS, SIM_WORKER_LOAD_SECONDS,
-SIM_GRAPH_SECONDS, SIM_DECODE_TOKENS_PER_SECOND, SIM_RENDEZVOUS_TIMEOUT_S, and vLLM's own VLLM_API_KEY,
-VLLM_HOST_IP, VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS.
+SIM_ENGRAM_INDEX, SIM_GRAPH_SECONDS, SIM_DECODE_TOKENS_PER_SECOND, SIM_RENDEZVOUS_TIMEOUT_S, and vLLM's own
+VLLM_API_KEY, VLLM_HOST_IP, VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS.
 """
 
 from __future__ import annotations
@@ -368,6 +368,8 @@ class SimEnv:
     # A worker reads its weights over NFS from the head (~15 min for 196 GiB on the recipe's pair, against the
     # head's ~250 s from its own disk), in silence; None: as long as the head's load.
     worker_load_seconds: float | None = None
+    # SIM_ENGRAM_INDEX=any: Engram shards 47/48 taken out of any index (the stand-in before the slim directory).
+    engram_any_index: bool = False
     # vLLM captures CUDA graphs after loading (minutes on GB10); the stand-in spends what it logs.
     graph_seconds: float = 3.0
     decode_tokens_per_second: float = 23.0
@@ -408,10 +410,18 @@ class SimEnv:
             decode_tokens_per_second=number("SIM_DECODE_TOKENS_PER_SECOND", 23.0, minimum=0, inclusive=False),
             rendezvous_timeout_s=number("SIM_RENDEZVOUS_TIMEOUT_S", 600.0, minimum=0, inclusive=False),
             execute_model_timeout_s=number("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", 300.0, minimum=0, inclusive=False),
+            engram_any_index=_engram_index(environ.get("SIM_ENGRAM_INDEX", "")),
             host_ip=environ.get("VLLM_HOST_IP") or None,
             api_key=environ.get("VLLM_API_KEY") or None,
             fault_file=environ.get("SIM_FAULT_FILE", "").strip() or DEFAULT_FAULT_FILE,
         )
+
+
+def _engram_index(raw: str) -> bool:
+    value = raw.strip() or "slim"
+    if value not in ("slim", "any"):
+        raise ValueError(f"SIM_ENGRAM_INDEX={raw!r} is not `slim` (the default) or `any`; unset it or give one")
+    return value == "any"
 
 
 def runtime_fault(path: str) -> str | None:
@@ -561,16 +571,21 @@ def _safetensors_names(path: Path) -> set[str]:
     return {str(k) for k in header if k != "__metadata__"}
 
 
-def engram_files(engram_dir: Path) -> list[Path]:
+def engram_files(engram_dir: Path, any_index: bool = False) -> list[Path]:
     """The Engram tables' shards (47 and 48 of 48) as the table directory's index names them.
 
     The index is the loader's authority: every shard it names is opened, and every tensor it lists is loaded as an
     Engram table. The recipe mounts a slim directory (upstream's prepare_engram_src.py): the two shards, config.json
     and an index of the `*.engram.embed.weight` / `.scale` tables only. The base repo's native index (48 shards, 2
     present) fails on the first absent shard, as the default loader pulling the whole tree would; an index listing
-    any other tensor is refused; a missing config.json is the FileNotFoundError owners met at boot."""
+    any other tensor is refused; a missing config.json is the FileNotFoundError owners met at boot.
+    `any_index` (SIM_ENGRAM_INDEX=any): the stand-in before the slim directory, which took shards 47/48 out of any
+    index, for a deployment made by a program from before it (tests/integration/test_program_upgrade.py)."""
     index = engram_dir / INDEX_NAME
     weight_map = _weight_map(index)
+    if any_index:
+        named = sorted(set(weight_map.values()))
+        return [engram_dir / n for n in named if (m := _SHARD_NUMBER.search(n)) and int(m.group(1)) in ENGRAM_SHARDS]
     config = engram_dir / "config.json"
     with open(config, "rb") as f:  # the Engram loader reads engram_layer_ids / engram_num_embeddings there
         try:
@@ -611,7 +626,7 @@ def load_checkpoint(args: ServeArgs, env: SimEnv, who: str) -> bytes:
     LOG(who, "gpu_model_runner.py:2930", f"Starting to load model {args.model}...")
     shards = model_files(model_dir)
     engram_dir = args.engram_dir
-    tables = engram_files(Path(engram_dir)) if engram_dir else []
+    tables = engram_files(Path(engram_dir), env.engram_any_index) if engram_dir else []
     digest = hashlib.sha256()
     seconds = env.load_seconds
     if args.node_rank > 0 and env.worker_load_seconds is not None:

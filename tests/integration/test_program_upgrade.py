@@ -87,6 +87,9 @@ def test_a_stack_deployed_before_the_layout_move_upgrades_without_replacing_anyt
     )
     try:
         old_dir = old_program(tmp_path / "old")
+        # The old program mounts the base repo's native index at /engram-src, which the recipe's loader (and the
+        # stand-in) refuses; the stand-in of its day took shards 47/48 out of any index.
+        d.write_config(d.with_env(SIM_ENGRAM_INDEX="any"))
         # The old program served openly with no `serve.apiKey`; this one generates a key, a change that
         # replaces the ranks by design. This test is about the layout move: both programs get the same key.
         d.stack.set_config("dsv41-exl3:serve.apiKey", auto.ConfigValue(value="sk-upgrade-test", secret=True), path=True)
