@@ -183,8 +183,8 @@ def render_stage_command(
 
 @dataclass(frozen=True, kw_only=True)
 class PageCacheDropped:
-    """What staging dropped from the head's page cache after the check: files advised (hard links once), their
-    bytes, and how many files it could not advise."""
+    """What staging (on the head) or a worker's copy dropped from the page cache after its check: files advised
+    (hard links once), their bytes, and how many files it could not advise."""
 
     files: int
     bytes: int
@@ -238,19 +238,21 @@ def parse_stage_output(stdout: str) -> StagedWeights:
         files=dict(sorted(files.items())),
         sha256=dict(sorted(digests.items())),
         manifest_file=manifest_file,
-        page_cache=_page_cache(raw.get("page_cache")),
+        page_cache=parse_page_cache(raw.get("page_cache")),
     )
 
 
-def _page_cache(raw: Any) -> PageCacheDropped | None:
-    """`page_cache` as staging reports it; absent from what an older staging script printed."""
+def parse_page_cache(raw: Any) -> PageCacheDropped | None:
+    """`page_cache` as staging (or a worker's copy) reports it; absent from what an older script printed."""
     if raw is None:
         return None
 
     def count(key: str) -> int:
         value = raw.get(key) if isinstance(raw, dict) else None
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"weights staging reported page_cache={raw!r}; expected counts of files, bytes and failed")
+            raise ValueError(
+                f"the weights step reported page_cache={raw!r}; expected counts of files, bytes and failed"
+            )
         return value
 
     return PageCacheDropped(files=count("files"), bytes=count("bytes"), failed=count("failed"))
