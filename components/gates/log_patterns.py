@@ -186,7 +186,7 @@ FATAL_PATTERNS: tuple[FatalPattern, ...] = (
         # MemAvailable floor. First: the other ranks then fail at the rendezvous, and this is the cause.
         "memory before start",
         re.compile(r"rank not started on node .{1,200}?: (?:MemAvailable|cannot read MemAvailable)"),
-        "was not started: its node's MemAvailable was below the preflight's floor (figures in the line)",
+        "was not started: its node's MemAvailable was below the preflight's floor, or unreadable (the line says)",
         "free memory on {nodes} or drop its page cache, as the line says (the GB10 driver does not reclaim page "
         "cache), or lower preflight.minMemAvailableGiB; then run `pulumi up` again",
     ),

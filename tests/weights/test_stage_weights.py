@@ -704,3 +704,30 @@ def test_a_file_that_cannot_be_advised_is_named_and_the_others_are_still_dropped
     assert "page cache: 1 files not dropped (" in err and "a.safetensors: Input/output error" in err
     assert "the ranks check MemAvailable before they start" in err
     assert dropped.to_json() == {"files": 1, "bytes": 1 << 20, "failed": 1}
+
+
+@pytest.mark.parametrize("program", ["stage_weights", "copy_weights"])
+def test_a_filesystem_that_cannot_sync_a_read_only_descriptor_still_takes_the_advice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, program: str
+) -> None:
+    # Both shipped programs keep their own copy of the drop (each is sent to its node alone): the same rule.
+    import errno
+
+    from components.weights import copy_weights as cw
+
+    shard = tmp_path / "model" / "a.safetensors"
+    shard.parent.mkdir()
+    shard.write_bytes(os.urandom(1 << 20))
+    os.sync()
+    assert warm(shard) > 0
+
+    def no_sync(fd: int) -> None:
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    module = sw if program == "stage_weights" else cw
+    monkeypatch.setattr(module.os, "fdatasync", no_sync)
+    if program == "stage_weights":
+        assert sw.drop_page_cache(tmp_path) == sw.PageCacheDrop(files=1, bytes=1 << 20, failed=())
+    else:
+        assert cw.drop_page_cache([shard]) == ({"files": 1, "bytes": 1 << 20, "failed": 0}, [])
+    assert resident_pages(shard) == 0
