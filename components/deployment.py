@@ -14,7 +14,7 @@ from typing import Any
 
 import pulumi
 
-from components import capacity, host_keys, labels
+from components import host_keys, labels
 from components.access import addresses as node_addresses
 from components.access.addresses import AddressError, Addresses, Resolver, http_url
 from components.access.node_access import NodeAccess, NodeAccessArgs
@@ -160,14 +160,6 @@ def _wire(
     }
     copy_mode = s.weights.share == "copy"
 
-    # The observability layer's containers start on the head after the ranks loaded: their bounds come on top of
-    # what the rank needs (counted again when they already run: at most ~0.1 GiB, on the safe side).
-    head_layer_gib = (
-        capacity.observability_head_mib(s.observability.memory_mib, bool(s.observability.node_exporter_image)) / 1024
-        if s.observing
-        else 0.0
-    )
-
     def preflight_args(n: Node, stop_after: Sequence[pulumi.Resource]) -> PreflightArgs:
         own = addresses.of(n.name)
         return PreflightArgs(
@@ -178,7 +170,8 @@ def _wire(
                 ib_hcas=tuple(n.ib_hcas),
                 gid_index=n.gid_index,
                 check_rdma=bool(n.rdma_devices and n.ib_hcas),
-                min_mem_available_gib=s.preflight.min_mem_available_gib + (head_layer_gib if n is s.head else 0.0),
+                # The head's includes the observability layer's bounds; each rank's start checks the same figure.
+                min_mem_available_gib=s.min_mem_available_gib_of(n),
                 # The head stages the weights; in copy mode each worker keeps its own copy: its disk is checked too.
                 weights_root=s.weights.root if n is s.head else (s.copy_root_of(n) if copy_mode else None),
                 min_free_disk_gib=s.preflight.min_free_disk_gib if n is s.head or copy_mode else None,

@@ -401,3 +401,23 @@ def test_the_heads_preflight_asks_for_the_observability_layers_memory_too() -> N
     assert min_mem(observed, "spark-1") == "111.5", "the workers run no Prometheus"
     off = run(config(observability={"enabled": False}))
     assert min_mem(off, "spark-0") == "111.5"
+
+
+def test_each_ranks_start_and_the_supervisors_restart_check_the_preflights_floor() -> None:
+    # The preflight ran before staging; each rank's entrypoint checks MemAvailable again just before vLLM, and a
+    # supervisor restart waits for that figure first: one floor per node, the preflight's.
+    from tests.supervisor.test_supervisor import stdin_of
+
+    rec = run(config())
+    with stdin_of(rec, "supervisor-spark-0-files") as tar:
+        agent_cfg = json.loads(tar.extractfile("config.json").read())  # type: ignore[union-attr]
+    waits = {n["name"]: n["min_mem_gib"] for n in agent_cfg["nodes"]}
+    for node in ("spark-0", "spark-1"):
+        preflight = header_value(rec.named(f"preflight-{node}-check").inputs["create"], "MIN_MEM")
+        entry = rec.named(f"serving-{node}").inputs["entrypoints"][2]
+        assert header_value(entry, "MIN_MEM_GIB") == preflight, f"{node}: the rank's start checks another floor"
+        assert header_value(entry, "NODE") == node
+        assert f"{waits[node]:g}" == preflight, f"{node}: a supervisor restart waits for another floor"
+    assert float(header_value(rec.named("serving-spark-0").inputs["entrypoints"][2], "MIN_MEM_KIB")) == (
+        -(-(111.5 + 100 / 1024) * 1024 * 1024 // 1)
+    ), "the head's floor in KiB, rounded up"

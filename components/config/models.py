@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, SecretStr, field_validator
 from pydantic.alias_generators import to_camel
 
+from components import capacity
 from components.config.declare import setting
 
 NAMESPACE = "dsv41-exl3"
@@ -721,3 +722,21 @@ class Settings(_Model):
     def tensor_parallel_size(self) -> int:
         # One GB10 GPU per Spark: one rank per node.
         return len(self.nodes)
+
+    @property
+    def observability_head_gib(self) -> float:
+        """What the observability layer's containers may take on the head, by their memory bounds (0 when the layer
+        is not deployed). They start after the ranks loaded, so a rank's start must leave room for them."""
+        if not self.observing:
+            return 0.0
+        return (
+            capacity.observability_head_mib(self.observability.memory_mib, bool(self.observability.node_exporter_image))
+            / 1024
+        )
+
+    def min_mem_available_gib_of(self, node: Node) -> float:
+        """The MemAvailable `node` needs before its rank starts: `preflight.minMemAvailableGiB`, plus on the head the
+        observability layer's bounds (counted again when its containers already run: ~0.1 GiB, on the safe side).
+        The preflight, the rank's own entrypoint and the supervisor's restart all check this one figure."""
+        extra = self.observability_head_gib if node.name == self.head.name else 0.0
+        return self.preflight.min_mem_available_gib + extra

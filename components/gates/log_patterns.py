@@ -156,7 +156,8 @@ def phase_of(text: str) -> str | None:
 
 @dataclass(frozen=True)
 class FatalPattern:
-    """A line vLLM (or torch under it) prints when a rank fails, what it means, and what the operator does.
+    """A line a rank prints when it fails (vLLM, torch under it, or the rank's entrypoint), what it means, and what
+    the operator does.
 
     `advice` may name `{nodes}` (the ranks' nodes concerned) and `{where}` (the rendezvous master): the gate
     fills them in. `at_once`: the line alone fails the gate (it is only ever printed as a raised exception);
@@ -180,6 +181,15 @@ RENDEZVOUS_ADVICE = (
 # store. Most specific first: a line matches its first entry, and of the fatal lines a failure has seen, the one
 # whose entry comes first names the cause.
 FATAL_PATTERNS: tuple[FatalPattern, ...] = (
+    FatalPattern(
+        # Not vLLM's: the rank's entrypoint (components/serving/rank_entry.sh) refuses to exec vLLM below the node's
+        # MemAvailable floor. First: the other ranks then fail at the rendezvous, and this is the cause.
+        "memory before start",
+        re.compile(r"rank not started on node .{1,200}?: (?:MemAvailable|cannot read MemAvailable)"),
+        "was not started: its node's MemAvailable was below the preflight's floor, or unreadable (the line says)",
+        "free memory on {nodes} or drop its page cache, as the line says (the GB10 driver does not reclaim page "
+        "cache), or lower preflight.minMemAvailableGiB; then run `pulumi up` again",
+    ),
     FatalPattern(
         "rendezvous",
         # torch's store timeout when a rank never joins: "DistStoreError: ... 1/2 clients joined".
@@ -242,6 +252,7 @@ FATAL_PATTERNS: tuple[FatalPattern, ...] = (
 
 # Every fatal pattern holds one of these (lower case): most lines are ruled out by substring tests.
 _FATAL_WORDS = (
+    "rank not started",
     "diststore",
     "clients joined",
     "kv cache",

@@ -125,7 +125,7 @@ class ServingCluster(pulumi.ComponentResource):
             f"{name}-{node.name}",
             name=cname,
             image=r.image_id,
-            entrypoints=serve_spec.container_entrypoint(),
+            entrypoints=serve_spec.container_entrypoint(s, node),
             command=serve_spec.rank_command(s, rank),
             envs=envs,
             gpus=node.gpus or None,

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from components import scripts
 from components.config import LONG_PREFILL_HEADROOM_TOKENS, Node, Serve, Settings, declarations
 
 MODEL_MOUNT = "/model"
@@ -97,13 +99,10 @@ LAUNCHER_ENV = {
 ENGINE_READY_MARGIN_S = 300
 # The kernel OOM killer scores by RSS, and the weights are in no RSS: without this it kills sshd or
 # dockerd instead of vLLM. docker's --oom-score-adj is not a pulumi-docker input; raising one's own
-# score needs no privilege, so the container's command sets it before exec'ing vLLM.
+# score needs no privilege, so the container's entrypoint (rank_entry.sh) sets it before exec'ing vLLM.
 OOM_SCORE_ADJ = 1000
-CONTAINER_SCRIPT = (
-    f"echo {OOM_SCORE_ADJ} > /proc/self/oom_score_adj || "
-    "{ echo 'dsv41-exl3: cannot write /proc/self/oom_score_adj; refusing to start vLLM without it' >&2; exit 1; }; "
-    'exec vllm "$@"'
-)
+ENTRY_SCRIPT = "serving/rank_entry.sh"
+KIB_PER_GIB = 1024 * 1024
 
 
 def long_prefill_token_threshold(s: Settings) -> int:
@@ -119,9 +118,28 @@ def engine_ready_timeout_s(s: Settings) -> int:
     return s.gates.rendezvous_timeout_seconds + s.gates.ready_timeout_seconds + ENGINE_READY_MARGIN_S
 
 
-def container_entrypoint() -> list[str]:
-    """The container's entrypoint: sets oom_score_adj, then execs `vllm` with the command as argv."""
-    return ["/bin/sh", "-c", CONTAINER_SCRIPT, "vllm"]
+def floor_text(s: Settings, node: Node) -> str:
+    """What a node's MemAvailable floor is made of, naming the key (the rank's refusal quotes it)."""
+    base = f"preflight.minMemAvailableGiB {s.preflight.min_mem_available_gib:g}"
+    extra = s.min_mem_available_gib_of(node) - s.preflight.min_mem_available_gib
+    return f"{base} + {extra * 1024:.0f} MiB for the observability layer on the head" if extra > 0 else base
+
+
+def container_entrypoint(s: Settings, node: Node) -> list[str]:
+    """The container's entrypoint (rank_entry.sh, rendered for `node`): sets oom_score_adj, refuses to start below
+    the node's MemAvailable floor (the preflight's), then execs `vllm` with the command as argv."""
+    floor_gib = s.min_mem_available_gib_of(node)
+    script = scripts.render(
+        ENTRY_SCRIPT,
+        {
+            "NODE": node.name,
+            "MIN_MEM_KIB": math.ceil(floor_gib * KIB_PER_GIB),
+            "MIN_MEM_GIB": f"{floor_gib:g}",
+            "FLOOR": floor_text(s, node),
+            "OOM_SCORE_ADJ": OOM_SCORE_ADJ,
+        },
+    )
+    return ["/bin/sh", "-c", script, "vllm"]
 
 
 # Flags every rank gets that no key drives, each group placed after the key named (the recipe's order).

@@ -472,18 +472,20 @@ class Leader:
                 return f"could not stop the rank on {node['name']}: {error}"
         phase("stop")
         deadline = time.time() + self.cfg["mem_wait_s"]
+        floors = {node["name"]: float(node["min_mem_gib"]) for node in nodes}
         while True:
             low = [
-                (v.node, v.mem_available_gib)
+                (v.node, v.mem_available_gib, floors[v.node])
                 for v in self.look()
-                if v.mem_available_gib is None or v.mem_available_gib < self.cfg["min_mem_gib"]
+                if v.mem_available_gib is None or v.mem_available_gib < floors[v.node]
             ]
             if not low:
                 break
             if time.time() >= deadline:
+                name, mem, floor = low[0]
                 return (
-                    f"gave up waiting for memory: MemAvailable {low[0][1]} GiB on {low[0][0]} stayed below "
-                    f"preflight.minMemAvailableGiB {self.cfg['min_mem_gib']:g} for {self.cfg['mem_wait_s']} s"
+                    f"gave up waiting for memory: MemAvailable {mem} GiB on {name} stayed below its floor {floor:g} "
+                    f"GiB (preflight.minMemAvailableGiB) for {self.cfg['mem_wait_s']} s"
                 )
             time.sleep(1)
         phase("memory")

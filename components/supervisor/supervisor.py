@@ -128,7 +128,14 @@ def agent_config(
         cfg.update(
             {
                 "nodes": [
-                    {"name": n.name, "url": agent_url(s, i), "container": labels.container_name(stack, n.name)}
+                    {
+                        "name": n.name,
+                        "url": agent_url(s, i),
+                        "container": labels.container_name(stack, n.name),
+                        # A restart waits for the floor each rank's entrypoint checks (the preflight's), or the
+                        # rank it starts would refuse.
+                        "min_mem_gib": s.min_mem_available_gib_of(n),
+                    }
                     for i, n in enumerate(s.nodes)
                 ],
                 # The head's own loopback view would do, but the endpoint is what clients see.
@@ -144,7 +151,6 @@ def agent_config(
                 "window_s": s.supervisor.window_hours * 3600,
                 "backoff_s": s.supervisor.backoff_seconds,
                 "mem_wait_s": s.supervisor.mem_wait_seconds,
-                "min_mem_gib": s.preflight.min_mem_available_gib,
                 # A restart is a boot: the gates' rules and bounds (boot.py), then the verifier's.
                 "rendezvous_timeout_s": float(gates.rendezvous_timeout_seconds),
                 "ready_timeout_s": float(gates.ready_timeout_seconds),

@@ -23,7 +23,9 @@ Then heartbeats. stdout: `DSV41_COPY_SOURCE_LISTENING <port>` once listening (so
 identity before).
 
 GET /files/<relative path> with `Range: bytes=<start>-` resumes a partial copy; the reply is sent with
-sendfile, so the head's CPU is not the bottleneck of a fabric copy.
+sendfile, so the head's CPU is not the bottleneck of a fabric copy. When the source stops, every file it sent is
+dropped from the head's page cache (`POSIX_FADV_DONTNEED`; not after each send: pages a socket still holds are not
+dropped): the copy runs after staging dropped them, and the head's rank starts after it.
 """
 
 from __future__ import annotations
@@ -78,6 +80,33 @@ class Source:
         self.dirs = set(dirs)
         self.allow = set(allow)
         self.token = token
+        self._sent: set[Path] = set()
+        self._sent_lock = threading.Lock()
+
+    def sent(self, path: Path) -> None:
+        with self._sent_lock:
+            self._sent.add(path)
+
+    def drop_sent(self) -> tuple[int, int]:
+        """Drop every file sent from the page cache; (files, bytes). The GB10 driver does not reclaim page cache,
+        and the head's rank starts after the copy. Clean pages only (a read-only mount): no flush first."""
+        files = size = 0
+        with self._sent_lock:
+            sent = sorted(self._sent)
+        for path in sent:
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+            except OSError:
+                continue
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                files += 1
+                size += os.fstat(fd).st_size
+            except OSError:
+                pass  # best effort: the ranks check MemAvailable before they start
+            finally:
+                os.close(fd)
+        return files, size
 
     def resolve(self, rel: str) -> Path | None:
         """The staged file `rel` names, or None: never a path outside the staged directories (no `..`, no
@@ -193,6 +222,7 @@ def make_handler(source: Source, limits: Limits) -> type[BaseHTTPRequestHandler]
                 self.wfile.flush()
                 if size > start:
                     self.connection.sendfile(f, start, size - start)
+                source.sent(path)
 
     return Handler
 
@@ -287,6 +317,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{LISTENING_MARKER} {server.server_address[1]}", flush=True)
     server.serve_forever(poll_interval=0.2)
     server.server_close()
+    files, size = source.drop_sent()
+    print(
+        f"copy_source: page cache: dropped the pages of the {files} files sent ({size / 2**30:.2f} GiB)",
+        file=sys.stderr,
+        flush=True,
+    )
     return 0
 
 

@@ -18,6 +18,9 @@ Per file, largest first, in --streams parallel streams:
 The record is rewritten (temporary name, rename) after every file, so an interrupted copy resumes without
 copying a finished file again. A file the record names that is no longer expected (an older revision this
 program copied) is removed; a file nobody recorded is left alone.
+Then every expected file's pages (copied now or kept) are dropped from the worker's page cache (`fdatasync`,
+then `POSIX_FADV_DONTNEED`; no root needed, only these files): the GB10 driver allocates the rank's memory from
+free memory and does not reclaim page cache, and the rank starts right after the copy.
 
 stdin, first line (JSON): {"token": "..."}. Progress and errors on stderr (an error is one line starting with
 "copy_weights: error:"); success prints `DSV41_COPY_REPORT {...}` on stdout.
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import hashlib
 import http.client
 import json
@@ -299,6 +303,15 @@ class Copier:
                         file=sys.stderr,
                     )
         seconds = time.monotonic() - began
+        # Verified: now out of the worker's memory, before its rank starts and the GB10 driver allocates from it.
+        dropped, failed = drop_page_cache([self.dest / e.path for e in expected])
+        not_dropped = f"; not dropped: {'; '.join(failed[:3])}" if failed else ""
+        more = f" and {len(failed) - 3} more" if len(failed) > 3 else ""
+        print(
+            f"copy_weights: {self.node}: page cache: dropped the pages of {dropped['files']} files "
+            f"({dropped['bytes'] / 2**30:.2f} GiB){not_dropped}{more}",
+            file=sys.stderr,
+        )
         return {
             "copied": sorted(copied),
             "bytes": self.bytes_copied,
@@ -307,7 +320,43 @@ class Copier:
             "removed": removed,
             "linked": sorted(linked),
             "root": self.host_dest,
+            "page_cache": dropped,
         }
+
+
+def drop_page_cache(paths: list[Path]) -> tuple[dict[str, int], list[str]]:
+    """Flush, then drop from the page cache, each file (a hard link once); ({files, bytes, failed}, why each failed).
+
+    stage_weights.py's drop_page_cache does the same on the head (each script is shipped alone, so each keeps these
+    lines). `fdatasync` first: DONTNEED leaves dirty pages. A failure is named, never fatal: the rank's own memory
+    check before start is the guard."""
+    seen: set[tuple[int, int]] = set()
+    files = size = 0
+    failed: list[str] = []
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError as exc:
+            failed.append(f"{path}: {exc.strerror or exc}")
+            continue
+        try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) in seen:
+                continue
+            seen.add((st.st_dev, st.st_ino))
+            try:
+                os.fdatasync(fd)
+            except OSError as exc:  # a filesystem that cannot sync this descriptor still takes the advice
+                if exc.errno != errno.EINVAL:
+                    raise
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            files += 1
+            size += st.st_size
+        except OSError as exc:
+            failed.append(f"{path}: {exc.strerror or exc}")
+        finally:
+            os.close(fd)
+    return {"files": files, "bytes": size, "failed": len(failed)}, failed
 
 
 def load_expected(path: Path) -> list[Expected]:

@@ -143,6 +143,7 @@ class CopyReport:
     bytes: int
     seconds: float
     files: int
+    page_cache: wm.PageCacheDropped | None = None  # None: an older copier, which dropped nothing
 
 
 def parse_copy_report(stdout: str) -> CopyReport:
@@ -156,6 +157,7 @@ def parse_copy_report(stdout: str) -> CopyReport:
         bytes=int(raw["bytes"]),
         seconds=float(raw["seconds"]),
         files=int(raw["files"]),
+        page_cache=wm.parse_page_cache(raw.get("page_cache")),
     )
 
 

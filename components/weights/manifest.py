@@ -199,14 +199,26 @@ def render_stage_command(
 
 
 @dataclass(frozen=True, kw_only=True)
+class PageCacheDropped:
+    """What staging (on the head) or a worker's copy dropped from the page cache after its check: files advised
+    (hard links once), their bytes, and how many files it could not advise."""
+
+    files: int
+    bytes: int
+    failed: int
+
+
+@dataclass(frozen=True, kw_only=True)
 class StagedWeights:
-    """What staging reported: the absolute root on the head, {relative path: size}, {relative path: sha256}
-    and where on the head the staging step's record is (per file: repo, commit, size, sha256)."""
+    """What staging reported: the absolute root on the head, {relative path: size}, {relative path: sha256},
+    where on the head the staging step's record is (per file: repo, commit, size, sha256), and what it dropped
+    from the page cache (None: an older staging script, which dropped nothing)."""
 
     root: str
     files: dict[str, int]
     sha256: dict[str, str]
     manifest_file: str | None
+    page_cache: PageCacheDropped | None = None
 
     def manifest_json(self) -> str:
         return json.dumps(self.files, sort_keys=True)
@@ -215,8 +227,8 @@ class StagedWeights:
 def parse_stage_output(stdout: str) -> StagedWeights:
     """The manifest line the staging script printed last; anything else on stdout is ignored.
 
-    `sha256` and `manifest_file` are absent from what an older staging script printed (a stack's state
-    keeps that output until staging runs again): then empty / None."""
+    `sha256`, `manifest_file` and `page_cache` are absent from what an older staging script printed (a stack's
+    state keeps that output until staging runs again): then empty / None."""
     lines = [ln for ln in stdout.splitlines() if ln.startswith(MANIFEST_MARKER + " ")]
     if not lines:
         raise ValueError(f"weights staging printed no '{MANIFEST_MARKER}' line; see the staging command's stderr")
@@ -239,7 +251,11 @@ def parse_stage_output(stdout: str) -> StagedWeights:
     if manifest_file is not None and (not isinstance(manifest_file, str) or not manifest_file.startswith("/")):
         raise ValueError(f"weights staging reported manifest_file={manifest_file!r}; expected an absolute path")
     return StagedWeights(
-        root=root, files=dict(sorted(files.items())), sha256=dict(sorted(digests.items())), manifest_file=manifest_file
+        root=root,
+        files=dict(sorted(files.items())),
+        sha256=dict(sorted(digests.items())),
+        manifest_file=manifest_file,
+        page_cache=parse_page_cache(raw.get("page_cache")),
     )
 
 
@@ -254,6 +270,22 @@ def served_files(files: Mapping[str, int]) -> dict[str, int]:
             f"the {ENGRAM_DIR}/ already staged, downloading nothing)"
         )
     return served
+
+
+def parse_page_cache(raw: Any) -> PageCacheDropped | None:
+    """`page_cache` as staging (or a worker's copy) reports it; absent from what an older script printed."""
+    if raw is None:
+        return None
+
+    def count(key: str) -> int:
+        value = raw.get(key) if isinstance(raw, dict) else None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(
+                f"the weights step reported page_cache={raw!r}; expected counts of files, bytes and failed"
+            )
+        return value
+
+    return PageCacheDropped(files=count("files"), bytes=count("bytes"), failed=count("failed"))
 
 
 def parse_manifest(manifest_json: str) -> dict[str, int]:

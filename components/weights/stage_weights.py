@@ -34,9 +34,15 @@ is refused then. Once everything is staged, the directory is built (or brought u
 hardlinks of the Engram shards and config.json, and an index listing only the embed tensors, each checked against
 its shard's safetensors header. Its files are reported with the staged ones; every rank mounts it at /engram-src.
 
+Once every file is checked, the pages of every file under <dest-root> (staged now or already present, and any
+directory built from them) are dropped from the head's page cache: each file is flushed (`fdatasync`: a dirty
+page is not dropped) and advised `POSIX_FADV_DONTNEED`. No root is needed, and only these files are touched (not
+`/proc/sys/vm/drop_caches`). Why: the GB10 driver allocates the ranks' memory from free memory and does not
+reclaim page cache, and the ranks start right after staging wrote hundreds of GiB.
 Success prints one line on stdout:
     DSV41_WEIGHTS_MANIFEST {"root": "<host root>", "files": {"model/x.safetensors": 123, ...},
-                            "sha256": {"model/x.safetensors": "<hex>", ...}, "manifest_file": "<host path>"}
+                            "sha256": {"model/x.safetensors": "<hex>", ...}, "manifest_file": "<host path>",
+                            "page_cache": {"files": <advised>, "bytes": <their size>, "failed": <not advised>}}
 Progress and errors go to stderr; an error is one line starting with "stage_weights: error:".
 The token is stdin's first line (empty: anonymous), never argv nor the environment: `docker run -e HF_TOKEN`
 would keep it in the container's Config.Env, which `docker inspect` shows while staging runs (hours). An
@@ -46,10 +52,12 @@ HF_TOKEN in the environment (baked into an image) is dropped, so an anonymous ru
 from __future__ import annotations
 
 import argparse
+import errno
 import hashlib
 import json
 import os
 import re
+import stat
 import struct
 import sys
 import threading
@@ -1197,6 +1205,68 @@ def build_engram_vllm(plan: RepoPlan, slim: EngramVllmPlan, revision: str, st: S
     return built
 
 
+@dataclass(frozen=True)
+class PageCacheDrop:
+    """What `drop_page_cache` advised: files (hard links once), their bytes, and the files it could not."""
+
+    files: int
+    bytes: int
+    failed: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"files": self.files, "bytes": self.bytes, "failed": len(self.failed)}
+
+
+def drop_page_cache(root: Path) -> PageCacheDrop:
+    """Flush, then drop from the page cache, every regular file below `root` (symlinks are not followed).
+
+    `fdatasync` first: DONTNEED leaves dirty pages (just written, not yet on disk) in memory. A file that cannot be
+    opened or advised is named and counted, never fatal: the ranks' own memory check before start is the guard.
+    (copy_weights.py, shipped alone to a worker, keeps its own copy of these few lines.)"""
+    seen: set[tuple[int, int]] = set()
+    files = size = 0
+    failed: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(filenames):
+            path = Path(dirpath) / name
+            try:
+                # NOFOLLOW: a link is not ours to advise; NONBLOCK: a FIFO must not hang the open.
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            except OSError as exc:
+                if not path.is_symlink():
+                    failed.append(f"{path}: {exc.strerror or exc}")
+                continue
+            try:
+                st = os.fstat(fd)
+                if (st.st_dev, st.st_ino) in seen or not stat.S_ISREG(st.st_mode):
+                    continue  # a hard link of a file already advised (the same pages), or not a file
+                seen.add((st.st_dev, st.st_ino))
+                try:
+                    os.fdatasync(fd)
+                except OSError as exc:  # a filesystem that cannot sync this descriptor still takes the advice
+                    if exc.errno != errno.EINVAL:
+                        raise
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                files += 1
+                size += st.st_size
+            except OSError as exc:
+                failed.append(f"{path}: {exc.strerror or exc}")
+            finally:
+                os.close(fd)
+    return PageCacheDrop(files=files, bytes=size, failed=tuple(failed))
+
+
+def report_page_cache(drop: PageCacheDrop, root: Path) -> None:
+    say(f"page cache: dropped the pages of {drop.files} files ({drop.bytes / 2**30:.2f} GiB) under {root}")
+    if drop.failed:
+        more = f" and {len(drop.failed) - 3} more" if len(drop.failed) > 3 else ""
+        say(
+            f"page cache: {len(drop.failed)} files not dropped ({'; '.join(drop.failed[:3])}{more}); their pages "
+            "stay in memory until the kernel reclaims them (the ranks check MemAvailable before they start)"
+        )
+
+
 def plan_streams(raw: Mapping[str, Any]) -> int:
     """Files to download at once, as the plan says (weights.downloadStreams)."""
     streams = raw.get("download_streams", UNPLANNED_STREAMS)
@@ -1263,11 +1333,15 @@ def run(plan_json: str, dest_root: Path, host_root: str) -> dict[str, Any]:
         if plan.engram_vllm is not None:
             for rel, (size, sha256) in build_engram_vllm(plan, plan.engram_vllm, revision, st).items():
                 files[rel], digests[rel] = size, sha256
+    # Checked: now out of the head's memory, before the ranks start and the GB10 driver allocates from it.
+    dropped = drop_page_cache(dest_root)
+    report_page_cache(dropped, Path(host_root))
     return {
         "root": host_root,
         "files": files,
         "sha256": digests,
         "manifest_file": f"{host_root.rstrip('/')}/{MANIFEST_FILE}",
+        "page_cache": dropped.to_json(),
     }
 
 

@@ -260,9 +260,15 @@ def run_copy(props: Mapping[str, Any], log: Any = log_progress) -> dict[str, Any
     finally:
         source.stop()
     report = lc.parse_copy_report("".join(out))
+    dropped = report.page_cache
+    page_cache = (
+        "" if dropped is None else f"; page cache: {dropped.files} files dropped ({dropped.bytes / 2**30:.2f} GiB)"
+    )
+    if dropped is not None and dropped.failed:
+        page_cache += f", {dropped.failed} not (the copier's lines name them)"
     log(
         f"weights copy: {worker}: {len(report.copied)} of {report.files} files copied "
-        f"({report.bytes / 2**30:.2f} GiB in {report.seconds:.1f}s)"
+        f"({report.bytes / 2**30:.2f} GiB in {report.seconds:.1f}s){page_cache}"
     )
     return {
         **plain(INPUT_KEYS, props),

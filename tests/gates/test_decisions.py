@@ -1290,6 +1290,29 @@ class TestFatalLinesInBothGates:
         assert msg.startswith("rank 1 (node spark-b, container dsv41-rank1) ran out of GPU memory")
         assert "check MemAvailable on spark-b" in msg
 
+    def test_a_rank_its_entrypoint_did_not_start_fails_the_rendezvous_at_once_naming_its_memory(self) -> None:
+        # The head's entrypoint found MemAvailable below the floor (page cache left after staging): it prints one
+        # line and exits before vLLM; the worker waits at the rendezvous. The line is the cause, not the timeout.
+        from tests.gates.test_log_patterns import FATAL_LINES
+
+        clock = FakeClock()
+        src = ScriptedSource(
+            clock,
+            {
+                0: ScriptedRank(lines=[(1, FATAL_LINES["memory before start"])], exits_at=1),
+                1: ScriptedRank(lines=[(1, L_HEADLESS)]),
+            },
+        )
+        with pytest.raises(GateFailure) as err:
+            decisions.wait_for_rendezvous(RANKS, src, _rdv(rendezvous_timeout_s=900), clock, _noop)
+        assert clock.t <= 10
+        msg = str(err.value)
+        # Its exit and its line arrive together: either way the line names the cause and the advice follows it.
+        assert "rank 0 (node spark-a, container dsv41-rank0) was not started: its node's MemAvailable" in msg
+        assert "MemAvailable 80.12 GiB (MemTotal 119.00 GiB) is below the floor of 111.598 GiB" in msg
+        assert "What to do: free memory on spark-a or drop its page cache" in msg
+        assert "or lower preflight.minMemAvailableGiB; then run `pulumi up` again" in msg
+
     def test_the_heads_exit_0_names_the_workers_last_fatal_line(self) -> None:
         from tests.gates.test_log_patterns import FATAL_LINES
 

@@ -97,6 +97,14 @@ class TestPatterns:
 # vLLM's own wording of each fatal line (v1/core/kv_cache_utils.py, v1/worker/utils.py, torch, NCCL), with the
 # prefixes a rank adds; one per table entry.
 FATAL_LINES = {
+    # Not vLLM's: the rank's entrypoint (components/serving/rank_entry.sh), as dash prints it under `sh -c`.
+    "memory before start": (
+        "components/serving/rank_entry.sh: dsv41-exl3: rank not started on node spark-a: MemAvailable 80.12 GiB "
+        "(MemTotal 119.00 GiB) is below the floor of 111.598 GiB (preflight.minMemAvailableGiB 111.5 + 100 MiB for "
+        "the observability layer on the head); fix: free memory on spark-a (ps aux --sort=-rss | head; docker ps), "
+        "drop its page cache (as root: sync; echo 3 > /proc/sys/vm/drop_caches), or lower "
+        "preflight.minMemAvailableGiB"
+    ),
     "rendezvous": L_DIST_STORE,
     "KV cache too small": (
         "(EngineCore_DP0 pid=180) ValueError: To serve at least one request with the model's max seq len (1048576), "
@@ -156,6 +164,7 @@ class TestFatalPatterns:
             "model-00047-of-00048.safetensors from /engram-src",
             "(APIServer pid=1) INFO 12-02 10:38:00 [api_utils.py:286] non-default args: {'hf_overrides': "
             "{'engram_table_dir': '/engram-src'}, 'disable_log_errors': False}",
+            "dsv41-exl3: node spark-a: MemAvailable 118.00 GiB of 119.00 GiB, floor 111.5 GiB: starting vLLM",
         ],
     )
     def test_healthy_lines_are_not_fatal(self, line: str) -> None:

@@ -264,6 +264,18 @@ def test_a_silent_worker_load_past_stall_seconds_passes_while_its_nfs_reads_move
 
 
 @pytest.mark.timeout(900)
+def test_a_rank_whose_start_finds_no_memavailable_is_not_started_and_the_gate_names_it(deployed: Deployment) -> None:
+    # Every rank starts through components/serving/rank_entry.sh under the sim image's own sh (Debian's dash); every
+    # sim boot passes its floor (preflight.minMemAvailableGiB 1). Pointed at an empty meminfo, each rank refuses
+    # before vLLM, and the rendezvous gate fails on that line at once, not at its timeout.
+    message, _ = fail_then_recover(deployed, {"DSV41_MEMINFO": "/dev/null"})
+    assert "was not started: its node's MemAvailable was below the preflight's floor, or unreadable" in message
+    assert "rank not started on node node-" in message and "cannot read MemAvailable from /dev/null" in message
+    assert "rendezvous did not complete within" not in message, message
+    assert_both_ranks_tails(message, deployed)
+
+
+@pytest.mark.timeout(900)
 def test_watchdog_floor_above_memavailable_stops_the_rank_and_records_why(deployed: Deployment) -> None:
     healthy = deployed.config
     cfg = json.loads(json.dumps(healthy))

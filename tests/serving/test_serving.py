@@ -12,6 +12,7 @@ from components.serving import spec as serve_spec
 from components.serving.serving import RankInputs, ServingCluster, ServingClusterArgs
 from tests.support import recording
 from tests.support.configs import two_sparks
+from tests.support.scripts import header_value
 
 CONTAINER = "docker:index/container:Container"
 
@@ -170,9 +171,11 @@ def test_head_and_worker_containers_render_the_launchers_command_env_and_labels(
     s = parse(nodes(2)).settings
     for rank, name in ((0, "serving-spark-0"), (1, "serving-spark-1")):
         c = rec.named(name)
-        # oom_score_adj 1000 first (the kernel must take vLLM, not sshd), then `vllm serve` as the command
-        assert c.inputs["entrypoints"] == serve_spec.container_entrypoint()
-        assert "echo 1000 > /proc/self/oom_score_adj" in c.inputs["entrypoints"][2]
+        # oom_score_adj 1000 first (the kernel must take vLLM, not sshd), then the node's memory floor, then
+        # `vllm serve` as the command
+        assert c.inputs["entrypoints"] == serve_spec.container_entrypoint(s, s.nodes[rank])
+        entry = c.inputs["entrypoints"][2]
+        assert header_value(entry, "OOM_SCORE_ADJ") == "1000" and header_value(entry, "NODE") == s.nodes[rank].name
         command = c.inputs["command"]
         assert command == serve_spec.rank_command(s, rank)
         assert command[command.index("--long-prefill-token-threshold") + 1] == "1280"

@@ -8,8 +8,11 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from components import labels
 from components.config import Settings, parse
+from components.gates.log_patterns import fatal_of
 from components.serving import spec as serve_spec
 from tests.support.configs import two_sparks
 
@@ -226,40 +229,155 @@ def test_generation_changes_with_the_rendered_launcher_env() -> None:
     assert serve_spec.cluster_generation(settings(serve={"longPrefillTokenThreshold": 1024})) != base
 
 
-def test_container_entrypoint_sets_oom_score_adj_then_execs_vllm_with_the_command(tmp_path: Path) -> None:
-    entry = serve_spec.container_entrypoint()
-    assert entry[:2] == ["/bin/sh", "-c"] and entry[-1] == "vllm"
-    assert "echo 1000 > /proc/self/oom_score_adj" in entry[2] and 'exec vllm "$@"' in entry[2]
-    fake = tmp_path / "vllm"
+GIB_KIB = 1024 * 1024
+
+
+def fake_meminfo(path: Path, *, available_kib: int, total_kib: int = 124_781_000) -> Path:
+    """A /proc/meminfo as a GB10 Spark's kernel writes it (the fields around the two the check reads included)."""
+    path.write_text(
+        f"MemTotal:       {total_kib} kB\n"
+        "MemFree:         1981236 kB\n"
+        f"MemAvailable:   {available_kib} kB\n"
+        "Buffers:           12345 kB\n"
+        "Cached:        105000000 kB\n"
+        "SwapTotal:             0 kB\n"
+    )
+    return path
+
+
+def fake_vllm(tmp_path: Path) -> Path:
+    """A `vllm` on PATH that says it ran, with its oom score and argv."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    fake = bindir / "vllm"
     fake.write_text('#!/bin/sh\necho "oom=$(cat /proc/self/oom_score_adj) pid=$$ args=$*"\n')
     fake.chmod(0o755)
-    command = serve_spec.rank_command(settings(), 1)
-    done = subprocess.run(
-        [*entry, *command],
+    return bindir
+
+
+def start(
+    tmp_path: Path,
+    s: Settings,
+    node_index: int,
+    meminfo: Path,
+    *,
+    shell: str = "/bin/sh",
+    entry: list[str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """The rank's container start: its entrypoint with its command, /proc/meminfo replaced by `meminfo`."""
+    entry = entry or serve_spec.container_entrypoint(s, s.nodes[node_index])
+    return subprocess.run(
+        [shell, *entry[1:], *serve_spec.rank_command(s, node_index)],
         capture_output=True,
         text=True,
         timeout=10,
         check=False,
-        env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"},
+        env={
+            "PATH": f"{fake_vllm(tmp_path)}:{os.environ['PATH']}",
+            "DSV41_MEMINFO": str(meminfo),
+        },
     )
+
+
+def test_container_entrypoint_sets_oom_score_adj_then_execs_vllm_with_the_command(tmp_path: Path) -> None:
+    s = settings()
+    entry = serve_spec.container_entrypoint(s, s.workers[0])
+    assert entry[:2] == ["/bin/sh", "-c"] and entry[-1] == "vllm"
+    assert 'exec vllm "$@"' in entry[2]
+    done = start(tmp_path, s, 1, fake_meminfo(tmp_path / "meminfo", available_kib=118 * GIB_KIB))
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("oom=1000 ")
-    assert done.stdout.strip().endswith("args=" + " ".join(command))
+    assert done.stdout.strip().endswith("args=" + " ".join(serve_spec.rank_command(s, 1)))
+    assert "dsv41-exl3: node spark-worker: MemAvailable 118.00 GiB of 119.00 GiB, floor 111.5 GiB: starting vLLM" in (
+        done.stderr
+    ), "the start says the figures it passed"
 
 
 def test_container_entrypoint_refuses_to_start_vllm_when_the_score_cannot_be_set(tmp_path: Path) -> None:
-    entry = serve_spec.container_entrypoint()
+    s = settings()
+    entry = serve_spec.container_entrypoint(s, s.head)
     # Same script against a path that cannot be written: it must stop, not run vLLM unprotected.
     script = entry[2].replace("/proc/self/oom_score_adj", str(tmp_path / "missing" / "oom_score_adj"))
-    done = subprocess.run(
-        ["/bin/sh", "-c", script, "vllm", "serve"],
-        capture_output=True,
-        text=True,
-        timeout=10,
-        check=False,
-        env={"PATH": str(tmp_path)},
+    done = start(
+        tmp_path,
+        s,
+        0,
+        fake_meminfo(tmp_path / "meminfo", available_kib=118 * GIB_KIB),
+        entry=[*entry[:2], script, entry[3]],
     )
     assert done.returncode == 1 and "refusing to start vLLM" in done.stderr
+    assert "oom=" not in done.stdout
+
+
+@pytest.mark.parametrize("shell", ["dash", "bash"])
+def test_a_rank_below_its_nodes_floor_is_not_started_and_the_line_gives_the_nodes_figures(
+    tmp_path: Path, shell: str
+) -> None:
+    # Page cache the GB10 driver does not reclaim, or another process: 80 GiB left where the preflight asked 111.5.
+    s = settings()
+    meminfo = fake_meminfo(tmp_path / "meminfo", available_kib=80 * GIB_KIB + GIB_KIB // 8)
+    done = start(tmp_path, s, 1, meminfo, shell=shell)
+    assert done.returncode == 1
+    assert done.stdout == "", "vLLM must not have been started"
+    line = done.stderr.strip()
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert (
+        "dsv41-exl3: rank not started on node spark-worker: MemAvailable 80.12 GiB (MemTotal 119.00 GiB) is below the "
+        "floor of 111.5 GiB (preflight.minMemAvailableGiB 111.5); fix: free memory on spark-worker" in line
+    ), line
+    assert "sync; echo 3 > /proc/sys/vm/drop_caches" in line and "or lower preflight.minMemAvailableGiB" in line
+    fatal = fatal_of(line)
+    assert fatal is not None and fatal.name == "memory before start", "the gates must fail the boot on this line"
+
+
+def test_the_heads_floor_holds_the_observability_layer_as_its_preflight_does(tmp_path: Path) -> None:
+    s = settings()
+    assert s.observing, "the two-Spark config deploys the observability layer"
+    # 111.5 GiB + 50 MiB: enough for a worker, not for the head (the layer's 100 MiB start after the load).
+    meminfo = fake_meminfo(tmp_path / "meminfo", available_kib=int(111.5 * GIB_KIB) + 50 * 1024)
+    assert start(tmp_path, s, 1, meminfo).returncode == 0
+    head = start(tmp_path, s, 0, meminfo)
+    assert head.returncode == 1 and head.stdout == ""
+    assert (
+        f"below the floor of {111.5 + 100 / 1024:g} GiB (preflight.minMemAvailableGiB 111.5 + 100 MiB for the "
+        "observability layer on the head)" in head.stderr
+    ), head.stderr
+    off = settings(observability={"enabled": False})
+    assert start(tmp_path, off, 0, meminfo).returncode == 0
+
+
+def test_the_floor_is_inclusive_to_the_kib(tmp_path: Path) -> None:
+    s = settings(preflight={"minMemAvailableGiB": 2})
+    at = start(tmp_path, s, 1, fake_meminfo(tmp_path / "at", available_kib=2 * GIB_KIB))
+    below = start(tmp_path, s, 1, fake_meminfo(tmp_path / "below", available_kib=2 * GIB_KIB - 1))
+    assert at.returncode == 0, at.stderr
+    assert below.returncode == 1 and "MemAvailable 1.99 GiB" in below.stderr, below.stderr
+
+
+def test_the_simulated_clusters_floor_passes_on_a_small_machine(tmp_path: Path) -> None:
+    # The simulated cluster sets preflight.minMemAvailableGiB to 1: a 4 GiB CI runner starts its ranks.
+    s = settings(preflight={"minMemAvailableGiB": 1})
+    meminfo = fake_meminfo(tmp_path / "meminfo", available_kib=2 * GIB_KIB, total_kib=4 * GIB_KIB)
+    for rank in (0, 1):
+        assert start(tmp_path, s, rank, meminfo).returncode == 0
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "MemTotal: 124781000 kB\nMemFree: 1000 kB\n", "MemAvailable: lots kB\n"],
+    ids=["empty", "no MemAvailable (kernel < 3.14)", "not a number"],
+)
+def test_a_meminfo_without_a_readable_memavailable_refuses_naming_the_file(tmp_path: Path, text: str) -> None:
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text(text)
+    s = settings()
+    done = start(tmp_path, s, 0, meminfo)
+    assert done.returncode == 1 and done.stdout == ""
+    assert f"rank not started on node spark-head: cannot read MemAvailable from {meminfo}" in done.stderr
+    missing = start(tmp_path, s, 0, tmp_path / "absent")
+    assert missing.returncode == 1 and "cannot read MemAvailable" in missing.stderr
+    fatal = fatal_of(done.stderr.strip())
+    assert fatal is not None and fatal.name == "memory before start"
 
 
 def test_image_specific_names_left_empty_leave_their_flags_out() -> None:

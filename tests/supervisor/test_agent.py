@@ -34,8 +34,8 @@ def config(tmp_path: Path, worker_port: int, **overrides: Any) -> dict[str, Any]
         "state_dir": str(tmp_path),
         "docker_socket": "",
         "nodes": [
-            {"name": "node-1", "url": "http://127.0.0.1:1", "container": "rank-1"},
-            {"name": "node-2", "url": f"http://127.0.0.1:{worker_port}", "container": "rank-2"},
+            {"name": "node-1", "url": "http://127.0.0.1:1", "container": "rank-1", "min_mem_gib": 0},
+            {"name": "node-2", "url": f"http://127.0.0.1:{worker_port}", "container": "rank-2", "min_mem_gib": 0},
         ],
         "endpoint": "http://127.0.0.1:9/v1",
         "generation": "",
@@ -47,7 +47,6 @@ def config(tmp_path: Path, worker_port: int, **overrides: Any) -> dict[str, Any]
         "window_s": 3600,
         "backoff_s": 0,
         "mem_wait_s": 10,
-        "min_mem_gib": 0,
         "rendezvous_timeout_s": 20.0,
         "ready_timeout_s": 20.0,
         "stall_s": 20.0,

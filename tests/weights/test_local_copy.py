@@ -23,6 +23,7 @@ from components.weights import local_copy as lc
 from components.weights import manifest as wm
 from components.weights.copy_weights import PARTIAL_SUFFIX, RECORD_FILE, REPORT_MARKER, read_record
 from tests.support.fake_docker import install_fake_docker
+from tests.support.page_cache import cached_files, resident_pages, warm
 from tests.support.scripts import header_value, run_sh
 
 PYTHON = sys.executable
@@ -189,6 +190,74 @@ def test_a_second_copy_copies_nothing_and_reads_no_weights(
     assert done.returncode == 0, done.stderr
     assert report is not None and report.copied == () and report.bytes == 0
     assert "copying" not in done.stderr and "other content" not in done.stderr
+
+
+def test_a_copy_leaves_no_page_of_the_copy_on_the_worker_and_the_source_drops_what_it_sent(
+    head: Path, tmp_path: Path
+) -> None:
+    # The GB10 driver does not reclaim page cache, and the ranks start right after the copy.
+    files, _ = expected_of(head)
+    dest = tmp_path / "worker"
+    source = start_source(head)
+    try:
+        done, report = copy(source, head, dest)
+    finally:
+        source.stop()  # the deployer closes the source's stdin once the copy is done
+    assert done.returncode == 0, done.stderr
+    assert report is not None
+    assert report.page_cache == wm.PageCacheDropped(files=len(files), bytes=sum(files.values()), failed=0)
+    # Its record (one page, rewritten after every file) aside: the weights.
+    assert set(cached_files(dest)) <= {RECORD_FILE}, "the worker's copy, just written, must be out of its page cache"
+    assert f"page cache: dropped the pages of {len(files)} files" in done.stderr
+    # Not read back with mincore here: over loopback the kernel may keep a sent page referenced by a socket buffer
+    # freed later (deferred skb freeing), which no advice can drop; the test below drops what it served, unsent.
+    assert source.proc.stderr is not None
+    assert f"page cache: dropped the pages of the {len(files)} files sent" in source.proc.stderr.read()
+
+
+def test_the_source_drops_every_file_it_sent_from_the_heads_page_cache(head: Path) -> None:
+    from components.weights.copy_source import Source as CopySource
+
+    served = CopySource(head, [wm.MODEL_DIR, wm.ENGRAM_DIR], ["127.0.0.1"], TOKEN)
+    files, _ = expected_of(head)
+    for rel in files:  # staged (flushed, dropped) on the head, then read again by the copy
+        with (head / rel).open("rb") as f:
+            os.fdatasync(f.fileno())
+        assert warm(head / rel) > 0, "precondition: the head's file is in its page cache"
+        path = served.resolve(rel)
+        assert path is not None
+        served.sent(path)
+    served.sent(path)  # sent twice (a resumed file): dropped once
+    (head / "unsent.bin").write_bytes(os.urandom(1 << 20))
+    assert warm(head / "unsent.bin") > 0
+    assert served.drop_sent() == (len(files), sum(files.values()))
+    assert {rel for rel in cached_files(head) if rel in files} == set()
+    assert resident_pages(head / "unsent.bin") > 0, "only what the source sent is the source's to advise"
+
+
+def test_a_copy_with_nothing_to_fetch_still_drops_the_pages_of_the_copy(
+    source: Source, head: Path, tmp_path: Path
+) -> None:
+    dest = tmp_path / "worker"
+    copy(source, head, dest)
+    files, _ = expected_of(head)
+    for rel in files:
+        assert warm(dest / rel) > 0
+    done, report = copy(source, head, dest)
+    assert done.returncode == 0 and report is not None and report.copied == ()
+    assert report.page_cache is not None and report.page_cache.files == len(files)
+    assert set(cached_files(dest)) <= {RECORD_FILE}
+
+
+def test_the_copiers_drop_counts_a_hard_link_once_and_names_a_file_it_cannot_open(tmp_path: Path) -> None:
+    from components.weights.copy_weights import drop_page_cache
+
+    (tmp_path / "a").write_bytes(os.urandom(1 << 20))
+    os.link(tmp_path / "a", tmp_path / "b")
+    counts, failed = drop_page_cache([tmp_path / "a", tmp_path / "b", tmp_path / "gone"])
+    assert counts == {"files": 1, "bytes": 1 << 20, "failed": 1}
+    assert failed == [f"{tmp_path}/gone: No such file or directory"]
+    assert resident_pages(tmp_path / "a") == 0
 
 
 def test_an_interrupted_copy_resumes_the_partial_file_and_keeps_the_finished_ones(

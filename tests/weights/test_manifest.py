@@ -183,6 +183,17 @@ def test_parse_stage_output_takes_the_marker_line() -> None:
         wm.parse_stage_output('DSV41_WEIGHTS_MANIFEST {"root": "/r", "files": {}}')
 
 
+def test_parse_stage_output_reads_what_staging_dropped_from_the_page_cache() -> None:
+    line = {"root": "/r", "files": {"a": 1}, "page_cache": {"files": 47, "bytes": 415_000_000_000, "failed": 0}}
+    staged = wm.parse_stage_output("DSV41_WEIGHTS_MANIFEST " + json.dumps(line))
+    assert staged.page_cache == wm.PageCacheDropped(files=47, bytes=415_000_000_000, failed=0)
+    older = wm.parse_stage_output('DSV41_WEIGHTS_MANIFEST {"root": "/r", "files": {"a": 1}}')
+    assert older.page_cache is None, "a stack's state keeps an older staging script's output: it dropped nothing"
+    for bad in ({"files": 1}, {"files": -1, "bytes": 0, "failed": 0}, {"files": True, "bytes": 0, "failed": 0}, 3):
+        with pytest.raises(ValueError, match="page_cache="):
+            wm.parse_stage_output("DSV41_WEIGHTS_MANIFEST " + json.dumps({**line, "page_cache": bad}))
+
+
 def test_exports_are_read_only_and_limited_to_worker_ips() -> None:
     text = wm.render_exports("/home/u/dsv41-exl3", ["10.0.0.2", "10.0.0.3"])
     line = text.splitlines()[-1]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 
 from components.weights import manifest as wm
 from components.weights import stage_weights as sw
+from tests.support.page_cache import cached_files, resident_pages, warm
 from tests.support.staging import (
     COMMIT,
     ENGRAM_REPO,
@@ -623,3 +625,121 @@ def test_the_rate_follows_the_last_30_seconds() -> None:
         t.wrote(50 * MiB)
         last = p.line()
     assert ", 10.0 MiB/s, " in last, last
+
+
+# --- the page cache after staging ---------------------------------------------------------------------------
+# The GB10 driver allocates the ranks' memory from free memory and does not reclaim page cache; staging writes
+# hundreds of GiB just before the ranks start. Residency is read with mincore(2) (tests/support/page_cache.py).
+
+
+def test_staging_leaves_no_page_of_the_files_it_wrote_in_the_page_cache(hub: FakeHub, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    proc = run_stage(hub, root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    staged = wm.parse_stage_output(proc.stdout)
+    assert cached_files(root) == {}, "every staged file's pages, just written (dirty ones too), must be dropped"
+    on_disk = [p for p in root.rglob("*") if p.is_file()]
+    assert staged.page_cache == wm.PageCacheDropped(
+        files=len(on_disk), bytes=sum(p.stat().st_size for p in on_disk), failed=0
+    ), "the report counts every file under the root: the 46 staged and the record"
+    assert len(staged.files) == 46 and len(on_disk) == 47
+    assert f"page cache: dropped the pages of 47 files ({staged.page_cache.bytes / 2**30:.2f} GiB)" in proc.stderr
+
+
+def test_a_run_that_stages_nothing_still_drops_the_pages_of_files_already_present(hub: FakeHub, tmp_path: Path) -> None:
+    # A re-run (the weights staged by an earlier up, read since: a boot, a hash check) downloads nothing.
+    root = tmp_path / "root"
+    assert run_stage(hub, root).returncode == 0
+    shard = root / "model" / SHARD
+    assert warm(shard) > 0, "precondition: a file read is in the page cache"
+    hub.requests.clear()
+    proc = run_stage(hub, root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not hub.gets_of(".safetensors")
+    assert cached_files(root) == {}
+    staged = wm.parse_stage_output(proc.stdout)
+    assert staged.page_cache is not None and staged.page_cache.files == 47
+
+
+def test_the_drop_covers_every_directory_under_the_root_and_each_hard_link_once(tmp_path: Path) -> None:
+    # A directory built from the staged files (hard links: the same pages) is dropped with them, counted once.
+    root = tmp_path / "root"
+    (root / "engram-src").mkdir(parents=True)
+    shard = root / "engram-src" / "model-00047-of-00048.safetensors"
+    shard.write_bytes(os.urandom(3 << 20))
+    (root / "engram-slim").mkdir()
+    os.link(shard, root / "engram-slim" / shard.name)
+    (root / "engram-slim" / "config.json").write_bytes(b'{"a": 1}\n')
+    for path in (shard, root / "engram-slim" / "config.json"):
+        assert warm(path) > 0
+    dropped = sw.drop_page_cache(root)
+    assert dropped == sw.PageCacheDrop(files=2, bytes=(3 << 20) + 9, failed=())
+    assert cached_files(root) == {}
+
+
+def test_the_drop_follows_no_link_out_of_the_root_and_opens_no_fifo(tmp_path: Path) -> None:
+    outside = tmp_path / "elsewhere.bin"
+    outside.write_bytes(os.urandom(1 << 20))
+    root = tmp_path / "root"
+    (root / "model").mkdir(parents=True)
+    (root / "model" / "linked.bin").symlink_to(outside)
+    (root / "model-dir-link").symlink_to(tmp_path)
+    os.mkfifo(root / "model" / "a-fifo")  # an open without O_NONBLOCK would wait for a writer forever
+    assert warm(outside) > 0
+    dropped = sw.drop_page_cache(root)
+    assert dropped == sw.PageCacheDrop(files=0, bytes=0, failed=())
+    assert resident_pages(outside) > 0, "a file outside the root is not staging's to advise"
+
+
+def test_a_file_that_cannot_be_advised_is_named_and_the_others_are_still_dropped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "root"
+    (root / "model").mkdir(parents=True)
+    for name in ("a.safetensors", "b.safetensors"):
+        (root / "model" / name).write_bytes(os.urandom(1 << 20))
+    refused = (root / "model" / "a.safetensors").stat().st_ino
+    advise = os.posix_fadvise
+
+    def fadvise(fd: int, offset: int, length: int, advice: int) -> None:
+        if os.fstat(fd).st_ino == refused:
+            raise OSError(5, "Input/output error")
+        advise(fd, offset, length, advice)
+
+    monkeypatch.setattr(sw.os, "posix_fadvise", fadvise)
+    dropped = sw.drop_page_cache(root)
+    assert dropped.files == 1 and dropped.bytes == 1 << 20
+    assert dropped.failed == (f"{root}/model/a.safetensors: Input/output error",)
+    assert resident_pages(root / "model" / "b.safetensors") == 0
+    sw.report_page_cache(dropped, Path("/host/root"))
+    err = capsys.readouterr().err
+    assert "page cache: 1 files not dropped (" in err and "a.safetensors: Input/output error" in err
+    assert "the ranks check MemAvailable before they start" in err
+    assert dropped.to_json() == {"files": 1, "bytes": 1 << 20, "failed": 1}
+
+
+@pytest.mark.parametrize("program", ["stage_weights", "copy_weights"])
+def test_a_filesystem_that_cannot_sync_a_read_only_descriptor_still_takes_the_advice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, program: str
+) -> None:
+    # Both shipped programs keep their own copy of the drop (each is sent to its node alone): the same rule.
+    import errno
+
+    from components.weights import copy_weights as cw
+
+    shard = tmp_path / "model" / "a.safetensors"
+    shard.parent.mkdir()
+    shard.write_bytes(os.urandom(1 << 20))
+    os.sync()
+    assert warm(shard) > 0
+
+    def no_sync(fd: int) -> None:
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    module = sw if program == "stage_weights" else cw
+    monkeypatch.setattr(module.os, "fdatasync", no_sync)
+    if program == "stage_weights":
+        assert sw.drop_page_cache(tmp_path) == sw.PageCacheDrop(files=1, bytes=1 << 20, failed=())
+    else:
+        assert cw.drop_page_cache([shard]) == ({"files": 1, "bytes": 1 << 20, "failed": 0}, [])
+    assert resident_pages(shard) == 0

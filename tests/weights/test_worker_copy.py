@@ -113,6 +113,21 @@ def test_a_copy_pairs_source_and_copier_with_a_token_sent_on_stdin_only(ssh_dir:
     assert json.loads(calls(ssh_dir)[2][1].splitlines()[0])["token"] != token
 
 
+def test_the_copy_says_what_it_dropped_from_the_workers_page_cache(ssh_dir: Path) -> None:
+    report = {"root": "/copies/spark-1", "copied": ["model/a"], "bytes": 5, "seconds": 0.1, "files": 2}
+    report["page_cache"] = {"files": 2, "bytes": 3 << 30, "failed": 1}
+    (ssh_dir / "copy.out").write_text(f"{REPORT_MARKER} {json.dumps(report)}\n")
+    logged: list[str] = []
+    wc.run_copy(props(), log=logged.append)
+    assert any(
+        m.endswith(
+            "1 of 2 files copied (0.00 GiB in 0.1s); page cache: 2 files dropped (3.00 GiB), 1 not (the "
+            "copier's lines name them)"
+        )
+        for m in logged
+    ), logged
+
+
 def test_the_deployer_sends_the_source_heartbeats_while_the_copy_runs(
     ssh_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
