@@ -50,6 +50,7 @@ from components.gates.observations import (  # noqa: F401
     LogCursor,
     LogEnded,
     LogLine,
+    NodeCounters,
     Notice,
     Observation,
     PollingRankSource,
@@ -63,6 +64,7 @@ from components.gates.observations import (  # noqa: F401
     Unobservable,
     UsageSeen,
     parse_docker_logs,
+    parse_node_counters,
     parse_size,
     parse_stats,
     poll_once,
@@ -89,4 +91,5 @@ from components.gates.stream_source import (  # noqa: F401
     StreamRankSource,
     event_time,
     parse_event,
+    stream_script,
 )

@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -281,7 +282,10 @@ def test_sshd_config_points_sessions_at_the_nodes_own_daemon(tmp_path: Path) -> 
     layout = cluster.Layout(state=tmp_path)
     text = cluster.sshd_config(layout, 3)
     assert f"ListenAddress 127.0.0.4:{cluster.SSH_PORT}\n" in text
-    assert f"SetEnv DOCKER_HOST=unix://{tmp_path}/node-3/docker.sock {cluster.NODE_TAG}={tmp_path}/node-3\n" in text
+    assert (
+        f"SetEnv DOCKER_HOST=unix://{tmp_path}/node-3/docker.sock {cluster.NODE_TAG}={tmp_path}/node-3 "
+        f"DSV41_MOUNTSTATS={tmp_path}/node-3/mountstats\n"
+    ) in text, "each node's NFS client counters are a file of its own (the nodes share one kernel)"
     for line in (
         "PasswordAuthentication no",
         "UsePAM no",
@@ -291,6 +295,19 @@ def test_sshd_config_points_sessions_at_the_nodes_own_daemon(tmp_path: Path) -> 
         f"AuthorizedKeysFile {tmp_path}/ssh/",
     ):
         assert line in text
+
+
+def test_a_nodes_own_name_is_127_0_1_1_on_it_and_its_address_on_this_machine() -> None:
+    # Ubuntu's /etc/hosts: a machine's own name on 127.0.1.1; the operator's side resolves it to the node
+    own = cluster.node_hosts(2)
+    assert f"127.0.1.1 {socket.gethostname()} dsv41-sim-node-2\n" in own
+    assert "127.0.0.2 dsv41-sim-node-1\n" in own and "127.0.0.3 dsv41-sim-node-2\n" not in own
+    machine = "127.0.0.1 localhost\n127.0.0.1 vm"
+    with_nodes = cluster.machine_hosts(machine, True)
+    assert with_nodes.startswith("127.0.0.1 localhost\n127.0.0.1 vm\n" + cluster.HOSTS_BEGIN + "\n")
+    assert "127.0.0.3 dsv41-sim-node-2\n" in with_nodes and with_nodes.endswith(cluster.HOSTS_END + "\n")
+    assert cluster.machine_hosts(with_nodes + "10.0.0.9 other\n", True).count(cluster.HOSTS_BEGIN) == 1
+    assert cluster.machine_hosts(with_nodes + "10.0.0.9 other\n", False) == machine + "\n10.0.0.9 other\n"
 
 
 def test_a_node_is_named_by_index_or_node_dash_index(tmp_path: Path) -> None:

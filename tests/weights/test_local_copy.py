@@ -218,7 +218,7 @@ def test_a_copy_leaves_no_page_of_the_copy_on_the_worker_and_the_source_drops_wh
 def test_the_source_drops_every_file_it_sent_from_the_heads_page_cache(head: Path) -> None:
     from components.weights.copy_source import Source as CopySource
 
-    served = CopySource(head, [wm.MODEL_DIR, wm.ENGRAM_DIR], ["127.0.0.1"], TOKEN)
+    served = CopySource(head, [wm.MODEL_DIR, wm.ENGRAM_VLLM_DIR], ["127.0.0.1"], TOKEN)
     files, _ = expected_of(head)
     for rel in files:  # staged (flushed, dropped) on the head, then read again by the copy
         with (head / rel).open("rb") as f:
