@@ -307,8 +307,8 @@ if MEM=$(mem_gib); then
   fi
   if [ -z "$CURRENT" ] && [ -z "$LEFT_SERVING" ] && ! ge "$MEM" "$MIN_MEM"; then
     refuse "MemAvailable is $MEM GiB, below the required $MIN_MEM GiB; fix: stop what holds memory on $NODE\
- (ps aux --sort=-rss | head; docker ps), or if it is page cache run as root:\
- sync; echo 3 > /proc/sys/vm/drop_caches"
+ (ps aux --sort=-rss | head; docker ps), or if it is page cache:\
+ sync; echo 3 | sudo tee /proc/sys/vm/drop_caches"
   fi
 else
   MEM=''

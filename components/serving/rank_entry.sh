@@ -46,7 +46,7 @@ gib() {  # KiB -> GiB with two decimals, truncated (a figure shown below the flo
 if [ "$avail" -lt "$MIN_MEM_KIB" ]; then
   fail "${LINENO:-}" "dsv41-exl3: rank not started on node $NODE: MemAvailable $(gib "$avail") GiB\
  (MemTotal $(gib "$total") GiB) is below the floor of $MIN_MEM_GIB GiB ($FLOOR); fix: free memory on $NODE\
- (ps aux --sort=-rss | head; docker ps), drop its page cache (as root: sync; echo 3 > /proc/sys/vm/drop_caches),\
+ (ps aux --sort=-rss | head; docker ps), drop its page cache (sync; echo 3 | sudo tee /proc/sys/vm/drop_caches),\
  or lower preflight.minMemAvailableGiB"
 fi
 echo "dsv41-exl3: node $NODE: MemAvailable $(gib "$avail") GiB of $(gib "$total") GiB, floor $MIN_MEM_GIB GiB: starting vLLM" >&2

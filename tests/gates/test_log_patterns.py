@@ -102,7 +102,7 @@ FATAL_LINES = {
         "components/serving/rank_entry.sh: dsv41-exl3: rank not started on node spark-a: MemAvailable 80.12 GiB "
         "(MemTotal 119.00 GiB) is below the floor of 111.598 GiB (preflight.minMemAvailableGiB 111.5 + 100 MiB for "
         "the observability layer on the head); fix: free memory on spark-a (ps aux --sort=-rss | head; docker ps), "
-        "drop its page cache (as root: sync; echo 3 > /proc/sys/vm/drop_caches), or lower "
+        "drop its page cache (sync; echo 3 | sudo tee /proc/sys/vm/drop_caches), or lower "
         "preflight.minMemAvailableGiB"
     ),
     "rendezvous": L_DIST_STORE,
