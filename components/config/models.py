@@ -737,6 +737,7 @@ class Settings(_Model):
     def min_mem_available_gib_of(self, node: Node) -> float:
         """The MemAvailable `node` needs before its rank starts: `preflight.minMemAvailableGiB`, plus on the head the
         observability layer's bounds (counted again when its containers already run: ~0.1 GiB, on the safe side).
-        The preflight, the rank's own entrypoint and the supervisor's restart all check this one figure."""
+        The preflight and the supervisor's restart check this figure; a rank's own start checks the key alone (a
+        rank's container spec must not depend on the observability layer)."""
         extra = self.observability_head_gib if node.name == self.head.name else 0.0
         return self.preflight.min_mem_available_gib + extra

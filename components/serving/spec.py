@@ -118,24 +118,21 @@ def engine_ready_timeout_s(s: Settings) -> int:
     return s.gates.rendezvous_timeout_seconds + s.gates.ready_timeout_seconds + ENGINE_READY_MARGIN_S
 
 
-def floor_text(s: Settings, node: Node) -> str:
-    """What a node's MemAvailable floor is made of, naming the key (the rank's refusal quotes it)."""
-    base = f"preflight.minMemAvailableGiB {s.preflight.min_mem_available_gib:g}"
-    extra = s.min_mem_available_gib_of(node) - s.preflight.min_mem_available_gib
-    return f"{base} + {extra * 1024:.0f} MiB for the observability layer on the head" if extra > 0 else base
-
-
 def container_entrypoint(s: Settings, node: Node) -> list[str]:
     """The container's entrypoint (rank_entry.sh, rendered for `node`): sets oom_score_adj, refuses to start below
-    the node's MemAvailable floor (the preflight's), then execs `vllm` with the command as argv."""
-    floor_gib = s.min_mem_available_gib_of(node)
+    `preflight.minMemAvailableGiB`, then execs `vllm` with the command as argv.
+
+    The floor is the key's alone, on every node: the preflight adds the observability layer's ~0.1 GiB on the head
+    (its containers start after the ranks loaded), but a rank's container spec must not depend on that layer, or
+    turning it on or off would replace the head alone and break the group (one generation for every rank)."""
+    floor_gib = s.preflight.min_mem_available_gib
     script = scripts.render(
         ENTRY_SCRIPT,
         {
             "NODE": node.name,
             "MIN_MEM_KIB": math.ceil(floor_gib * KIB_PER_GIB),
             "MIN_MEM_GIB": f"{floor_gib:g}",
-            "FLOOR": floor_text(s, node),
+            "FLOOR": f"preflight.minMemAvailableGiB {floor_gib:g}",
             "OOM_SCORE_ADJ": OOM_SCORE_ADJ,
         },
     )
