@@ -252,6 +252,12 @@ class SourceError(Exception):
 _DOCKER_TS = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)) ?(.*)$")
 
 
+def second_before(stamp: str) -> str:
+    """docker's RFC 3339 stamp one second earlier (UTC, whole seconds)."""
+    seconds, _ = timestamp_key(stamp)
+    return datetime.fromtimestamp(seconds - 1, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def timestamp_key(stamp: str) -> tuple[int, int]:
     """Sortable (unix seconds, nanoseconds) for docker's RFC 3339 stamps, whose fraction length varies."""
     m = re.match(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)$", stamp)

@@ -16,6 +16,7 @@ from components.gates.observations import (
     SourceError,
     parse_docker_logs,
     parse_stats,
+    second_before,
 )
 from components.gates.observations import timestamp_key as timestamp_key  # where the stream source and tests read it
 from components.ssh import SshTarget, ssh_argv
@@ -125,7 +126,8 @@ class SshRankSource:
             started = self.state(rank).started_at
             if not started:
                 raise SourceError(f"container {self._specs[rank].container} has no start time yet")
-            cursor = self._cursors[rank] = LogCursor(started)
+            # a second earlier: docker stamps a line written at once before its own StartedAt (rank_stream.sh)
+            cursor = self._cursors[rank] = LogCursor(second_before(started))
         container = shlex.quote(self._specs[rank].container)
         done = self._remote(
             rank,

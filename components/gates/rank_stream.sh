@@ -88,8 +88,11 @@ for w in $WATCH; do
   line=$(state "$c")
   printf '%s\n' "$line"
   if [ -z "$since" ]; then
-    # from the container's start: a gate re-run over a server that is up sees its whole boot at once
+    # from the container's start: a gate re-run over a server that is up sees its whole boot at once. A second
+    # earlier: docker stamps a line written at once (a rank refused before vLLM) before its own StartedAt, and
+    # `--since` would drop it (a restart's previous run ended at least a backoff earlier).
     since=$(printf '%s\n' "$line" | awk '{ print $5 }')
+    if start=$(date -u -d "$since" +%s 2>/dev/null); then since=$((start - 1)); fi
   fi
   case "$line" in S\ *\ missing|S\ *\ error\ *) continue ;; esac
   mkfifo "$dir/log$i"

@@ -68,6 +68,7 @@ from components.gates.observations import (  # noqa: F401
     parse_size,
     parse_stats,
     poll_once,
+    second_before,
     timestamp_key,
     usage_once,
 )

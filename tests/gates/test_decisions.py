@@ -1197,7 +1197,8 @@ class TestSshRankSource:
         assert [ln.text for ln in second] == ["third"]
         remote = (fake_ssh / "remote.log").read_text().splitlines()
         assert [sent_script(r) for r in remote[1:3]] == [
-            "timeout 10 docker logs --timestamps --since 2026-09-22T10:00:00.5Z dsv41-rank0 2>&1",
+            # a second before StartedAt: docker stamps a line written at once before its own StartedAt
+            "timeout 10 docker logs --timestamps --since 2026-09-22T09:59:59Z dsv41-rank0 2>&1",
             "timeout 10 docker logs --timestamps --since 2026-09-22T10:00:03.25Z dsv41-rank0 2>&1",
         ]
 

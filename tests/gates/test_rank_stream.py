@@ -11,6 +11,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -290,7 +291,9 @@ class TestScript:
             assert proc.stdin is not None
             proc.stdin.close()
             proc.wait(timeout=10)
-        assert f"logs -f --timestamps --since {STARTED} {HEAD.container}" in (fake / "docker.log").read_text()
+        # a second before StartedAt (unix seconds): docker stamps a line written at once before its StartedAt
+        since = int(datetime.fromisoformat(STARTED.replace("Z", "+00:00")).timestamp()) - 1
+        assert f"logs -f --timestamps --since {since} {HEAD.container}" in (fake / "docker.log").read_text()
         _wait_for(lambda: not any(_alive(p) for p in _pids(fake)))
 
     def test_missing_container_and_missing_tools(self, fake: Path) -> None:
