@@ -13,9 +13,11 @@ from typing import Any
 
 import pytest
 from engine_support import toolchain_dir
+from program_support import Deployment, assert_verified, docker_on, new_deployment, remove_deployment
 from sim_support import remove_labelled, sim_ready_or_skip, stage_on_head
 
-from sim import deploy
+from components import labels
+from sim import cluster, deploy
 
 HERE = Path(__file__).resolve().parent
 
@@ -104,3 +106,55 @@ def label(sim: dict[str, Any]) -> Iterator[str]:
 def program_env(pulumi_root: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """Environment for the real program's stacks: one backend and PULUMI_HOME (with both providers) per session."""
     return deploy.program_env(pulumi_root, tmp_path_factory.mktemp("program"), "program-test-only")
+
+
+# The supervised stack's notifications: the agent appends each event to this file in its state mount.
+SUPERVISED_NOTIFY_LOG = "/var/lib/dsv41-supervisor/notify.log"
+
+
+def supervised_config(config: dict[str, Any]) -> None:
+    # A probe every 5 s and a quick restart: each heal is short. Two restarts an hour: the budget tests spend it.
+    config["supervisor"].update(
+        {
+            "probeSeconds": 5,
+            "maxRestarts": 2,
+            "windowHours": 1,
+            "backoffSeconds": 1,
+            "memWaitSeconds": 30,
+            "notifyCommand": f"cat >> {SUPERVISED_NOTIFY_LOG}; echo >> {SUPERVISED_NOTIFY_LOG}",
+        }
+    )
+    # Nodes given by host name, as owners give theirs (`spark-1`): on its own node each name resolves to
+    # 127.0.1.1, as Ubuntu's /etc/hosts has it, and on this machine to the node's address (sim/cluster.py).
+    for node in config["nodes"]:
+        node["host"] = cluster.Layout.node_name(int(node["name"].removeprefix("node-")))
+
+
+@pytest.fixture(scope="session")
+def supervised(sim: dict[str, Any], program_env: dict[str, str], pulumi_root: Path) -> Iterator[Deployment]:
+    """One verified stand-in stack with the supervisor and the observability layer, shared by the two modules
+    that read them (test_supervisor_metrics_sim, then test_supervisor_sim: adjacent by name, so the stack runs
+    beside no other module's). Each test leaves it verified, or says why not; the last destroys it."""
+    root = Path(tempfile.mkdtemp(prefix="dsv41-supervised-weights-", dir="/var/tmp"))
+    d = new_deployment(
+        sim,
+        f"sup-{uuid.uuid4().hex[:6]}",
+        program_env,
+        pulumi_root,
+        weights_root=root,
+        port=18895,
+        master_port=29627,
+        supervisor=True,
+        observability=True,
+        configure=supervised_config,
+    )
+    try:
+        assert_verified(d, d.up().outputs)
+        yield d
+    finally:
+        try:
+            remove_deployment(d)
+        finally:
+            volume = f"{labels.stack_prefix('dsv41-exl3', d.name)}-prometheus-data"
+            docker_on(sim["nodes"][0]["index"], "volume", "rm", "-f", volume)
+            shutil.rmtree(root, ignore_errors=True)

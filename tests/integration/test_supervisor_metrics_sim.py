@@ -1,9 +1,10 @@
 """The observability layer on the simulated cluster: a supervised stand-in deployment observed by the sim's
 Prometheus (Debian's binaries, `sim/image/prometheus.sh`), read only through Prometheus' HTTP API.
 
-One deployment serves the module, in order: every target up and every program metric with a value, every
-dashboard panel with series, a killed worker seen and alerted on, and last the layer's removal (`up` with it
-off, then `destroy` with `keepData`).
+The session's supervised stack (conftest `supervised`, shared with test_supervisor_sim, which runs next and
+ends with the layer's removal and the destroy), in order: every target up and every program metric with a
+value, every dashboard panel with series, a killed worker seen and alerted on while the paused supervisor
+leaves it down, then healed once resumed.
 """
 
 from __future__ import annotations
@@ -11,22 +12,17 @@ from __future__ import annotations
 import ast
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
-import uuid
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-from program_support import REPO, Deployment, assert_verified, docker_on, new_deployment, remove_deployment
+from program_support import REPO, Deployment, docker_on
 
 from components import labels
-from components.observability.observability import LABEL
-from sim import cluster
+from sim.supervisor_view import restarted, restarts, status, wait_for
 from tests.observability.tools import api
 
 pytestmark = [pytest.mark.sim, pytest.mark.engine]
@@ -38,53 +34,6 @@ SCRAPE_MARGIN_S = 5
 # The stand-in's /metrics has no request latency histograms (sim/standin/vllm_standin.py `metrics`): the
 # panels on these read nothing there. Real vLLM has them (tests/support/fixtures/real-vllm/metrics).
 STANDIN_LACKS = ("vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket")
-
-
-def configure(config: dict[str, Any]) -> None:
-    # A probe every 5 s and a quick restart: the heal after the kill test is short.
-    config["supervisor"].update({"probeSeconds": 5, "backoffSeconds": 1, "maxRestarts": 3, "windowHours": 1})
-    assert config["observability"]["scrapeSeconds"] == SCRAPE_S
-    # Nodes given by host name, as owners give theirs (`spark-1`): on its own node each name resolves to
-    # 127.0.1.1, as Ubuntu's /etc/hosts has it, and on this machine to the node's address (sim/cluster.py).
-    for node in config["nodes"]:
-        node["host"] = cluster.Layout.node_name(int(node["name"].removeprefix("node-")))
-
-
-@pytest.fixture(scope="module")
-def weights_root() -> Iterator[Path]:
-    root = Path(tempfile.mkdtemp(prefix="dsv41-observability-weights-", dir="/var/tmp"))
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def observed(
-    sim: dict[str, Any], program_env: dict[str, str], pulumi_root: Path, weights_root: Path
-) -> Iterator[Deployment]:
-    d = new_deployment(
-        sim,
-        f"obs-{uuid.uuid4().hex[:6]}",
-        program_env,
-        pulumi_root,
-        weights_root=weights_root,
-        port=18911,
-        master_port=29661,
-        supervisor=True,
-        observability=True,
-        configure=configure,
-    )
-    try:
-        assert_verified(d, d.up().outputs)
-        yield d
-    finally:
-        try:
-            remove_deployment(d)
-        finally:
-            docker_on(sim["nodes"][0]["index"], "volume", "rm", "-f", data_volume(d))
-
-
-def data_volume(d: Deployment) -> str:
-    return f"{labels.stack_prefix('dsv41-exl3', d.name)}-prometheus-data"
 
 
 def prometheus(d: Deployment) -> str:
@@ -133,21 +82,6 @@ def program_metrics() -> list[str]:
     return sorted(set(names))
 
 
-def layer_containers(d: Deployment) -> dict[int, list[str]]:
-    """The observability containers on each node, by the layer's label."""
-    out = {}
-    for n in d.sim["nodes"]:
-        ps = docker_on(n["index"], "ps", "-a", "--filter", f"label={LABEL}={d.name}", "--format", "{{.Names}}")
-        assert ps.returncode == 0, ps.stderr
-        out[n["index"]] = sorted(ps.stdout.split())
-    return out
-
-
-def volume_exists(d: Deployment) -> bool:
-    inspected = docker_on(d.sim["nodes"][0]["index"], "volume", "inspect", data_volume(d))
-    return bool(inspected.returncode == 0)
-
-
 def operator(d: Deployment, *args: str) -> subprocess.CompletedProcess[str]:
     """`python -m <args>` as the operator runs it beside the stack."""
     env = {**os.environ, **d.env, "PATH": f"{d.pulumi_root / 'bin'}:{os.environ['PATH']}"}
@@ -159,8 +93,9 @@ def supervisor_cli(d: Deployment, action: str) -> None:
     assert proc.returncode == 0, f"supervisor {action}: {proc.stdout}{proc.stderr}"
 
 
-def test_every_target_is_up_and_every_program_metric_has_a_value(observed: Deployment) -> None:
-    d = observed
+def test_every_target_is_up_and_every_program_metric_has_a_value(supervised: Deployment) -> None:
+    d = supervised
+    assert d.config["observability"]["scrapeSeconds"] == SCRAPE_S
     nodes = [f"node-{n['index']}" for n in d.sim["nodes"]]
     want = {("vllm", nodes[0])} | {(job, n) for job in ("dsv41", "node") for n in nodes}
 
@@ -211,8 +146,8 @@ def test_every_target_is_up_and_every_program_metric_has_a_value(observed: Deplo
     assert info["stack"] == d.name and info["generation"] == d.stack.outputs()["clusterGeneration"].value, info
 
 
-def test_every_dashboard_panel_returns_series(observed: Deployment) -> None:
-    d = observed
+def test_every_dashboard_panel_returns_series(supervised: Deployment) -> None:
+    d = supervised
     dashboard = json.loads((OBSERVABILITY / "dashboard.json").read_text())
     panels = [(p["title"], t["expr"]) for p in dashboard["panels"] for t in p["targets"]]
     exposed = set(api(prometheus(d), "/api/v1/label/__name__/values")["data"])
@@ -231,8 +166,8 @@ def test_every_dashboard_panel_returns_series(observed: Deployment) -> None:
     assert len(lacking) <= 4, f"only the latency panels may lack their series on the stand-in: {lacking}"
 
 
-def test_status_reads_the_load_from_prometheus(observed: Deployment) -> None:
-    d = observed
+def test_status_reads_the_load_from_prometheus(supervised: Deployment) -> None:
+    d = supervised
     got = operator(d, "components.status", "--stack", d.name, "--json")
     assert got.returncode == 0, got.stdout + got.stderr
     metrics = json.loads(got.stdout)["metrics"]
@@ -242,8 +177,8 @@ def test_status_reads_the_load_from_prometheus(observed: Deployment) -> None:
 
 
 @pytest.mark.timeout(420)
-def test_a_killed_worker_shows_within_a_scrape_and_fires_rank_down(observed: Deployment) -> None:
-    d = observed
+def test_a_killed_worker_shows_within_a_scrape_and_fires_rank_down(supervised: Deployment) -> None:
+    d = supervised
     worker = d.sim["nodes"][1]
     node = f"node-{worker['index']}"
     rank_up = f'dsv41_rank_up{{node="{node}"}}'
@@ -254,8 +189,11 @@ def test_a_killed_worker_shows_within_a_scrape_and_fires_rank_down(observed: Dep
 
     assert value(rank_up) == 1
     restarts_before = value('sum(dsv41_restarts_total{cause="rank_exited"})') or 0
-    # Paused, the supervisor leaves the rank down long enough for the alert's `for` (rules.yml: 30 s).
+    # Paused, the supervisor leaves the rank down long enough for the alert's `for` (rules.yml: 30 s); that it
+    # did not act all along is the pause's proof (its every look saw the dead rank).
     supervisor_cli(d, "pause")
+    before = status(d)
+    assert before["paused"] is True
     try:
         killed = time.monotonic()
         assert docker_on(worker["index"], "kill", d.container(worker)).returncode == 0
@@ -273,8 +211,15 @@ def test_a_killed_worker_shows_within_a_scrape_and_fires_rank_down(observed: Dep
         firing = wait_until("Dsv41RankDown firing", lambda: alert("firing"), 30 + 3 * SCRAPE_S + 5)
         assert firing["labels"]["severity"] == "critical" and node in firing["annotations"]["summary"], firing
         print(f"[observability] Dsv41RankDown firing {time.monotonic() - killed:.1f} s after the kill")
+        held = status(d)
+        assert restarts(held) == restarts(before), "a paused supervisor must not act"
+        assert "paused" in held["doing"], held["doing"]
+        state = docker_on(worker["index"], "inspect", "-f", "{{.State.Running}}", d.container(worker)).stdout
+        assert state.strip() == "false", "the paused supervisor left the rank down"
     finally:
         supervisor_cli(d, "resume")
+    after = wait_for(d, "a restart after resume", restarted(before), 300)
+    assert restarts(after)[-1]["result"] == "verified", restarts(after)[-1]
     # Resumed, the supervisor heals it and the restart is counted by its cause.
     wait_until("the rank up again", lambda: value(rank_up) == 1, 240, every_s=1)
     wait_until(
@@ -282,37 +227,3 @@ def test_a_killed_worker_shows_within_a_scrape_and_fires_rank_down(observed: Dep
         lambda: (value('sum(dsv41_restarts_total{cause="rank_exited"})') or 0) > restarts_before,
         4 * SCRAPE_S,
     )
-
-
-@pytest.mark.timeout(600)
-def test_destroy_removes_the_layer_and_keeps_its_data_only_with_keep_data(observed: Deployment) -> None:
-    d = observed
-    nodes = [n["index"] for n in d.sim["nodes"]]
-    before = layer_containers(d)
-    prefix = labels.stack_prefix("dsv41-exl3", d.name)
-    assert before[nodes[0]] == sorted(
-        [f"{prefix}-prometheus", f"{prefix}-exporter-node-{nodes[0]}", f"{prefix}-node-exporter-node-{nodes[0]}"]
-    ), before
-    assert all(len(before[i]) == 2 for i in nodes[1:]), before
-    assert volume_exists(d)
-
-    # Off is one line of config: the layer goes, its data with it (no keepData); the serving stays.
-    off = json.loads(json.dumps(d.config))
-    off["observability"]["enabled"] = False
-    d.write_config(off)
-    d.up()
-    assert all(not names for names in layer_containers(d).values()), layer_containers(d)
-    assert not volume_exists(d), "without observability.keepData the data volume goes with the layer"
-    assert "prometheusUrl" not in d.stack.outputs()
-    for n in d.sim["nodes"]:
-        assert docker_on(n["index"], "inspect", "-f", "{{.State.Running}}", d.container(n)).stdout.strip() == "true"
-
-    # Back, with keepData: destroy removes every container of the layer and leaves the data volume.
-    kept = json.loads(json.dumps(d.config))
-    kept["observability"].update({"enabled": True, "keepData": True})
-    d.write_config(kept)
-    d.up()
-    assert layer_containers(d) == before, "the layer is back as it was"
-    d.stack.destroy(on_output=lambda _line: None, color="never")
-    assert all(not names for names in layer_containers(d).values()), layer_containers(d)
-    assert volume_exists(d), "observability.keepData keeps Prometheus' data volume through destroy"

@@ -1,7 +1,10 @@
 """The supervisor on the simulated cluster: a verified stand-in deployment that breaks heals with no Pulumi
-command, within its budget, never while paused, and the next preview stays a no-op.
+command, within its budget, never while paused (test_supervisor_metrics_sim, with the alert that fires
+meanwhile), and the next preview stays a no-op.
 
-One deployment serves the module; each test leaves it verified (or says why not) for the next.
+The session's supervised stack (conftest `supervised`, observed too) serves the module after
+test_supervisor_metrics_sim; each test leaves it verified (or says why not) for the next; the last one destroys
+it.
 """
 
 from __future__ import annotations
@@ -9,69 +12,22 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
-from program_support import REPO, Deployment, assert_verified, docker_on, new_deployment, remove_deployment
+from program_support import REPO, Deployment, assert_verified, docker_on
 
 from components import labels
+from components.observability.observability import LABEL
 from sim.supervisor_view import armed, leader, restarted, restarts, status, wait_for
 
 pytestmark = [pytest.mark.sim, pytest.mark.engine]
-
-NOTIFY_LOG = "/var/lib/dsv41-supervisor/notify.log"  # inside the supervisor's state mount
-
-
-def configure(config: dict[str, Any]) -> None:
-    config["supervisor"].update(
-        {
-            "probeSeconds": 5,
-            "maxRestarts": 2,
-            "windowHours": 1,
-            "backoffSeconds": 1,
-            "memWaitSeconds": 30,
-            "notifyCommand": f"cat >> {NOTIFY_LOG}; echo >> {NOTIFY_LOG}",
-        }
-    )
-
-
-@pytest.fixture(scope="module")
-def weights_root() -> Iterator[Path]:
-    root = Path(tempfile.mkdtemp(prefix="dsv41-supervisor-weights-", dir="/var/tmp"))
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def supervised(
-    sim: dict[str, Any], program_env: dict[str, str], pulumi_root: Path, weights_root: Path
-) -> Iterator[Deployment]:
-    d = new_deployment(
-        sim,
-        f"sup-{uuid.uuid4().hex[:6]}",
-        program_env,
-        pulumi_root,
-        weights_root=weights_root,
-        port=18895,
-        master_port=29627,
-        supervisor=True,
-        configure=configure,
-    )
-    try:
-        assert_verified(d, d.up().outputs)
-        yield d
-    finally:
-        remove_deployment(d)
 
 
 def rank_state(d: Deployment, node: dict[str, Any]) -> dict[str, Any]:
@@ -104,6 +60,7 @@ def notify_events(d: Deployment) -> list[dict[str, Any]]:
 @pytest.mark.timeout(900)
 def test_a_killed_worker_is_healed_with_no_pulumi_command_and_preview_stays_a_no_op(supervised: Deployment) -> None:
     d = supervised
+    assert cli(d, "resume").returncode == 0  # a fresh budget (maxRestarts 2): the metrics module's heal spent one
     before = armed(d)
     worker = d.sim["nodes"][1]
     ids = {n["index"]: rank_state(d, n)["Id"] for n in d.sim["nodes"]}
@@ -169,31 +126,6 @@ def test_an_oom_killed_worker_is_healed_and_recorded_with_its_cause(supervised: 
     assert last["cause"] == "the rank on node-2 was OOM-killed", last
     assert last["result"] == "verified", last
     assert rank_state(d, worker)["Running"]
-
-
-@pytest.mark.timeout(900)
-def test_pause_stops_every_action_and_resume_restores_it(supervised: Deployment) -> None:
-    d = supervised
-    armed(d)
-    paused = cli(d, "pause")
-    assert paused.returncode == 0 and "paused" in paused.stdout, paused.stderr
-    before = status(d)
-    assert before["paused"] is True
-    worker = d.sim["nodes"][1]
-    assert docker_on(worker["index"], "kill", d.container(worker)).returncode == 0
-    time.sleep(15)  # three probe periods and fifteen looks
-    held = status(d)
-    assert restarts(held) == restarts(before), "a paused supervisor must not act"
-    assert not rank_state(d, worker)["Running"]
-    assert "paused" in held["doing"], held["doing"]
-    assert cli(d, "resume").returncode == 0
-    after = wait_for(
-        d,
-        "a restart after resume",
-        lambda s: len(restarts(s)) > len(restarts(before)) and restarts(s)[-1].get("result") not in (None, "running"),
-        300,
-    )
-    assert restarts(after)[-1]["result"] == "verified", restarts(after)[-1]
 
 
 @pytest.mark.timeout(900)
@@ -394,37 +326,67 @@ def test_a_rebooted_worker_then_a_rebooted_head_are_served_again_with_no_pulumi_
         assert ps.startswith("Up"), (n, ps)
 
 
+def data_volume(d: Deployment) -> str:
+    return f"{labels.stack_prefix('dsv41-exl3', d.name)}-prometheus-data"
+
+
+def layer_containers(d: Deployment) -> dict[int, list[str]]:
+    """The observability containers on each node, by the layer's label."""
+    out = {}
+    for n in d.sim["nodes"]:
+        ps = docker_on(n["index"], "ps", "-a", "--filter", f"label={LABEL}={d.name}", "--format", "{{.Names}}")
+        assert ps.returncode == 0, ps.stderr
+        out[n["index"]] = sorted(ps.stdout.split())
+    return out
+
+
+def volume_exists(d: Deployment) -> bool:
+    inspected = docker_on(d.sim["nodes"][0]["index"], "volume", "inspect", data_volume(d))
+    return bool(inspected.returncode == 0)
+
+
 @pytest.mark.timeout(900)
-def test_destroy_removes_the_supervisor_and_keeps_the_weights(
-    sim: dict[str, Any], program_env: dict[str, str], pulumi_root: Path, weights_root: Path
+def test_the_layer_goes_with_one_line_and_destroy_removes_the_supervisor_keeping_weights_and_kept_data(
+    supervised: Deployment,
 ) -> None:
-    d = new_deployment(
-        sim,
-        f"sud-{uuid.uuid4().hex[:6]}",
-        program_env,
-        pulumi_root,
-        weights_root=weights_root,
-        port=18897,
-        master_port=29629,
-        supervisor=True,
-    )
+    d = supervised
+    nodes = [n["index"] for n in d.sim["nodes"]]
+    before = layer_containers(d)
     prefix = labels.stack_prefix("dsv41-exl3", d.name)
-    try:
-        assert_verified(d, d.up().outputs)
-        for n in sim["nodes"]:
-            ps = docker_on(
-                n["index"],
-                "ps",
-                "--filter",
-                f"label=dsv41-exl3.supervisor={d.name}",
-                "--format",
-                "{{.Names}} {{.Status}}",
-            ).stdout
-            assert f"{prefix}-supervisor-node-{n['index']}" in ps and "Up" in ps, ps
-    finally:
-        remove_deployment(d)
-    for n in sim["nodes"]:
+    assert before[nodes[0]] == sorted(
+        [f"{prefix}-prometheus", f"{prefix}-exporter-node-{nodes[0]}", f"{prefix}-node-exporter-node-{nodes[0]}"]
+    ), before
+    assert all(len(before[i]) == 2 for i in nodes[1:]), before
+    assert volume_exists(d)
+
+    # Off is one line of config: the layer goes, its data with it (no keepData); the serving stays.
+    off = json.loads(json.dumps(d.config))
+    off["observability"]["enabled"] = False
+    d.write_config(off)
+    d.up()
+    assert all(not names for names in layer_containers(d).values()), layer_containers(d)
+    assert not volume_exists(d), "without observability.keepData the data volume goes with the layer"
+    assert "prometheusUrl" not in d.stack.outputs()
+    for n in d.sim["nodes"]:
+        assert docker_on(n["index"], "inspect", "-f", "{{.State.Running}}", d.container(n)).stdout.strip() == "true"
+
+    # Back, with keepData: destroy removes every container of the layer and of the supervisor, and leaves the
+    # data volume and the weights.
+    kept = json.loads(json.dumps(d.config))
+    kept["observability"].update({"enabled": True, "keepData": True})
+    d.write_config(kept)
+    d.up()
+    assert layer_containers(d) == before, "the layer is back as it was"
+    for n in d.sim["nodes"]:
+        ps = docker_on(
+            n["index"], "ps", "--filter", f"label=dsv41-exl3.supervisor={d.name}", "--format", "{{.Names}} {{.Status}}"
+        ).stdout
+        assert f"{prefix}-supervisor-node-{n['index']}" in ps and "Up" in ps, ps
+    d.stack.destroy(on_output=lambda _line: None, color="never")
+    assert all(not names for names in layer_containers(d).values()), layer_containers(d)
+    assert volume_exists(d), "observability.keepData keeps Prometheus' data volume through destroy"
+    for n in d.sim["nodes"]:
         left = docker_on(n["index"], "ps", "-a", "--filter", f"label=dsv41-exl3.supervisor={d.name}", "-q").stdout
         assert not left.strip(), f"supervisor container left on node-{n['index']}"
     assert not list((Path.home() / ".local" / "share" / prefix).glob("supervisor-*"))
-    assert any(weights_root.iterdir()), "the weights stay"
+    assert any(Path(d.config["weights"]["root"]).iterdir()), "the weights stay"
