@@ -1,6 +1,6 @@
 """A stack's life through the real program on the simulated cluster: refusals before anything starts, the
 first verified up, destroy keeping what is expensive to get again, secrets kept out of every place an operator
-or another user of the machine can read, and four nodes (tensor parallel 4).
+or another user of the machine can read. (Four nodes, tensor parallel 4: test_watchdog_sim's four-node stack.)
 
 Tests run in file order on one stack that starts undeployed; each leaves it as the next expects.
 """
@@ -12,8 +12,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 import tempfile
 import threading
 import uuid
@@ -23,8 +21,6 @@ from typing import Any
 
 import pytest
 from program_support import REPO, Deployment, assert_verified, docker_on, new_deployment, remove_deployment
-
-from sim import cluster
 
 pytestmark = [pytest.mark.sim, pytest.mark.engine]
 
@@ -197,36 +193,3 @@ def _secret(value: str) -> Any:
     from pulumi import automation as auto
 
     return auto.ConfigValue(value, secret=True)
-
-
-@pytest.mark.timeout(900)
-def test_four_nodes_verify_with_tensor_parallel_four(
-    sim: dict[str, Any], program_env: dict[str, str], pulumi_root: Path, weights_root: Path
-) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "sim.cluster", "up", "--nodes", "4"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    four = json.loads((cluster.default_layout().state / "sim.json").read_text())
-    d = new_deployment(
-        four,
-        f"tp4-{uuid.uuid4().hex[:6]}",
-        program_env,
-        pulumi_root,
-        weights_root=weights_root,
-        port=18890,
-        master_port=29623,
-    )
-    try:
-        up = d.up()
-        assert_verified(d, up.outputs)
-        assert len(up.outputs["containers"].value) == 4
-        for rank, n in enumerate(four["nodes"]):
-            args = docker_on(n["index"], "inspect", "-f", "{{json .Args}}", d.container(n)).stdout
-            assert '"--tensor-parallel-size","4"' in args.replace(" ", "") and f'"--node-rank","{rank}"' in args, args
-    finally:
-        remove_deployment(d)

@@ -1,7 +1,7 @@
-"""The memory watchdog on four simulated nodes sharing one home (root's, as NFS homes share one; three or more
-is what matters, and the program takes 2, 4 or 8): one node's watchdog trips and every peer's rank really stops,
-through real sshd and the one authorized_keys file where that node's key stands on a line per peer, each with the
-same from=.
+"""Four simulated nodes: the program verifies with tensor parallel 4, then the memory watchdog on the four nodes
+sharing one home (root's, as NFS homes share one; three or more is what matters, and the program takes 2, 4 or
+8): one node's watchdog trips and every peer's rank really stops, through real sshd and the one authorized_keys
+file where that node's key stands on a line per peer, each with the same from=.
 
 Nodes 3 and 4 are started beside the sim's two when they are not running (and stopped again after); sim.json is
 not changed.
@@ -80,6 +80,15 @@ def on_node(sim: dict[str, Any], node: dict[str, Any], command: str) -> subproce
 def running(d: Deployment, node: dict[str, Any]) -> bool:
     out = docker_on(node["index"], "inspect", "-f", "{{.State.Running}}", d.container(node)).stdout.strip()
     return out == "true"
+
+
+def test_four_nodes_verify_with_tensor_parallel_four(deployed: Deployment) -> None:
+    outputs = deployed.stack.outputs()  # the fixture's up verified
+    assert_verified(deployed, outputs)
+    assert len(outputs["containers"].value) == 4
+    for rank, n in enumerate(deployed.sim["nodes"]):
+        args = docker_on(n["index"], "inspect", "-f", "{{json .Args}}", deployed.container(n)).stdout
+        assert '"--tensor-parallel-size","4"' in args.replace(" ", "") and f'"--node-rank","{rank}"' in args, args
 
 
 @pytest.mark.timeout(900)
