@@ -9,7 +9,10 @@ leaves it verified for the next. The faults real vLLM cannot be made to show her
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -21,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from program_support import Deployment, assert_verified, docker_on, new_deployment, remove_deployment
+from program_support import REPO, Deployment, assert_verified, docker_on, new_deployment, remove_deployment
 
 from components import labels
 from sim.supervisor_view import armed, restarted, restarts, wait_for
@@ -168,39 +171,44 @@ def test_a_busy_real_engine_is_not_drift(real: Deployment) -> None:
         f"a busy engine must not be replaced: {real.ops}\n" + "\n".join(real.lines)
     )
     assert busy_during_preview, "the long requests ended before the preview did: the test proved nothing"
-    # The generations are left to finish (or to the next test's killed worker): waiting adds minutes, no proof.
-
-
-@pytest.mark.timeout(1200)
-def test_a_real_worker_killed_after_a_verified_up_is_seen_by_preview_and_healed_by_up(real: Deployment) -> None:
-    assert_verified(real, real.up().outputs)
-    before = rank_ids(real)
-    worker = real.sim["nodes"][1]
-    assert docker_on(worker["index"], "kill", real.container(worker)).returncode == 0
-    # Real vLLM: the head stays up with /health 200 until a request fails; the preview's probe is that request.
-    assert_every_rank_replaced_by_preview(real, "the worker was killed")
-    started = time.monotonic()
-    assert_verified(real, real.up().outputs)
-    print(f"\n[real vLLM] killed worker healed by up in {time.monotonic() - started:.1f} s")
-    after = rank_ids(real)
-    assert all(after[i] != before[i] for i in before), f"every rank must be new: {before} -> {after}"
-    assert set(real.up().summary.resource_changes or {}) == {"same"}, "once healed, an up is a no-op again"
+    # The generations are left to finish (or to the next test's killed head): waiting adds minutes, no proof.
 
 
 @pytest.mark.timeout(1200)
 def test_a_real_head_killed_is_seen_by_preview_and_healed_by_up(real: Deployment) -> None:
     assert_verified(real, real.up().outputs)
+    before = rank_ids(real)
     head = real.sim["nodes"][0]
     assert docker_on(head["index"], "kill", real.container(head)).returncode == 0
     # Real vLLM: the worker stays alive and silent; only the head's absence tells.
     out = assert_every_rank_replaced_by_preview(real, "the head was killed")
     assert f"node-{head['index']}" in out, out
+    started = time.monotonic()
     assert_verified(real, real.up().outputs)
+    print(f"\n[real vLLM] killed head healed by up in {time.monotonic() - started:.1f} s")
+    after = rank_ids(real)
+    assert all(after[i] != before[i] for i in before), f"every rank must be new: {before} -> {after}"
+    assert set(real.up().summary.resource_changes or {}) == {"same"}, "once healed, an up is a no-op again"
+
+
+def supervisor_cli(d: Deployment, verb: str) -> None:
+    env = {**os.environ, **d.env, "PATH": f"{d.pulumi_root / 'bin'}:{os.environ['PATH']}"}
+    done = subprocess.run(
+        [sys.executable, "-m", "components.supervisor", verb, "--stack", d.name],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 @pytest.mark.timeout(1500)
-def test_the_supervisor_heals_a_real_killed_worker_with_no_pulumi_command(real: Deployment) -> None:
-    # Last in the module: from here on the supervisor, not the next `up`, heals this deployment.
+def test_a_real_worker_killed_is_seen_by_preview_then_healed_by_the_supervisor_with_no_pulumi_command(
+    real: Deployment,
+) -> None:
+    # Last to heal in the module: from here on the supervisor, not the next `up`, heals this deployment.
     assert_verified(real, real.up().outputs)
     cfg = json.loads(json.dumps(real.config))
     cfg["supervisor"] = {"port": cfg["serve"]["masterPort"] + 1000, "probeSeconds": 10}
@@ -209,14 +217,19 @@ def test_the_supervisor_heals_a_real_killed_worker_with_no_pulumi_command(real: 
     assert_verified(real, real.up().outputs)
     assert rank_ids(real) == before_ids, "adding the supervisor replaces no rank"
     before = armed(real)
+    # Paused, the supervisor leaves the dead worker to the preview (test_supervisor_sim proves the pause holds).
+    supervisor_cli(real, "pause")
     worker = real.sim["nodes"][1]
-    killed = time.monotonic()
     assert docker_on(worker["index"], "kill", real.container(worker)).returncode == 0
+    # Real vLLM: the head stays up with /health 200 until a request fails; the preview's probe is that request.
+    assert_every_rank_replaced_by_preview(real, "the worker was killed")
+    killed = time.monotonic()
+    supervisor_cli(real, "resume")
     after = wait_for(real, "a restart of the real group", restarted(before), 900)
     last = restarts(after)[-1]
     print(
-        f"\n[real vLLM] supervisor: worker killed -> verified again in {time.monotonic() - killed:.1f} s "
-        f"(restart {last['seconds']} s)"
+        f"\n[real vLLM] supervisor: resumed with the worker dead -> verified again in "
+        f"{time.monotonic() - killed:.1f} s (restart {last['seconds']} s)"
     )
     assert last["result"] == "verified" and "node-2" in last["cause"], last
     assert rank_ids(real) == before_ids, "the same containers, started again"
