@@ -65,8 +65,9 @@ typecheck: venv ## mypy (strict on components/), then bench and sim
 # JUNIT_DIR (set by .ci/run): each tier writes its tests' times there, for the run's slowest-tests report.
 junit = $(if $(JUNIT_DIR),--junitxml=$(JUNIT_DIR)/$(1).xml)
 
-test-unit: venv ## pure logic and components under the recording mock (~5 min)
-	$(PY) -m pytest -m "not engine and not sim" $(call junit,test-unit) tests bench
+# Two xdist workers (CI has two cores); xdist merges the workers' JUnit results into one file.
+test-unit: venv ## pure logic and components under the recording mock, on two workers
+	$(PY) -m pytest -n 2 -m "not engine and not sim" $(call junit,test-unit) tests bench
 
 # DSV41_REQUIRE_TOOLCHAIN turns the engine tests' "toolchain not built" skip into a failure.
 # Hypothesis is not used there, and its plugin's late import trips a CPython 3.11.7 compiler bug after

@@ -7,6 +7,7 @@ tests) and answers them like the stock MockMonitor.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +19,7 @@ from pulumi.runtime import rpc
 from pulumi.runtime.mocks import _sync_await  # noqa: PLC2701 - the SDK's sync bridge for mocks
 from pulumi.runtime.settings import SETTINGS
 from pulumi.runtime.stack import run_pulumi_func
+from pulumi.runtime.sync_await import _ensure_event_loop  # noqa: PLC2701 - the loop _sync_await runs
 
 SECRET_SIG = rpc._special_sig_key  # noqa: SLF001 - the wire marker of a secret value
 SECRET_VALUE = rpc._special_secret_sig  # noqa: SLF001
@@ -181,5 +183,22 @@ def run(
                 secret_outputs.add(k)
 
     # The SDK's own barrier: returns once every registration and output has settled.
-    _sync_await(run_pulumi_func(body))
+    try:
+        _sync_await(run_pulumi_func(body))
+    except BaseException:
+        _cancel_leftovers()
+        raise
     return Recorded(monitor.registrations, outputs, secret_outputs)
+
+
+def _cancel_leftovers() -> None:
+    """A failed program returns at its first failed RPC, leaving its other tasks pending on the loop every run
+    shares: the next run would advance them (against its own monitor), and the exceptions they then set would be
+    reported as never retrieved, on stderr, when collected at the process's exit. Cancel and drain them now."""
+    loop = _ensure_event_loop()
+    current = asyncio.current_task(loop) if loop.is_running() else None
+    pending = [task for task in asyncio.all_tasks(loop) if not task.done() and task is not current]
+    for task in pending:
+        task.cancel()
+    if pending:
+        _sync_await(asyncio.gather(*pending, return_exceptions=True))
