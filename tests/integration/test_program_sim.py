@@ -168,12 +168,14 @@ def verified(d: Deployment) -> Any:
     return outputs
 
 
-def fails(d: Deployment, fault_env: dict[str, str]) -> tuple[str, float]:
-    """An up with `fault_env` added that must fail: its output and wall time. The healthy config is written back,
-    not deployed: the next fault's up replaces every rank anyway, and the next test that needs a verified stack
-    starts with `verified` (one recovery for a run of faults, not one per fault)."""
+def fails(d: Deployment, fault_env: dict[str, str], **gates: int) -> tuple[str, float]:
+    """An up with `fault_env` (and `gates` settings) added that must fail: its output and wall time. The healthy
+    config is written back, not deployed: the next fault's up replaces every rank anyway, and the next test that
+    needs a verified stack starts with `verified` (one recovery for a run of faults, not one per fault)."""
     healthy = d.config
-    d.write_config(d.with_env(**fault_env))
+    faulty = d.with_env(**fault_env)
+    faulty["gates"].update(gates)
+    d.write_config(faulty)
     try:
         return d.up_fails()
     finally:
@@ -373,7 +375,8 @@ def test_worker_exit_after_load_fails_naming_the_worker(deployed: Deployment) ->
 
 @pytest.mark.timeout(900)
 def test_rank_that_never_joins_fails_naming_the_rank(deployed: Deployment) -> None:
-    message, elapsed = fails(deployed, {"SIM_FAULT": "rank-never-joins", "SIM_RENDEZVOUS_TIMEOUT_S": "25"})
+    # The head's store gives up after 10 s (real vLLM's after its own timeout): the gate names the rank either way.
+    message, elapsed = fails(deployed, {"SIM_FAULT": "rank-never-joins", "SIM_RENDEZVOUS_TIMEOUT_S": "10"})
     assert "rank 1" in message, message
     assert_both_ranks_tails(message, deployed)
     bound = deployed.config["gates"]["rendezvousTimeoutSeconds"]
@@ -382,8 +385,9 @@ def test_rank_that_never_joins_fails_naming_the_rank(deployed: Deployment) -> No
 
 @pytest.mark.timeout(900)
 def test_stall_after_load_fails_near_stall_seconds(deployed: Deployment) -> None:
-    message, elapsed = fails(deployed, {"SIM_FAULT": "stall-after-load"})
-    stall = deployed.config["gates"]["stallSeconds"]
+    # Half the stack's limit: the rule is the same, and the silence it waits out is the test's longest wait.
+    stall = deployed.config["gates"]["stallSeconds"] // 2
+    message, elapsed = fails(deployed, {"SIM_FAULT": "stall-after-load"}, stallSeconds=stall)
     # The ready gate's stall wording (decisions._stall_cause), not the timeout's or another failure's.
     assert "no rank logged anything new for" in message and f"(stall limit {stall:g} s)" in message, message
     assert "a rank is probably hung" in message and "not ready within" not in message, message
