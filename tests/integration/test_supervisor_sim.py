@@ -48,6 +48,21 @@ def cli(d: Deployment, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def config_values(d: Deployment) -> dict[str, tuple[str, bool]]:
+    return {k: (v.value, v.secret) for k, v in d.stack.get_all_config().items()}
+
+
+def rollback(d: Deployment, state_home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "components.rollback", "--stack", d.name, *args, "--yes"],
+        cwd=REPO,
+        env={**os.environ, **d.env, "DSV41_STATE_HOME": str(state_home)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
 def notify_events(d: Deployment) -> list[dict[str, Any]]:
     head = d.sim["nodes"][0]
     prefix = labels.stack_prefix("dsv41-exl3", d.name)
@@ -193,24 +208,33 @@ def test_a_rank_killed_during_an_up_is_left_to_the_up(supervised: Deployment) ->
 def test_after_a_failed_up_a_rollback_and_an_up_to_another_generation_the_supervisor_is_armed_and_heals(
     supervised: Deployment, tmp_path: Path
 ) -> None:
-    """Issue 43's sequence: verified, a change that fails, the rollback, an up to another generation, a kill."""
+    """Issue 43's sequence: verified, a change that fails, the rollback, an up to another generation, a kill.
+    The rollback command's own promises are checked on the way (a supervised stack is the default one)."""
     d = supervised
     assert cli(d, "resume").returncode == 0  # a fresh budget (maxRestarts 2 here): this test restarts once
-    healthy = json.loads(json.dumps(d.config))
+    healthy, healthy_values = json.loads(json.dumps(d.config)), config_values(d)
     d.up()  # the verified update the rollback goes back to: the newest that succeeded
     before = armed(d)
     d.write_config(d.with_env(SIM_FAULT="wrong-answer"))
-    d.up_fails()
+    message, _ = d.up_fails()
+    assert f"To go back to the last verified deployment: python -m components.rollback --stack {d.name}" in message
     assert restarts(status(d)) == restarts(before), "the supervisor never acts on a failing update's ranks"
-    rolled = subprocess.run(
-        [sys.executable, "-m", "components.rollback", "--stack", d.name, "--yes"],
-        cwd=REPO,
-        env={**os.environ, **d.env, "DSV41_STATE_HOME": str(tmp_path)},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    from components.rollback.rollback import history_of
+
+    failed = max(u.version for u in history_of(d.stack) if u.result == "failed")
+    refused = rollback(d, tmp_path, "--to", str(failed))
+    assert refused.returncode == 2 and f"--to {failed}" in refused.stderr and "verified versions" in refused.stderr
+    assert "SIM_FAULT" in json.dumps(config_values(d)), "a refused rollback must change nothing"
+    rolled = rollback(d, tmp_path)
     assert rolled.returncode == 0, rolled.stdout[-2000:] + rolled.stderr
+    assert "serve.extraEnv.SIM_FAULT: wrong-answer -> (unset)" in rolled.stdout, rolled.stdout[:3000]
+    assert config_values(d) == healthy_values, "the rollback restores the verified update's config, secrets too"
+    assert d.private_key.strip().splitlines()[1] not in rolled.stdout + rolled.stderr
+    assert [p.name.split(".yaml.")[0] for p in (tmp_path / "rollback").iterdir()] == [f"Pulumi.{d.name}"]
+    rolled_back = d.stack.outputs()
+    assert_verified(d, rolled_back)
+    assert rolled_back["lastVerified"].value["generation"] == rolled_back["clusterGeneration"].value
+    assert set(d.preview().change_summary) == {"same"}, d.ops
     d.config = healthy
     d.write_config(d.with_env(SIM_GENERATION_NOTE="issue-43"))  # a serve change: another generation
     outputs = d.up().outputs
