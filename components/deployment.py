@@ -405,7 +405,10 @@ def _wire(
                         for i, n in enumerate(s.nodes)
                     ],
                     head_address=head_address,
-                    after=list(supervisor.containers.values()),
+                    # Beside the supervisor, not after its agents: the exporter asks its agent at every scrape
+                    # (dsv41_agent_up 0 until it answers, alerting after 2 m), so the layer's chain does not
+                    # lengthen every up's (measured: 0.8 s of a no-op up's 5 s ran after the verifier).
+                    after=[verifier],
                 ),
                 opts=under(root),
             )

@@ -46,7 +46,7 @@ def test_prometheus_runs_on_the_head_bounded_with_the_rules_and_the_vllm_key() -
     assert "::access-spark-0-docker::" in prom.provider, "on the head's docker"
 
 
-def test_every_node_runs_an_exporter_on_its_fabric_address_after_the_supervisor() -> None:
+def test_every_node_runs_an_exporter_on_its_fabric_address_beside_the_supervisor() -> None:
     rec = run(config())
     for i, node in enumerate(("spark-0", "spark-1")):
         exp = rec.named(f"observability-exporter-{node}")
@@ -59,7 +59,9 @@ def test_every_node_runs_an_exporter_on_its_fabric_address_after_the_supervisor(
         assert exp.inputs["mounts"][0]["readOnly"] is True, "the watchdog's log is read only"
         supervisor = rec.named(f"supervisor-{node}")
         home = rec.named(f"observability-{node}-home")
-        assert rec.depends_on(exp, home) and rec.depends_on(home, supervisor), "the exporter reads the agents: after"
+        assert rec.depends_on(exp, home) and rec.depends_on(home, rec.named("verify")), "after the verifier"
+        # Beside the agent, not after it: the exporter asks it at every scrape and says when it does not answer.
+        assert not rec.depends_on(home, supervisor) and not rec.depends_on(exp, supervisor)
 
 
 def test_the_data_volume_is_kept_on_destroy_only_with_keep_data() -> None:
