@@ -142,7 +142,15 @@ def test_a_rank_oom_killed_during_the_boot_is_named_so(node: Node) -> None:
 
 def test_a_pause_during_the_boot_leaves_the_ranks_to_the_operator(node: Node) -> None:
     node.worker.scripts["rank-2"] = without(real_boot("worker"), log_patterns.is_join_line)
-    threading.Timer(0.3, lambda: node.leader.store.update(paused=True)).start()
+
+    def pause_once_booting() -> None:
+        # The event, not a delay: a timer raced the restart's own start on a loaded machine.
+        deadline = time.monotonic() + 10
+        while not ("rank-1" in node.head.booted and "rank-2" in node.worker.booted) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        node.leader.store.update(paused=True)
+
+    threading.Thread(target=pause_once_booting, daemon=True).start()
     restart, took = node.heal()
     assert restart["result"] == "left to paused by the operator", restart
     assert took < 5, took
