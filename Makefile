@@ -11,8 +11,8 @@ help: ## this list
 PYTHON ?= python3
 VENV := venv
 PY := $(VENV)/bin/python
-# The venv is rebuilt when the requirements change: its stamp is named after their hash.
-REQ_HASH := $(shell cat requirements.txt requirements-dev.txt | sha256sum | cut -c1-16)
+# The venv is rebuilt when the requirements or the project's metadata change: its stamp is named after their hash.
+REQ_HASH := $(shell cat requirements.txt requirements-dev.txt pyproject.toml | sha256sum | cut -c1-16)
 VENV_STAMP := $(VENV)/.installed-$(REQ_HASH)
 WITH_ENV := . toolchain/env.sh &&
 
@@ -21,9 +21,11 @@ WITH_ENV := . toolchain/env.sh &&
 
 venv: $(VENV_STAMP) ## the Python venv from the pinned requirements
 
-$(VENV_STAMP): requirements.txt requirements-dev.txt
+$(VENV_STAMP): requirements.txt requirements-dev.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --disable-pip-version-check --quiet -r requirements-dev.txt
+	# The `dsv41-exl3` command: this clone installed editable, with the pinned setuptools above (no download).
+	$(PY) -m pip install --disable-pip-version-check --quiet --no-deps --no-build-isolation -e .
 	rm -f $(VENV)/.installed-*
 	touch $@
 

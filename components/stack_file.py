@@ -6,7 +6,7 @@
 `Pulumi.dev.yaml` is the committed template (the recipe's defaults, `<placeholders>` where the user decides);
 `Pulumi.<name>.yaml` is the user's, git-ignored, so filling in hosts never conflicts with a `git pull`. The
 template itself is never filled in: `dev` is refused as a name. Given `--hosts` (the first is the head), the
-nodes are discovered first (`python -m components.discover`, read only) and the template's `nodes:` and
+nodes are discovered first (`dsv41-exl3 discover`, read only) and the template's `nodes:` and
 `weights:` blocks are replaced by what discovery found; what it could not decide stays a loud placeholder
 (`<not decided: see below>`, refused by the first preview) and is listed with its fix. An unreachable host
 writes nothing.

@@ -123,7 +123,7 @@ def test_outputs_name_the_endpoint_model_and_containers(two: recording.Recorded)
 
 
 def test_a_failed_verification_names_the_rollback_of_this_stack(two: recording.Recorded) -> None:
-    assert two.named("verify").raw_inputs["rollback_command"] == "python -m components.rollback --stack dev"
+    assert two.named("verify").raw_inputs["rollback_command"] == "dsv41-exl3 rollback --stack dev"
 
 
 def test_each_node_is_reached_through_its_own_provider(two: recording.Recorded) -> None:

@@ -2,7 +2,7 @@
 
 Pure: no Pulumi calls. A map becomes one key per leaf, so a secret can sit beside plain leaves (`ssh.privateKey`
 encrypted, `ssh.user` in plain text); a list of strings one key per item; anything else (the node list, with its
-empty lists) one JSON value. The simulated cluster's stacks and `python -m components.rollback` write config
+empty lists) one JSON value. The simulated cluster's stacks and `dsv41-exl3 rollback` write config
 through this one mapping.
 """
 

@@ -1,10 +1,10 @@
-"""Entry point of `python -m components.discover`; the command lives in components/discover/discover.py."""
+"""`python -m components.discover`: kept for one release: says so, runs `dsv41-exl3 discover`."""
 
 from __future__ import annotations
 
 import sys
 
-from components.discover.discover import main
+from components.operator.cli import moved
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(moved("components.discover", "discover"))

@@ -1,6 +1,6 @@
 """What each Spark can tell about its stack config lines, before the first `pulumi up` (issue #23, item 2):
 
-    python -m components.discover [--json] [--identity FILE] [--known-hosts FILE] user@host[:port] ...
+    dsv41-exl3 discover [--json] [--identity FILE] [--known-hosts FILE] user@host[:port] ...
 
 The first node is the head. Each node's host key is pinned first (components/host_keys.py: recorded on first
 use, a changed one refused), then one ssh runs probe.sh (read only) and the decisions below read its report:
@@ -35,13 +35,10 @@ from pydantic import ValidationError
 from components import host_keys, labels, scripts
 from components.config import NAMESPACE, Node, Preflight, Weights
 from components.discover.parse import Gid, Interface, Probe, ProbeError, Rdma, parse_probe
+from components.operator.exits import Exit
 from components.operator.stack_view import OperatorError, OperatorParser
 from components.preflight.gid import ipv4_mapped_gid
 from components.ssh import KeyDirError, SshTarget, ssh_argv
-
-EXIT_OK = 0
-EXIT_UNDECIDED = 1
-EXIT_USAGE = 2
 
 SSH_TIMEOUT_S = 90  # the probe bounds each daemon call at 10 s; a dozen of them at worst
 FORM = "user@host[:port]"
@@ -974,9 +971,9 @@ def as_json(report: Report) -> dict[str, Any]:
 # --- the command -------------------------------------------------------------------------------------------------
 
 
-def _parser() -> OperatorParser:
+def _parser(prog: str) -> OperatorParser:
     parser = OperatorParser(
-        prog="python -m components.discover",
+        prog=prog,
         allow_abbrev=False,
         description="Read only: each Spark's stack config lines (the first is the head), and what could not be "
         "decided, with the fix.",
@@ -1032,14 +1029,19 @@ def unreached_lines(report: Report) -> list[str]:
     ]
 
 
-def main(argv: Sequence[str] | None = None, run: Run = run_ssh, pin: Pin = host_keys.pin_all) -> int:
+def main(
+    argv: Sequence[str] | None = None,
+    run: Run = run_ssh,
+    pin: Pin = host_keys.pin_all,
+    prog: str = "dsv41-exl3 discover",
+) -> int:
     try:
-        options = _parser().parse_args(argv)
+        options = _parser(prog).parse_args(argv)
         report = discover(options.targets, options.identity, options.known_hosts, run=run, pin=pin)
     except OperatorError as error:
         print(f"error: {error}", file=sys.stderr)
-        return EXIT_USAGE
+        return Exit.USAGE
     for line in unreached_lines(report):
         print(terminal_safe(line), file=sys.stderr)
     print(json.dumps(as_json(report), indent=1) if options.json else format_report(report))
-    return EXIT_OK if report.ok else EXIT_UNDECIDED
+    return Exit.OK if report.ok else Exit.FAILED

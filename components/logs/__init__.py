@@ -1,1 +1,1 @@
-"""`python -m components.logs --stack NAME NODE [--follow]`: a rank's docker logs (components/operator/logs.py)."""
+"""`python -m components.logs`, kept for one release: now `dsv41-exl3 logs` (components/operator/logs.py)."""

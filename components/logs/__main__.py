@@ -1,10 +1,10 @@
-"""Entry point of `python -m components.logs`; the command lives in components/operator/logs.py."""
+"""`python -m components.logs`: kept for one release: says so, runs `dsv41-exl3 logs`."""
 
 from __future__ import annotations
 
 import sys
 
-from components.operator.logs import main
+from components.operator.cli import moved
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(moved("components.logs", "logs"))

@@ -1,6 +1,6 @@
 """A rank's docker logs, streamed to this terminal, read only:
 
-    python -m components.logs --stack NAME NODE [--follow] [--since DURATION] [--tail N]
+    dsv41-exl3 logs [--stack NAME] NODE [--follow] [--since DURATION] [--tail N]
 
 NODE is the node's name in the stack config (`spark-head`), or `head` / `worker` for the first / second node
 (as the upstream launcher's `logs worker`). The logs come over the stack's own ssh options (key, known_hosts,
@@ -16,6 +16,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 
+from components.operator.exits import Exit
 from components.operator.stack_view import (
     OperatorError,
     OperatorParser,
@@ -26,10 +27,6 @@ from components.operator.stack_view import (
     ssh_target,
 )
 from components.ssh import ssh_argv
-
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
 
 # What `docker logs --since` takes: a relative duration (`10m`) or an absolute RFC3339 time.
 _DURATION = re.compile(r"^\d+(s|m|h)$")
@@ -67,13 +64,13 @@ def docker_logs_script(container: str, *, follow: bool, since: str | None, tail:
     return " ".join(shlex.quote(w) for w in words)
 
 
-def _parser() -> OperatorParser:
+def _parser(prog: str) -> OperatorParser:
     parser = OperatorParser(
-        prog="python -m components.logs",
+        prog=prog,
         allow_abbrev=False,
         description="Stream one rank's docker logs (with timestamps) from its node.",
     )
-    parser.add_argument("--stack", required=True, metavar="NAME")
+    parser.add_argument("--stack", metavar="NAME", help="default: the selected stack")
     parser.add_argument("node", metavar="NODE", help="a node's config name, or `head` / `worker`")
     parser.add_argument("-f", "--follow", action="store_true", help="keep streaming new lines (Ctrl-C stops)")
     parser.add_argument("--since", metavar="DURATION", help="e.g. 10m, 2h, or 2025-01-31T12:00:00Z")
@@ -83,11 +80,12 @@ def _parser() -> OperatorParser:
 
 def main(
     argv: Sequence[str] | None = None,
-    read: Callable[[str], StackView] = read_stack,
+    read: Callable[[str | None], StackView] = read_stack,
     exec_: Exec = subprocess.call,
+    prog: str = "dsv41-exl3 logs",
 ) -> int:
     try:
-        options = _parser().parse_args(argv)
+        options = _parser(prog).parse_args(argv)
         # The flags first: a typo is refused before the stack is read.
         if options.since is not None:
             check_since(options.since)
@@ -101,11 +99,11 @@ def main(
         argv_ssh = ssh_argv(ssh_target(view, node.name), script)
     except OperatorError as error:
         print(f"error: {error}", file=sys.stderr)
-        return EXIT_USAGE
+        return Exit.USAGE
     try:
         return exec_(argv_ssh)
     except FileNotFoundError:
         print("error: no `ssh` on PATH: install the OpenSSH client", file=sys.stderr)
-        return EXIT_FAILED
+        return Exit.FAILED
     except KeyboardInterrupt:  # Ctrl-C ends --follow; ssh got the signal too
-        return EXIT_INTERRUPTED
+        return Exit.INTERRUPTED

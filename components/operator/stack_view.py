@@ -1,8 +1,9 @@
-"""A deployed stack as the operator's commands see it: validated settings and plain outputs, read only.
+"""The one stack reader of every operator verb: validated settings and plain outputs, read only.
 
-`read_stack` goes through the Automation API (`pulumi stack output --show-secrets`, `pulumi config --json`), as
-`python -m components.supervisor` does: nothing is written to the stack. Every failure is one `OperatorError`
-line for the operator, never a traceback.
+`open_stack` selects a stack of this project through the Automation API (the selected one when no name is
+given, as `pulumi` itself does); `read_stack` reads its outputs (`pulumi stack output --show-secrets`) and its
+config (`pulumi config --json`), validated as the program validates it. Nothing is written to the stack. Every
+failure is one `OperatorError` line for the operator, never a traceback.
 """
 
 from __future__ import annotations
@@ -53,21 +54,58 @@ def _first_error_line(text: str) -> str:
     return first.removeprefix("stderr: ")  # CommandError's text labels the CLI's streams
 
 
-def read_stack(name: str) -> StackView:
-    """The stack's outputs (secrets shown: the commands need the key and token) and its config, validated."""
+def _cli_error(name: str, error: Exception) -> OperatorError:
+    return OperatorError(f"cannot read stack {name!r}: {_first_error_line(str(error))}")
+
+
+def _no_cli(name: str) -> OperatorError:
+    return OperatorError(
+        f"cannot read stack {name!r}: no `pulumi` on PATH; run where the project's environment is set "
+        '(`eval "$(make -s env)"`)'
+    )
+
+
+def selected_stack(root: Path = REPO_ROOT) -> str:
+    """The stack `pulumi stack select` chose for this project: every verb's stack when `--stack` is not given."""
     from pulumi import automation as auto
 
     try:
-        stack = auto.select_stack(name, work_dir=str(REPO_ROOT))
+        summary = auto.LocalWorkspace(work_dir=str(root)).stack()
+    except auto.errors.CommandError as error:
+        raise _cli_error("(selected)", error) from None
+    except FileNotFoundError:
+        raise _no_cli("(selected)") from None
+    if summary is None:
+        raise OperatorError("no stack is selected: give --stack NAME, or run `pulumi stack select NAME` once")
+    return str(summary.name)
+
+
+def open_stack(name: str | None) -> Any:
+    """The `pulumi.automation.Stack` called `name` (None: the selected one), read and written only by the caller."""
+    from pulumi import automation as auto
+
+    name = name or selected_stack()
+    try:
+        return auto.select_stack(name, work_dir=str(REPO_ROOT))
+    except auto.errors.CommandError as error:
+        raise _cli_error(name, error) from None
+    except FileNotFoundError:
+        raise _no_cli(name) from None
+
+
+def read_stack(name: str | None) -> StackView:
+    """The stack's outputs (secrets shown: the commands need the key and token) and its config, validated."""
+    from pulumi import automation as auto
+
+    name = name or selected_stack()
+    stack = open_stack(name)
+    try:
         outputs = stack.outputs()
         config = stack.get_all_config()
     except auto.errors.CommandError as error:
-        raise OperatorError(f"cannot read stack {name!r}: {_first_error_line(str(error))}") from None
+        raise _cli_error(name, error) from None
     except FileNotFoundError:
-        raise OperatorError(
-            f"cannot read stack {name!r}: no `pulumi` on PATH; run where the project's environment is set "
-            '(`eval "$(make -s env)"`)'
-        ) from None
+        raise _no_cli(name) from None
     raw = read_raw({key: value.value for key, value in config.items()})
     # As components/config `from_stack`: a credential under a key stored in plain text is refused.
     secret = frozenset(k for k in raw if config[f"{NAMESPACE}:{k}"].secret)
@@ -81,6 +119,15 @@ def read_stack(name: str) -> StackView:
         outputs={key: value.value for key, value in outputs.items()},
         stack_dir=str(ssh_files.stack_dir(PROJECT, name)),
     )
+
+
+def api_key_of(view: StackView) -> str | None:
+    """The key clients send: the `apiKey` output (generated, or the configured one), None for an open endpoint."""
+    configured = view.settings.serve.api_key
+    if configured is not None and configured.get_secret_value() == OPEN_ENDPOINT:
+        return None
+    key = view.outputs.get("apiKey") or (configured.get_secret_value() if configured else None)
+    return str(key) if key else None
 
 
 def node_or_error(view: StackView, name: str) -> Node:

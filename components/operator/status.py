@@ -1,6 +1,6 @@
 """What a deployed stack is doing right now, read only:
 
-    python -m components.status --stack NAME [--json] [--interval SECONDS]
+    dsv41-exl3 status [--stack NAME] [--json] [--interval SECONDS]
 
 From the stack's outputs: the endpoint, model, cluster generation and last verification. From each node, one
 ssh: its rank container's state (`docker inspect`), MemAvailable and the last line of this stack's watchdog log.
@@ -34,6 +34,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 from components import labels
 from components.config import OPEN_ENDPOINT
 from components.http import ConnectionRefusedOrReset, DeadlineExceeded, exchange
+from components.operator.exits import Exit
 from components.operator.stack_view import (
     PROJECT,
     OperatorError,
@@ -44,13 +45,9 @@ from components.operator.stack_view import (
     secrets_of,
     ssh_target,
 )
+from components.operator.supervisor import format_status
 from components.redaction import redact
 from components.ssh import ssh_argv
-from components.supervisor.__main__ import format_status
-
-EXIT_OK = 0
-EXIT_DOWN = 1
-EXIT_USAGE = 2
 
 SSH_TIMEOUT_S = 30
 HTTP_TIMEOUT_S = 10
@@ -628,13 +625,13 @@ def _down(report: StatusReport) -> str:
     return "; ".join(what)
 
 
-def _parser() -> OperatorParser:
+def _parser(prog: str) -> OperatorParser:
     parser = OperatorParser(
-        prog="python -m components.status",
+        prog=prog,
         allow_abbrev=False,
         description="Read only: the stack's endpoint, ranks, memory, watchdog, vLLM load and supervisor.",
     )
-    parser.add_argument("--stack", required=True, metavar="NAME")
+    parser.add_argument("--stack", metavar="NAME", help="default: the selected stack")
     parser.add_argument("--json", action="store_true", help="one JSON object instead of the summary")
     parser.add_argument(
         "--interval",
@@ -648,23 +645,24 @@ def _parser() -> OperatorParser:
 
 def main(
     argv: Sequence[str] | None = None,
-    read: Callable[[str], StackView] = read_stack,
+    read: Callable[[str | None], StackView] = read_stack,
     run: Run = run_ssh,
     fetch: Fetch = http_get,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
+    prog: str = "dsv41-exl3 status",
 ) -> int:
     try:
-        options = _parser().parse_args(argv)
+        options = _parser(prog).parse_args(argv)
         if not math.isfinite(options.interval) or options.interval <= 0:
             raise OperatorError(f"--interval {options.interval:g} must be a number of seconds above 0, e.g. 5")
         view = read(options.stack)
     except OperatorError as error:
         print(f"error: {error}", file=sys.stderr)
-        return EXIT_USAGE
+        return Exit.USAGE
     report = collect(view, run=run, fetch=fetch, sleep=sleep, clock=clock, interval_s=options.interval)
     text = json.dumps(as_json(report), indent=1, sort_keys=True) if options.json else format_report(report)
     # Nothing above prints a credential; this guards text the nodes and the supervisor sent (also JSON-escaped).
     hidden = [form for secret in secrets_of(view) for form in (secret, json.dumps(secret)[1:-1])]
     print(redact(text, hidden, mask="[secret]"))
-    return EXIT_OK if report.healthy else EXIT_DOWN
+    return Exit.OK if report.healthy else Exit.FAILED

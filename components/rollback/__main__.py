@@ -1,10 +1,10 @@
-"""Entry point of `python -m components.rollback`; the command lives in components/rollback/rollback.py."""
+"""`python -m components.rollback`: kept for one release: says so, runs `dsv41-exl3 rollback`."""
 
 from __future__ import annotations
 
 import sys
 
-from components.rollback.rollback import main
+from components.operator.cli import moved
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(moved("components.rollback", "rollback"))

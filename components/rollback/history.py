@@ -31,7 +31,7 @@ class RollbackError(Exception):
 
 def rollback_command(stack: str) -> str:
     """The command that goes back to the last verified deployment of `stack`."""
-    return f"python -m components.rollback --stack {stack}"
+    return f"dsv41-exl3 rollback --stack {stack}"
 
 
 @dataclass(frozen=True)

@@ -1,1 +1,1 @@
-"""`python -m components.status --stack NAME [--json]`: the stack's health at a glance (operator/status.py)."""
+"""`python -m components.status`, kept for one release: now `dsv41-exl3 status` (components/operator/status.py)."""

@@ -1,10 +1,10 @@
-"""Entry point of `python -m components.status`; the command lives in components/operator/status.py."""
+"""`python -m components.status`: kept for one release: says so, runs `dsv41-exl3 status`."""
 
 from __future__ import annotations
 
 import sys
 
-from components.operator.status import main
+from components.operator.cli import moved
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(moved("components.status", "status"))

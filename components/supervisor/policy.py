@@ -84,7 +84,7 @@ def decide(
     """One look's action. The order is the rules' priority: the operator and an update first, then what
     is known about every node, then the group itself."""
     if paused:
-        return Decision("wait", "paused by the operator (python -m components.supervisor resume)")
+        return Decision("wait", "paused by the operator (dsv41-exl3 supervisor resume)")
     if lock_holder:
         return Decision("wait", f"an update holds the head's lock ({lock_holder}): the update owns the ranks")
     if given_up:

@@ -232,7 +232,7 @@ class SupervisorArgs:
 class Supervisor(pulumi.ComponentResource):
     containers: dict[str, docker.Container]
     url: str
-    """The leading agent's API (python -m components.supervisor status|pause|resume)."""
+    """The leading agent's API (dsv41-exl3 supervisor status|pause|resume)."""
 
     def __init__(self, name: str, args: SupervisorArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("dsv41-exl3:supervisor:Supervisor", name, None, opts)

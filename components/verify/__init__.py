@@ -1,5 +1,5 @@
 """The verifier resource, its client (talking to the server), its logprob verdict, and the operators' check
-(`python -m components.verify`)."""
+(`dsv41-exl3 verify`)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@
 
 The HTTP is `components.http`; judging an answer is pure and lives in `components.verify.verdict`. The
 callers are the Verifier resource (`components.verify.verifier`), LiveRanks and the operators' command
-(`python -m components.verify`).
+(`dsv41-exl3 verify`).
 """
 
 from __future__ import annotations

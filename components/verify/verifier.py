@@ -196,7 +196,7 @@ class VerifierArgs:
     expected_answer: str
     """What the judged answer must say (`gates.expectedAnswer`); empty: any answer with real logprobs."""
     rollback_command: str
-    """Ends a failed verification's message (`python -m components.rollback --stack NAME`); empty: none."""
+    """Ends a failed verification's message (`dsv41-exl3 rollback --stack NAME`); empty: none."""
 
 
 class Verifier(pulumi.dynamic.Resource, module="verify", name="Verifier"):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -307,19 +306,6 @@ def test_a_public_key_given_as_identity_is_a_usage_error(capsys: pytest.CaptureF
     pub.write_text("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB me@laptop\n")
     code, _, err = _run(capsys, "--identity", str(pub), "nvidia@10.0.0.1")
     assert code == 2 and "is not a private key file" in err
-
-
-def test_python_dash_m_runs_the_command() -> None:
-    done_ = subprocess.run(
-        [sys.executable, "-m", "components.discover", "10.0.0.1"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done_.returncode == 2
-    assert done_.stderr.strip() == "error: '10.0.0.1' has no user: use the form user@host[:port], e.g. nvidia@10.0.0.1"
 
 
 def test_a_hostile_nodes_text_is_shown_escaped_one_line_and_never_becomes_config(

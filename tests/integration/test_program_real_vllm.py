@@ -194,7 +194,7 @@ def test_a_real_head_killed_is_seen_by_preview_and_healed_by_up(real: Deployment
 def supervisor_cli(d: Deployment, verb: str) -> None:
     env = {**os.environ, **d.env, "PATH": f"{d.pulumi_root / 'bin'}:{os.environ['PATH']}"}
     done = subprocess.run(
-        [sys.executable, "-m", "components.supervisor", verb, "--stack", d.name],
+        [sys.executable, "-m", "components", "supervisor", verb, "--stack", d.name],
         cwd=REPO,
         env=env,
         capture_output=True,

@@ -484,7 +484,7 @@ def test_rollback_of_a_stack_never_verified_says_so_and_changes_nothing(
 
 def rollback_command(d: Deployment, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "components.rollback", "--stack", d.name, *args],
+        [sys.executable, "-m", "components", "rollback", "--stack", d.name, *args],
         cwd=REPO,
         env={**os.environ, **d.env, **env},
         capture_output=True,

@@ -121,10 +121,10 @@ def test_the_quick_start_from_make_stack_to_a_client_request(
     up = shell(user_env, f"pulumi up --yes --skip-preview --stack {stack_name} --non-interactive", timeout=1200)
     assert up.returncode == 0, up.stdout[-5000:] + up.stderr[-3000:]
 
-    status = shell(user_env, f"python -m components.status --stack {stack_name} --json --interval 1")
+    status = shell(user_env, "dsv41-exl3 status --json --interval 1")  # the stack `make stack` selected
     assert status.returncode == 0, status.stdout + status.stderr
     assert json.loads(status.stdout)["healthy"] is True
-    logs = shell(user_env, f"python -m components.logs --stack {stack_name} worker --tail 20")
+    logs = shell(user_env, "dsv41-exl3 logs worker --tail 20")
     assert logs.returncode == 0 and logs.stdout.strip(), logs.stderr
 
     endpoint = shell(user_env, f"pulumi stack output --stack {stack_name} endpoint").stdout.strip()

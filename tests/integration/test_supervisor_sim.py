@@ -39,7 +39,7 @@ def rank_state(d: Deployment, node: dict[str, Any]) -> dict[str, Any]:
 def cli(d: Deployment, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, **d.env, "PATH": f"{d.pulumi_root / 'bin'}:{os.environ['PATH']}"}
     return subprocess.run(
-        [sys.executable, "-m", "components.supervisor", *args, "--stack", d.name],
+        [sys.executable, "-m", "components", "supervisor", *args, "--stack", d.name],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -54,7 +54,7 @@ def config_values(d: Deployment) -> dict[str, tuple[str, bool]]:
 
 def rollback(d: Deployment, state_home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "components.rollback", "--stack", d.name, *args, "--yes"],
+        [sys.executable, "-m", "components", "rollback", "--stack", d.name, *args, "--yes"],
         cwd=REPO,
         env={**os.environ, **d.env, "DSV41_STATE_HOME": str(state_home)},
         capture_output=True,
@@ -217,9 +217,9 @@ def test_after_a_failed_up_a_rollback_and_an_up_to_another_generation_the_superv
     before = armed(d)
     d.write_config(d.with_env(SIM_FAULT="wrong-answer"))
     message, _ = d.up_fails()
-    assert f"To go back to the last verified deployment: python -m components.rollback --stack {d.name}" in message
+    assert f"To go back to the last verified deployment: dsv41-exl3 rollback --stack {d.name}" in message
     assert restarts(status(d)) == restarts(before), "the supervisor never acts on a failing update's ranks"
-    from components.rollback.rollback import history_of
+    from components.operator.rollback import history_of
 
     failed = max(u.version for u in history_of(d.stack) if u.result == "failed")
     refused = rollback(d, tmp_path, "--to", str(failed))

@@ -1,11 +1,9 @@
-"""`python -m components.logs`: the docker logs command each flag builds, node aliases, refused values, exit codes."""
+"""`dsv41-exl3 logs`: the docker logs command each flag builds, node aliases, refused values, exit codes."""
 
 from __future__ import annotations
 
 import dataclasses
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -182,16 +180,3 @@ def test_no_ssh_on_path_and_ctrl_c_are_handled(capsys: pytest.CaptureFixture[str
     assert main(["--stack", "s", "head"], read=lambda n: view, exec_=absent) == 1
     assert "no `ssh` on PATH" in capsys.readouterr().err
     assert main(["--stack", "s", "head", "-f"], read=lambda n: view, exec_=interrupted) == 130
-
-
-def test_python_m_components_logs_is_the_command() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "components.logs", "--help"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("usage: python -m components.logs [-h] --stack NAME")

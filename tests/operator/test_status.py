@@ -1,4 +1,4 @@
-"""`python -m components.status`: what each node, vLLM and the supervisor report, the exit code, and no secret shown."""
+"""`dsv41-exl3 status`: what each node, vLLM and the supervisor report, the exit code, and no secret shown."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import json
 import os
 import stat
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -31,7 +30,7 @@ from components.operator.status import (
     summarize_metrics,
     watchdog_log,
 )
-from components.supervisor.__main__ import format_status
+from components.operator.supervisor import format_status
 from tests.operator import stacks
 from tests.operator.stacks import (
     API_KEY,
@@ -439,7 +438,6 @@ def test_an_unknown_stack_exits_2_with_one_line(capsys: pytest.CaptureFixture[st
         (["--stack", "s", "--interval", "0"], "--interval 0 must be a number of seconds above 0"),
         (["--stack", "s", "--interval", "nan"], "--interval nan must be a number of seconds above 0"),
         (["--stack", "s", "--bogus"], "unrecognized arguments: --bogus"),
-        ([], "the following arguments are required: --stack"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(capsys: pytest.CaptureFixture[str], args: list[str], said: str) -> None:
@@ -500,19 +498,6 @@ def test_the_default_fetch_reports_a_closed_port_as_refused(
     code = main(["--stack", stacks.STACK], read=lambda n: closed, run=FakeNodes(), sleep=lambda s: None)
     out, _ = capsys.readouterr()
     assert code == 1 and "metrics: unavailable (connection refused from http://127.0.0.1:9/metrics)" in out
-
-
-def test_python_m_components_status_is_the_command() -> None:
-    done_ = subprocess.run(
-        [sys.executable, "-m", "components.status", "--help"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done_.returncode == 0, done_.stderr
-    assert done_.stdout.startswith("usage: python -m components.status [-h] --stack NAME")
 
 
 def test_a_report_is_running_only_when_reachable_and_running() -> None:

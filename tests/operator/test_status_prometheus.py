@@ -1,4 +1,4 @@
-"""`python -m components.status` with the stack's Prometheus: its API as the source, and /metrics as the fallback."""
+"""`dsv41-exl3 status` with the stack's Prometheus: its API as the source, and /metrics as the fallback."""
 
 from __future__ import annotations
 

@@ -59,7 +59,7 @@ def test_no_verified_update_says_so() -> None:
 
 
 def test_the_verification_hint_names_the_stack() -> None:
-    assert rollback_command("prod") == "python -m components.rollback --stack prod"
+    assert rollback_command("prod") == "dsv41-exl3 rollback --stack prod"
 
 
 def test_a_section_becomes_path_leaves_and_its_credential_stays_encrypted() -> None:
@@ -132,7 +132,7 @@ def test_a_leaf_of_a_secret_section_goes_back_plain_only_where_the_file_holds_it
 
 
 def test_the_saved_stack_file_is_private_from_its_creation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from components.rollback.rollback import save_copy
+    from components.operator.rollback import save_copy
 
     stack_file = tmp_path / "Pulumi.s.yaml"
     stack_file.write_text("config: {}\n")

@@ -1,4 +1,4 @@
-"""`python -m components.rollback` against a recording stack: what it refuses, restores, saves and runs."""
+"""`dsv41-exl3 rollback` against a recording stack: what it refuses, restores, saves and runs."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from components.rollback import rollback
+from components.operator import rollback
 
 NS = "dsv41-exl3"
 KEY_OLD, KEY_NOW = "old-private-key", "new-private-key"

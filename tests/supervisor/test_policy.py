@@ -129,7 +129,7 @@ def test_the_status_line_says_when_the_supervisor_is_not_armed_for_what_runs() -
 
 
 def test_the_status_command_names_an_unreadable_state_and_a_gap_in_arming() -> None:
-    from components.supervisor.__main__ import format_status
+    from components.operator.supervisor import format_status
 
     out = format_status(
         {

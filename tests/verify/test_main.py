@@ -1,4 +1,4 @@
-"""The operators' command `python -m components.verify`: one line, exit 0/1/2, the key only from the environment."""
+"""The operators' command `dsv41-exl3 verify`: one line, exit 0/1/2, the key only from the environment."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.timeout(10)
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "components.verify", *args],
+        [sys.executable, "-m", "components", "verify", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -109,13 +109,13 @@ def test_cli_unreachable_endpoint_exits_1() -> None:
 
 
 def test_stack_gives_endpoint_model_key_and_expected_answer(capsys: pytest.CaptureFixture[str]) -> None:
-    from components.verify import __main__ as cli
+    from components.operator import verify as cli
 
     with FakeVllm(Reply(body=chat_body(good_items(), content="Lyon").encode())) as server:
-        view = cli.StackView(endpoint=server.url, model=MODEL, api_key="k-stack-7", expected_answer="Lyon")
+        view = cli.Target(endpoint=server.url, model=MODEL, api_key="k-stack-7", expected_answer="Lyon")
         code = cli.main(["--stack", "sim", "--timeout", "3"], read=lambda name: view)
         (request,) = server.completion_requests()
-    assert code == cli.EXIT_VERIFIED, capsys.readouterr()
+    assert code == cli.Exit.OK, capsys.readouterr()
     assert request.headers.get("Authorization") == "Bearer k-stack-7"
     assert request.body["model"] == MODEL
     assert "k-stack-7" not in capsys.readouterr().out
@@ -124,21 +124,21 @@ def test_stack_gives_endpoint_model_key_and_expected_answer(capsys: pytest.Captu
 def test_stack_with_the_recipes_answer_refuses_another_and_an_explicit_flag_wins(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from components.verify import __main__ as cli
+    from components.operator import verify as cli
 
     with FakeVllm(Reply(body=chat_body(good_items(), content="Lyon").encode())) as server:
-        view = cli.StackView(endpoint=server.url, model=MODEL, api_key=None, expected_answer=None)
-        assert cli.main(["--stack", "dev", "--timeout", "3"], read=lambda name: view) == cli.EXIT_FAILED
+        view = cli.Target(endpoint=server.url, model=MODEL, api_key=None, expected_answer=None)
+        assert cli.main(["--stack", "dev", "--timeout", "3"], read=lambda name: view) == cli.Exit.FAILED
         assert "does not say Paris" in capsys.readouterr().err
         assert (
             cli.main(["--stack", "dev", "--timeout", "3", "--expected-answer", "Lyon"], read=lambda name: view)
-            == cli.EXIT_VERIFIED
+            == cli.Exit.OK
         )
 
 
 def test_stack_without_outputs_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
-    from components.verify import __main__ as cli
+    from components.operator import verify as cli
 
-    view = cli.StackView(endpoint=None, model=None, api_key=None, expected_answer=None)
-    assert cli.main(["--stack", "new"], read=lambda name: view) == cli.EXIT_USAGE
+    view = cli.Target(endpoint=None, model=None, api_key=None, expected_answer=None)
+    assert cli.main(["--stack", "new"], read=lambda name: view) == cli.Exit.USAGE
     assert "no endpoint/model output yet" in capsys.readouterr().err

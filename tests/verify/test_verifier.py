@@ -74,7 +74,7 @@ def test_provider_create_raises_the_one_line_diagnosis() -> None:
 
 
 def test_a_failed_verification_ends_with_the_rollback_command() -> None:
-    command = "python -m components.rollback --stack prod"
+    command = "dsv41-exl3 rollback --stack prod"
     with (
         FakeVllm(Reply(status=400, body=error_body(NAN_STREAM_ERROR, "BadRequestError", 400))) as server,
         pytest.raises(VerificationFailed) as raised,
@@ -87,7 +87,7 @@ def test_a_failed_verification_ends_with_the_rollback_command() -> None:
 def test_the_rollback_command_is_not_an_input_the_diff_compares() -> None:
     """A program version that adds it (or a renamed command) must not re-verify a serving deployment."""
     olds = _props("http://127.0.0.1:1/v1", answer="Paris.")
-    news = _props("http://127.0.0.1:1/v1", rollback_command="python -m components.rollback --stack dev")
+    news = _props("http://127.0.0.1:1/v1", rollback_command="dsv41-exl3 rollback --stack dev")
     assert not VerifierProvider().diff("verifier-1", olds, news).changes
 
 
@@ -186,7 +186,7 @@ def test_verifier_resource_registers_inputs_and_a_pickled_provider() -> None:
             min_decode_tokens_per_second=None,
             warmup_timeout_s=None,
             expected_answer="Paris",
-            rollback_command="python -m components.rollback --stack dev",
+            rollback_command="dsv41-exl3 rollback --stack dev",
         ),
     )
 

@@ -1,17 +1,18 @@
-"""Go back to the last verified deployment:
+"""`dsv41-exl3 rollback`: go back to the last verified deployment:
 
-    python -m components.rollback --stack NAME [--to VERSION] [--yes]
-    python -m components.rollback --stack NAME --list
+    dsv41-exl3 rollback [--stack NAME] [--to VERSION] [--yes]
+    dsv41-exl3 rollback [--stack NAME] --list [--json]
 
 Reads the stack's history (Automation API), picks the newest update that succeeded (so was verified) or the
 one `--to` names, shows which config leaves change (secrets as `(secret, changed)`), and after a yes (typed,
 or `--yes`) saves the stack file as it is, restores that update's config and runs `up`, streaming its output.
-Exit codes: 0 rolled back, 1 the `up` failed (the restored config stays; the saved file brings back the one
-before), 2 refused (nothing changed).
+Exit codes (components/operator/exits.py): 0 rolled back, 1 the `up` failed (the restored config stays; the saved
+file brings back the one before), 2 refused (nothing changed).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -23,7 +24,8 @@ from typing import Any, Protocol
 
 import yaml
 
-from components.operator.stack_view import REPO_ROOT, OperatorError, OperatorParser
+from components.operator.exits import Exit
+from components.operator.stack_view import REPO_ROOT, OperatorError, OperatorParser, open_stack, selected_stack
 from components.rollback.history import (
     RollbackError,
     Update,
@@ -34,9 +36,6 @@ from components.rollback.history import (
     verified_updates,
 )
 
-EXIT_FAILED = 1
-EXIT_REFUSED = 2
-
 
 class Stack(Protocol):
     """The part of `pulumi.automation.Stack` this command uses."""
@@ -46,21 +45,6 @@ class Stack(Protocol):
     def remove_all_config(self, keys: list[str], path: bool = False) -> None: ...
     def set_all_config(self, config: Any, path: bool = False) -> None: ...
     def up(self, **kwargs: Any) -> Any: ...
-
-
-def open_stack(name: str) -> Stack:
-    from pulumi import automation as auto
-
-    try:
-        return auto.select_stack(name, work_dir=str(REPO_ROOT))  # type: ignore[return-value]
-    except auto.errors.CommandError as error:
-        first = next((line for line in str(error).splitlines() if "error:" in line), str(error).strip())
-        raise OperatorError(f"cannot read stack {name!r}: {first.removeprefix('stderr: ').strip()}") from None
-    except FileNotFoundError:
-        raise OperatorError(
-            f"cannot read stack {name!r}: no `pulumi` on PATH; run where the project's environment is set "
-            '(`eval "$(make -s env)"`)'
-        ) from None
 
 
 def history_of(stack: Stack) -> list[Update]:
@@ -138,19 +122,35 @@ def describe(update: Update) -> str:
     return f"version {update.version} ({update.kind} {update.result}, started {when}{message})"
 
 
-def list_history(updates: Sequence[Update], out: Callable[[str], None]) -> None:
+def list_history(updates: Sequence[Update], out: Callable[[str], None], as_json: bool = False) -> None:
     verified = {u.version for u in verified_updates(updates)}
-    for update in sorted(updates, key=lambda u: u.version, reverse=True):
+    newest_first = sorted(updates, key=lambda u: u.version, reverse=True)
+    if as_json:
+        rows = [
+            {
+                "version": u.version,
+                "kind": u.kind,
+                "result": u.result,
+                "started": u.started.isoformat(),
+                "message": u.message,
+                "verified": u.version in verified,
+            }
+            for u in newest_first
+        ]
+        out(json.dumps(rows, indent=1))
+        return
+    for update in newest_first:
         mark = "verified" if update.version in verified else "        "
         out(f"{mark}  {describe(update)}")
 
 
-def _parser() -> OperatorParser:
-    parser = OperatorParser(prog="python -m components.rollback", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--stack", required=True, help="the stack to roll back")
+def _parser(prog: str) -> OperatorParser:
+    parser = OperatorParser(prog=prog, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--stack", help="the stack to roll back (default: the selected one)")
     parser.add_argument("--to", type=int, help="the version to restore (`--list` shows the verified ones)")
     parser.add_argument("--yes", action="store_true", help="do not ask before changing the config and running up")
     parser.add_argument("--list", action="store_true", help="list the stack's history, verified versions marked")
+    parser.add_argument("--json", action="store_true", help="with --list: the history as a JSON list")
     return parser
 
 
@@ -166,39 +166,44 @@ def main(
     ask: Callable[[str], str] = input,
     interactive: Callable[[], bool] = sys.stdin.isatty,
     root: Path = REPO_ROOT,
+    selected: Callable[[], str] = selected_stack,
+    prog: str = "dsv41-exl3 rollback",
 ) -> int:
     try:
-        options = _parser().parse_args(argv)
-        stack = open_(options.stack)
+        options = _parser(prog).parse_args(argv)
+        if options.json and not options.list:
+            raise OperatorError("--json goes with --list (a rollback itself streams the up's output)")
+        name = options.stack or selected()
+        stack = open_(name)
         updates = history_of(stack)
         if options.list:
-            list_history(updates, print)
-            return 0
-        target = choose(updates, options.stack, options.to)
-        path = stack_file(options.stack, root)
+            list_history(updates, print, as_json=options.json)
+            return Exit.OK
+        target = choose(updates, name, options.to)
+        path = stack_file(name, root)
         secure = secure_now(path)
         current = leaves({k: Value(str(v.value), bool(v.secret)) for k, v in stack.get_all_config().items()}, secure)
         restored = leaves(target.config, secure, plain_now={k: v.text for k, v in current.items() if not v.secret})
         diff = changes(current, restored)
-        print(f"stack {options.stack}: back to {describe(target)}")
+        print(f"stack {name}: back to {describe(target)}")
         print("config changes:" if diff else "config: the same as now (the up re-applies it)")
         for change in diff:
             print(f"  {change.describe()}")
         if not options.yes and not confirmed(ask, interactive()):
             print("not rolled back: nothing was changed")
-            return EXIT_REFUSED
+            return Exit.USAGE
         if not path.exists():
             raise OperatorError(f"{path} is missing: rollback restores config into the stack file; run from the clone")
         saved = save_copy(path, backup_dir())
         print(f"the stack file as it was is saved at {saved}")
     except (OperatorError, RollbackError) as error:
         print(f"error: {error}", file=sys.stderr)
-        return EXIT_REFUSED
+        return Exit.USAGE
     try:
         restore_config(stack, restored, path, saved)
     except Exception as error:  # the CLI refused a value: the file is back as it was, no up ran
         print(f"error: could not restore the config: {error}; {path} is back as it was", file=sys.stderr)
-        return EXIT_FAILED
+        return Exit.FAILED
     try:
         stack.up(on_output=print, message=f"rollback to version {target.version}")
     except Exception as error:  # the CLI's failure (CommandError) and anything under it: one clear end
@@ -210,6 +215,6 @@ def main(
             f"(cp {saved} {path} brings it back)",
             file=sys.stderr,
         )
-        return EXIT_FAILED
-    print(f"rolled back: stack {options.stack} runs version {target.version}'s config again, verified")
-    return 0
+        return Exit.FAILED
+    print(f"rolled back: stack {name} runs version {target.version}'s config again, verified")
+    return Exit.OK
