@@ -20,6 +20,7 @@ from components.access.addresses import AddressError, Addresses, Resolver, http_
 from components.access.node_access import NodeAccess, NodeAccessArgs
 from components.access.stack_keys import StackKeys, StackKeysArgs
 from components.config import Loaded, Node, Settings
+from components.gates.decisions import GateBounds
 from components.gates.gates import (
     MODELS_TIMEOUT_S,
     POLL_INTERVAL_S,
@@ -40,7 +41,7 @@ from components.rollback.history import rollback_command
 from components.serving import spec as serve_spec
 from components.serving.api_key import with_endpoint_key
 from components.serving.serving import RankInputs, ServingCluster, ServingClusterArgs
-from components.ssh import KeyDirError, stack_dir
+from components.ssh import KeyDirError, SshAccess, stack_dir
 from components.supervisor.supervisor import (
     Supervisor,
     SupervisorArgs,
@@ -135,6 +136,9 @@ def _wire(
     # replace running ranks): they were already per stack.
     prefix = labels.stack_prefix(pulumi.get_project(), stack)
     generation = serve_spec.cluster_generation(s)
+    # Built once: how the program's own processes reach the nodes, and the bounds every boot waits by.
+    ssh = ssh_access(s)
+    bounds = gate_bounds(s)
     stack_keys = StackKeys("stack-keys", StackKeysArgs(directory=str(keys_dir)), opts=under(root))
     access = {
         n.name: NodeAccess(
@@ -229,9 +233,7 @@ def _wire(
             download_streams=s.weights.download_streams,
             stack_prefix=prefix,
             copy=CopySettings(
-                ssh_private_key=_private_key(s),
-                ssh_agent_socket=s.ssh.agent_socket,
-                ssh_known_hosts_file=s.ssh.known_hosts_file,
+                ssh=ssh,
                 streams=s.weights.copy_streams,
                 timeout_s=s.weights.stage_timeout_minutes * 60,
             )
@@ -253,9 +255,7 @@ def _wire(
         "live-ranks",
         LiveRanksArgs(
             ranks=gate_ranks(s, {n.name: labels.container_name(stack, n.name) for n in s.nodes}),
-            ssh_private_key=_private_key(s),
-            ssh_agent_socket=s.ssh.agent_socket,
-            ssh_known_hosts_file=s.ssh.known_hosts_file,
+            ssh=ssh,
             endpoint=endpoint_of(s, head_address),
             model=s.serve.served_model_name,
             api_key=_api_key(s),
@@ -329,6 +329,8 @@ def _wire(
 
     verifier = verify_after(
         s,
+        ssh=ssh,
+        bounds=bounds,
         container_names=serving.container_names,
         container_ids=serving.container_ids,
         after=list(serving.containers.values()),
@@ -368,6 +370,7 @@ def _wire(
                 endpoint=endpoint_of(s, head_address),
                 head_address=head_address,
                 generation=serving.generation,
+                bounds=bounds,
                 nodes=[
                     SupervisorNode(
                         name=n.name,
@@ -482,8 +485,20 @@ def gate_ranks(s: Settings, container_names: Mapping[str, str]) -> list[GateRank
     ]
 
 
-def _private_key(s: Settings) -> pulumi.Output[str] | None:
-    return pulumi.Output.secret(s.ssh.private_key.get_secret_value()) if s.ssh.private_key else None
+def ssh_access(s: Settings) -> SshAccess:
+    """The stack's `ssh` section as the program's own ssh runs it (the key a secret)."""
+    key = pulumi.Output.secret(s.ssh.private_key.get_secret_value()) if s.ssh.private_key else None
+    return SshAccess(private_key=key, agent_socket=s.ssh.agent_socket, known_hosts_file=s.ssh.known_hosts_file)
+
+
+def gate_bounds(s: Settings) -> GateBounds:
+    """`gates.*` as the gates and the supervisor's restarts wait by: the one mapping from config."""
+    g = s.gates
+    return GateBounds(
+        rendezvous_timeout_s=g.rendezvous_timeout_seconds,
+        ready_timeout_s=g.ready_timeout_seconds,
+        stall_s=g.stall_seconds,
+    )
 
 
 def _api_key(s: Settings) -> pulumi.Output[str] | None:
@@ -499,6 +514,8 @@ def endpoint_of(s: Settings, head_address: str) -> str:
 def verify_after(
     s: Settings,
     *,
+    ssh: SshAccess,
+    bounds: GateBounds,
     container_names: Mapping[str, str],
     container_ids: pulumi.Input[Sequence[pulumi.Input[str]]],
     after: Sequence[pulumi.Resource],
@@ -513,16 +530,13 @@ def verify_after(
     api_key = _api_key(s)
     endpoint = endpoint_of(s, head_address)
     api_base = endpoint.removesuffix("/v1")
-    ranks = gate_ranks(s, container_names)
-    private_key = _private_key(s)
+    ranks = tuple(gate_ranks(s, container_names))
     rendezvous = RendezvousGate(
         "rendezvous",
         RendezvousGateArgs(
             ranks=ranks,
-            ssh_private_key=private_key,
-            ssh_agent_socket=s.ssh.agent_socket,
-            ssh_known_hosts_file=s.ssh.known_hosts_file,
-            rendezvous_timeout_s=s.gates.rendezvous_timeout_seconds,
+            ssh=ssh,
+            bounds=bounds,
             poll_interval_s=POLL_INTERVAL_S,
             progress_interval_s=PROGRESS_INTERVAL_S,
             rerun_on=container_ids,
@@ -533,14 +547,11 @@ def verify_after(
         "ready",
         ReadyGateArgs(
             ranks=ranks,
-            ssh_private_key=private_key,
-            ssh_agent_socket=s.ssh.agent_socket,
-            ssh_known_hosts_file=s.ssh.known_hosts_file,
+            ssh=ssh,
+            bounds=bounds,
             api_base=api_base,
             model_name=s.serve.served_model_name,
             api_key=api_key,
-            ready_timeout_s=s.gates.ready_timeout_seconds,
-            stall_s=s.gates.stall_seconds,
             poll_interval_s=POLL_INTERVAL_S,
             progress_interval_s=PROGRESS_INTERVAL_S,
             models_timeout_s=MODELS_TIMEOUT_S,

@@ -8,13 +8,18 @@ without the program: a provider class keeps its module and name, and this base h
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import pulumi
 import pulumi.dynamic
 from pulumi.runtime import rpc
+
+from components.contract import Contract
+
+C = TypeVar("C", bound=Contract)
 
 _SECRET_SIG_KEY = rpc._special_sig_key  # noqa: SLF001 - the wire marker of a secret value
 _SECRET_SIG = rpc._special_secret_sig  # noqa: SLF001
@@ -38,6 +43,35 @@ def plain(keys: Sequence[str], props: Mapping[str, Any]) -> dict[str, Any]:
 def secret_or_none(value: pulumi.Input[str] | None) -> pulumi.Output[str] | None:
     """A credential as a secret input; None stays None (not a secret None)."""
     return pulumi.Output.secret(value) if value is not None else None
+
+
+def props_of(args: Contract) -> dict[str, Any]:
+    """A boundary object as a dynamic resource's properties: every field by name (components/contract.py), each
+    credential (a field declared `secret()`, at any depth) sent as a secret."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(args):  # type: ignore[arg-type]
+        value = getattr(args, f.name)
+        if isinstance(value, Contract):
+            value = props_of(value)
+        elif isinstance(value, list | tuple):
+            value = [props_of(v) if isinstance(v, Contract) else v for v in value]
+        out[f.name] = secret_or_none(value) if f.metadata.get("secret") else value
+    return out
+
+
+def secret_outputs(args: Contract) -> list[str]:
+    """The top-level properties the state must mark secret: credentials, and objects holding one."""
+    return [
+        f.name
+        for f in dataclasses.fields(args)  # type: ignore[arg-type]
+        if f.metadata.get("secret")
+        or (isinstance(getattr(args, f.name), Contract) and secret_outputs(getattr(args, f.name)))
+    ]
+
+
+def read_props(cls: type[C], props: Mapping[str, Any]) -> C:
+    """The provider's side of `props_of`: the object back from the engine's properties, secrets unwrapped."""
+    return cls.from_props(props, unwrap=unwrap_secret)
 
 
 # ---------------------------------------------------------------------------------------------

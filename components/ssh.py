@@ -29,7 +29,9 @@ import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from components.contract import Contract, secret
 from components.scripts import sh_command
 
 # sun_path holds 107 characters; ssh binds the master's socket under `<ControlPath>.` + 16 random first.
@@ -38,6 +40,29 @@ _MAX_CONTROL_PATH = 107 - 17
 
 class KeyDirError(RuntimeError):
     """A directory meant for key material is not private to this user."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SshAccess(Contract):
+    """How the program's processes log in to every node: the stack's `ssh` section, built once per deployment
+    (deployment.py) and handed to every resource that runs ssh itself (the gates, live ranks, the worker copy)."""
+
+    private_key: Any = secret(default=None)
+    """The key text: a secret Output in the program, a str in a provider; None: the agent alone."""
+    agent_socket: str | None = None
+    known_hosts_file: str | None = None
+
+    def target(self, host: str, port: int, user: str, stack_dir: str | None = None) -> SshTarget:
+        key = self.private_key
+        return SshTarget(
+            host=host,
+            port=port,
+            user=user,
+            private_key=str(key) if key else None,
+            agent_socket=self.agent_socket or None,
+            known_hosts_file=self.known_hosts_file or None,
+            stack_dir=stack_dir,
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -279,3 +304,7 @@ def remove_stack_dir(directory: Path) -> list[str]:
     if not left:
         directory.rmdir()
     return left
+
+
+# No key and no agent of the stack's: ssh's own defaults (`~/.ssh`, `$SSH_AUTH_SOCK`), as tests and tools use.
+SSH_DEFAULTS = SshAccess()

@@ -215,7 +215,7 @@ def test_every_rank_is_replaced_together_when_live_ranks_finds_one_down(two: rec
     assert [r["container"] for r in live.inputs["ranks"]] == [
         labels.container_name("dev", n.name) for n in parse(config()).settings.nodes
     ]
-    assert "ssh_private_key" in live.secret_paths()
+    assert "ssh" in live.secret_paths()
 
 
 @pytest.mark.parametrize("count", [2, 4])
@@ -412,7 +412,7 @@ def test_each_ranks_start_and_the_supervisors_restart_check_the_preflights_floor
     rec = run(config())
     with stdin_of(rec, "supervisor-spark-0-files") as tar:
         agent_cfg = json.loads(tar.extractfile("config.json").read())  # type: ignore[union-attr]
-    waits = {n["name"]: n["min_mem_gib"] for n in agent_cfg["nodes"]}
+    waits = {n["name"]: n["min_mem_gib"] for n in agent_cfg["leader"]["nodes"]}
     for node in ("spark-0", "spark-1"):
         preflight = header_value(rec.named(f"preflight-{node}-check").inputs["create"], "MIN_MEM")
         entry = rec.named(f"serving-{node}").inputs["entrypoints"][2]

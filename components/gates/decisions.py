@@ -33,6 +33,7 @@ from datetime import UTC, datetime
 from http.client import HTTPException
 from typing import Literal
 
+from components.contract import Contract
 from components.gates.log_patterns import (
     FATAL_PATTERNS,
     NEAR_READY_PHASES,
@@ -94,10 +95,27 @@ USAGE_MIN_GROWTH_BYTES = float(16 << 20)
 
 
 @dataclass(frozen=True, kw_only=True)
-class WatchSettings:
-    """What both gates share. The timeouts (in the subclasses) have no defaults: they are operator settings,
-    whose defaults live in components/config."""
+class GateBounds(Contract):
+    """The gates' bounds (`gates.*`): what an update's gates and a supervisor's restart both wait by. Crosses the
+    program's boundary to the gates' provider and to the supervisor agent (components/contract.py)."""
 
+    rendezvous_timeout_s: float
+    ready_timeout_s: float
+    stall_s: float
+    """No rank logged a (non-noise) line, and no rank container's memory or block I/O grew, for this long = hung."""
+
+    def __post_init__(self) -> None:
+        for name, value in self.to_props().items():
+            if not value > 0:
+                raise ValueError(f"{name}={value} must be > 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class WatchSettings:
+    """What both gates share. The bounds have no defaults: they are operator settings, whose defaults live in
+    components/config."""
+
+    bounds: GateBounds
     poll_interval_s: float = WATCH_POLL_INTERVAL_S
     tail_lines: int = 20
     max_source_errors: int = 3
@@ -120,19 +138,11 @@ class WatchSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class RendezvousSettings(WatchSettings):
-    rendezvous_timeout_s: float
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.rendezvous_timeout_s <= 0:
-            raise ValueError(f"rendezvous_timeout_s={self.rendezvous_timeout_s} must be > 0")
+    pass
 
 
 @dataclass(frozen=True, kw_only=True)
 class ReadySettings(WatchSettings):
-    ready_timeout_s: float
-    stall_s: float
-    """No rank logged a (non-noise) line, and no rank container's memory or block I/O grew, for this long = hung."""
     near_ready_poll_s: float = NEAR_READY_POLL_S
     usage_quiet_s: float = USAGE_QUIET_S
     usage_interval_s: float = USAGE_INTERVAL_S
@@ -147,10 +157,6 @@ class ReadySettings(WatchSettings):
             )
         if self.near_ready_poll_s <= 0:
             raise ValueError(f"near_ready_poll_s={self.near_ready_poll_s} must be > 0")
-        if self.ready_timeout_s <= 0:
-            raise ValueError(f"ready_timeout_s={self.ready_timeout_s} must be > 0")
-        if self.stall_s <= 0:
-            raise ValueError(f"stall_s={self.stall_s} must be > 0")
 
 
 @dataclass(frozen=True)
@@ -511,7 +517,7 @@ def _rendezvous(
 ) -> RendezvousResult:
     cluster = _Cluster(ranks, source, settings, clock, report)
     start = clock.monotonic()
-    deadline = start + settings.rendezvous_timeout_s
+    deadline = start + settings.bounds.rendezvous_timeout_s
     last_report = start
     world_size: int | None = None
     joined_at: dict[int, str] = {}
@@ -541,7 +547,7 @@ def _rendezvous(
             )
             raise GateFailure(
                 cluster.message(
-                    f"rendezvous did not complete within {settings.rendezvous_timeout_s:g} s: {named}",
+                    f"rendezvous did not complete within {settings.bounds.rendezvous_timeout_s:g} s: {named}",
                     _rendezvous_advice([v.spec for v in missing], cluster.master),
                 )
             )
@@ -603,7 +609,7 @@ def _ready(
 ) -> ReadyResult:
     cluster = _Cluster(ranks, source, settings, clock, report, settings.usage_min_growth_bytes)
     start = clock.monotonic()
-    deadline = start + settings.ready_timeout_s
+    deadline = start + settings.bounds.ready_timeout_s
     last_report = start
     phases: dict[str, str] = {}
     phase = "rendezvous"
@@ -613,14 +619,16 @@ def _ready(
     last_probe = ModelsProbeResult("unreachable", "not probed yet")
     head = cluster.head()
     # The containers' counters are sampled only while every rank is silent: a chatty boot costs nothing.
-    usage_quiet = min(settings.usage_quiet_s, settings.stall_s / 2)
-    usage_every = min(settings.usage_interval_s, settings.stall_s / 4)
+    usage_quiet = min(settings.usage_quiet_s, settings.bounds.stall_s / 2)
+    usage_every = min(settings.usage_interval_s, settings.bounds.stall_s / 4)
     last_usage = -math.inf
     while True:
         pace = settings.poll_interval_s
         if phase in NEAR_READY_PHASES:
             pace = min(pace, settings.near_ready_poll_s)
-        wake = min(deadline, last_report + settings.progress_interval_s, cluster.progress_at() + settings.stall_s)
+        wake = min(
+            deadline, last_report + settings.progress_interval_s, cluster.progress_at() + settings.bounds.stall_s
+        )
         if head_ready:
             wake = min(wake, next_probe)
         else:
@@ -659,10 +667,10 @@ def _ready(
                     )
                 )
         quiet = cluster.quiet_for()
-        if now - cluster.progress_at() >= settings.stall_s:
+        if now - cluster.progress_at() >= settings.bounds.stall_s:
             raise GateFailure(
                 cluster.message(
-                    _stall_cause(cluster, quiet, settings.stall_s, phase),
+                    _stall_cause(cluster, quiet, settings.bounds.stall_s, phase),
                     "a rank is probably hung (NCCL, a deadlocked kernel); dump stacks with `py-spy dump` in the "
                     "containers, then restart; if this boot is legitimately silent for longer with its containers' "
                     "counters standing still (JIT), raise stall_s",
@@ -679,7 +687,7 @@ def _ready(
             )
             raise GateFailure(
                 cluster.message(
-                    f"not ready within {settings.ready_timeout_s:g} s, last phase {phase!r}{extra}",
+                    f"not ready within {settings.bounds.ready_timeout_s:g} s, last phase {phase!r}{extra}",
                     "if the ranks are still making progress (see below), raise ready_timeout_s; if the API is "
                     "up but unreachable, check the api base URL and the firewall on the serve port",
                 )

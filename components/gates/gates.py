@@ -21,11 +21,23 @@ from typing import Any
 import pulumi
 import pulumi.dynamic
 
-from components.dynamic import StateOnlyProvider, as_rows, as_set, log_progress, plain, secret_or_none, unwrap_secret
+from components.contract import Contract, secret
+from components.dynamic import (
+    StateOnlyProvider,
+    as_rows,
+    as_set,
+    log_progress,
+    plain,
+    props_of,
+    read_props,
+    secret_outputs,
+    unwrap_secret,
+)
 from components.gates.decisions import (
     MODELS_PROBE_TIMEOUT_S,
     WATCH_POLL_INTERVAL_S,
     WATCH_PROGRESS_INTERVAL_S,
+    GateBounds,
     ModelsEndpoint,
     ReadySettings,
     RendezvousSettings,
@@ -35,27 +47,7 @@ from components.gates.decisions import (
 from components.gates.observations import RankSpec, SystemClock
 from components.gates.poll_source import SshRankSource
 from components.gates.stream_source import StreamRankSource
-
-SHARED_INPUT_KEYS = (
-    "ranks",
-    "ssh_private_key",
-    "ssh_agent_socket",
-    "ssh_known_hosts_file",
-    "poll_interval_s",
-    "progress_interval_s",
-    "rerun_on",
-)
-RENDEZVOUS_INPUT_KEYS = (*SHARED_INPUT_KEYS, "rendezvous_timeout_s")
-READY_INPUT_KEYS = (
-    *SHARED_INPUT_KEYS,
-    "api_base",
-    "model_name",
-    "api_key",
-    "ready_timeout_s",
-    "stall_s",
-    "models_timeout_s",
-)
-SECRET_KEYS = ["ssh_private_key", "api_key"]
+from components.ssh import SshAccess
 
 # Not operator settings: how often a node that cannot stream is polled (POLL_INTERVAL_S, <= 5 s so an exited
 # container is noticed within 15 s even then), how often the gates report, and how long one /v1/models look
@@ -63,10 +55,6 @@ SECRET_KEYS = ["ssh_private_key", "api_key"]
 POLL_INTERVAL_S = WATCH_POLL_INTERVAL_S
 PROGRESS_INTERVAL_S = WATCH_PROGRESS_INTERVAL_S
 MODELS_TIMEOUT_S = MODELS_PROBE_TIMEOUT_S
-
-
-# ---------------------------------------------------------------------------------------------
-# Program-side args
 
 
 # The program names a rank the same way the watch does: one definition, validated on construction.
@@ -79,62 +67,60 @@ def _check_ranks(ranks: Sequence[GateRank]) -> None:
         raise ValueError(f"gate ranks {numbers} must be 0..N-1, each once (0 = the head node)")
 
 
+# ---------------------------------------------------------------------------------------------
+# The boundary: what the program sends and the provider reads back (components/contract.py)
+
+
 @dataclass(frozen=True, kw_only=True)
-class RendezvousGateArgs:
+class RendezvousGateArgs(Contract):
     """Inputs of RendezvousGate. `rerun_on`: the ids of every serving container. No defaults: the settings
     come from components/config, so a forgotten wire fails the type check."""
 
-    ranks: Sequence[GateRank]
+    ranks: tuple[GateRank, ...]
     rerun_on: pulumi.Input[Sequence[pulumi.Input[str]]]
-    ssh_private_key: pulumi.Input[str] | None
-    ssh_agent_socket: str | None
-    ssh_known_hosts_file: str | None
-    rendezvous_timeout_s: float
+    ssh: SshAccess
+    bounds: GateBounds
     poll_interval_s: float
     progress_interval_s: float
 
     def __post_init__(self) -> None:
         _check_ranks(self.ranks)
-        RendezvousSettings(
-            rendezvous_timeout_s=self.rendezvous_timeout_s,
+        self.watch_settings()  # validated here, in the program: a bad value fails the preview
+
+    def watch_settings(self, secrets: tuple[str, ...] = ()) -> RendezvousSettings:
+        return RendezvousSettings(
+            bounds=self.bounds,
             poll_interval_s=self.poll_interval_s,
             progress_interval_s=self.progress_interval_s,
+            secrets=secrets,
         )
 
 
 @dataclass(frozen=True, kw_only=True)
-class ReadyGateArgs:
-    """Inputs of ReadyGate: the ranks to watch and the head's OpenAI API (`api_base` without /v1). No defaults,
-    as for RendezvousGateArgs."""
+class ReadyGateArgs(RendezvousGateArgs):
+    """Inputs of ReadyGate: the rendezvous gate's, and the head's OpenAI API (`api_base` without /v1)."""
 
-    ranks: Sequence[GateRank]
-    rerun_on: pulumi.Input[Sequence[pulumi.Input[str]]]
     api_base: pulumi.Input[str]
     model_name: pulumi.Input[str]
-    api_key: pulumi.Input[str] | None
-    ssh_private_key: pulumi.Input[str] | None
-    ssh_agent_socket: str | None
-    ssh_known_hosts_file: str | None
-    ready_timeout_s: float
-    stall_s: float
-    poll_interval_s: float
-    progress_interval_s: float
+    api_key: pulumi.Input[str] | None = secret()
     models_timeout_s: float
 
     def __post_init__(self) -> None:
-        _check_ranks(self.ranks)
-        ReadySettings(
-            ready_timeout_s=self.ready_timeout_s,
-            stall_s=self.stall_s,
-            poll_interval_s=self.poll_interval_s,
-            progress_interval_s=self.progress_interval_s,
-        )
+        super().__post_init__()
         if self.models_timeout_s <= 0:
             raise ValueError(f"models_timeout_s={self.models_timeout_s} must be > 0")
 
+    def ready_settings(self, secrets: tuple[str, ...] = ()) -> ReadySettings:
+        return ReadySettings(
+            bounds=self.bounds,
+            poll_interval_s=self.poll_interval_s,
+            progress_interval_s=self.progress_interval_s,
+            secrets=secrets,
+        )
+
 
 # ---------------------------------------------------------------------------------------------
-# Provider-side: plain values from properties
+# Provider-side
 
 
 def ranks_from_prop(value: Any) -> list[RankSpec]:
@@ -143,67 +129,51 @@ def ranks_from_prop(value: Any) -> list[RankSpec]:
         raise ValueError(
             f"gate ranks must be a non-empty list of {{rank, node, host, port, user, container}}, got {value!r}"
         )
-    return [RankSpec.from_prop(r) for r in value]
-
-
-def _setting(props: Mapping[str, Any], key: str) -> float:
-    # The program sends every setting (from components/config); a missing one is a bug, not a default.
-    value = unwrap_secret(props.get(key))
-    if value is None:
-        raise ValueError(f"gate property {key} is missing: the program sends every setting")
-    return float(value)
+    return [RankSpec.from_props(r) for r in value]
 
 
 # What makes two values of an input the same: which containers and ranks, not their order.
 NORMALIZE = {"rerun_on": as_set, "ranks": as_rows}
 
 
-def _ssh_settings(props: Mapping[str, Any]) -> dict[str, str | None]:
-    key = unwrap_secret(props.get("ssh_private_key"))
-    agent = unwrap_secret(props.get("ssh_agent_socket"))
-    known_hosts = props.get("ssh_known_hosts_file")
-    return {
-        "private_key": str(key) if key else None,
-        "agent_socket": str(agent) if agent else None,
-        "known_hosts_file": str(known_hosts) if known_hosts else None,
-    }
-
-
-def rank_source(props: Mapping[str, Any]) -> SshRankSource:
-    """The ranks of `props`, looked at once over SSH with its key, agent and known_hosts (LiveRanks)."""
-    ssh = _ssh_settings(props)
-    return SshRankSource(
-        ranks_from_prop(unwrap_secret(props.get("ranks"))),
-        private_key=ssh["private_key"],
-        agent_socket=ssh["agent_socket"],
-        known_hosts_file=ssh["known_hosts_file"],
+def ssh_of(props: Mapping[str, Any]) -> SshAccess:
+    """The `ssh` property; state written before it existed (0.8.0) held the same three values as flat keys."""
+    if "ssh" in props:
+        return read_props(SshAccess, unwrap_secret(props["ssh"]) or {})
+    return read_props(
+        SshAccess,
+        {
+            "private_key": props.get("ssh_private_key"),
+            "agent_socket": props.get("ssh_agent_socket"),
+            "known_hosts_file": props.get("ssh_known_hosts_file"),
+        },
     )
 
 
-def stream_source(props: Mapping[str, Any]) -> StreamRankSource:
-    """The ranks of `props`, followed through one ssh session per node (the gates)."""
-    ssh = _ssh_settings(props)
-    return StreamRankSource(
-        ranks_from_prop(unwrap_secret(props.get("ranks"))),
-        private_key=ssh["private_key"],
-        agent_socket=ssh["agent_socket"],
-        known_hosts_file=ssh["known_hosts_file"],
-    )
+def rank_source(ranks: Sequence[RankSpec], ssh: SshAccess) -> SshRankSource:
+    """The ranks, looked at once over SSH with the stack's key, agent and known_hosts (LiveRanks)."""
+    return SshRankSource(ranks, ssh)
+
+
+def stream_source(ranks: Sequence[RankSpec], ssh: SshAccess) -> StreamRankSource:
+    """The ranks, followed through one ssh session per node (the gates)."""
+    return StreamRankSource(ranks, ssh)
+
+
+def _secrets(args: RendezvousGateArgs) -> tuple[str, ...]:
+    """What a gate's messages must never show."""
+    api_key = args.api_key if isinstance(args, ReadyGateArgs) else None
+    return tuple(str(s) for s in (args.ssh.private_key, api_key) if s)
 
 
 def run_rendezvous_gate(props: Mapping[str, Any]) -> dict[str, Any]:
     """Wait for every rank to join; return the outputs (inputs echoed plus the verdict)."""
-    secrets = tuple(str(s) for s in (unwrap_secret(props.get(k)) for k in SECRET_KEYS) if s)
-    settings = RendezvousSettings(
-        rendezvous_timeout_s=_setting(props, "rendezvous_timeout_s"),
-        poll_interval_s=_setting(props, "poll_interval_s"),
-        progress_interval_s=_setting(props, "progress_interval_s"),
-        secrets=secrets,
-    )
-    ranks = ranks_from_prop(unwrap_secret(props.get("ranks")))
-    result = wait_for_rendezvous(ranks, stream_source(props), settings, SystemClock(), log_progress)
+    args = read_props(RendezvousGateArgs, props)
+    settings = args.watch_settings(_secrets(args))
+    source = stream_source(args.ranks, args.ssh)
+    result = wait_for_rendezvous(args.ranks, source, settings, SystemClock(), log_progress)
     return {
-        **plain(RENDEZVOUS_INPUT_KEYS, props),
+        **plain(RendezvousGateArgs.field_names(), props),
         "passed_at": result.passed_at,
         "elapsed_s": result.elapsed_s,
         "world_size": result.world_size,
@@ -213,28 +183,19 @@ def run_rendezvous_gate(props: Mapping[str, Any]) -> dict[str, Any]:
 
 def run_ready_gate(props: Mapping[str, Any]) -> dict[str, Any]:
     """Wait for the head's API to list the model; return the outputs (inputs echoed plus the verdict)."""
-    api_key = unwrap_secret(props.get("api_key"))
-    secrets = tuple(str(s) for s in (unwrap_secret(props.get(k)) for k in SECRET_KEYS) if s)
-    settings = ReadySettings(
-        ready_timeout_s=_setting(props, "ready_timeout_s"),
-        stall_s=_setting(props, "stall_s"),
-        poll_interval_s=_setting(props, "poll_interval_s"),
-        progress_interval_s=_setting(props, "progress_interval_s"),
-        secrets=secrets,
-    )
-    model = str(unwrap_secret(props.get("model_name")) or "")
-    api_base = str(unwrap_secret(props.get("api_base")) or "")
+    args = read_props(ReadyGateArgs, props)
+    model, api_base = str(args.model_name or ""), str(args.api_base or "")
     if not model or not api_base.startswith(("http://", "https://")):
         raise ValueError(
             f"ReadyGate needs model_name and an http(s) api_base, got model_name={model!r} api_base={api_base!r}"
         )
-    probe = ModelsEndpoint(
-        api_base, model, str(api_key) if api_key else None, timeout_s=_setting(props, "models_timeout_s")
-    )
-    ranks = ranks_from_prop(unwrap_secret(props.get("ranks")))
-    result = wait_for_ready(ranks, stream_source(props), settings, SystemClock(), log_progress, probe, model)
+    key = str(args.api_key) if args.api_key else None
+    probe = ModelsEndpoint(api_base, model, key, timeout_s=args.models_timeout_s)
+    settings = args.ready_settings(_secrets(args))
+    source = stream_source(args.ranks, args.ssh)
+    result = wait_for_ready(args.ranks, source, settings, SystemClock(), log_progress, probe, model)
     return {
-        **plain(READY_INPUT_KEYS, props),
+        **plain(ReadyGateArgs.field_names(), props),
         "passed_at": result.passed_at,
         "elapsed_s": result.elapsed_s,
         "phases": result.phases,
@@ -249,7 +210,7 @@ class _GateProvider(StateOnlyProvider):
 
 
 class RendezvousGateProvider(_GateProvider):
-    input_keys = RENDEZVOUS_INPUT_KEYS
+    input_keys = RendezvousGateArgs.field_names()
     id_prefix = "rendezvous"
 
     def outputs(self, props: Mapping[str, Any]) -> dict[str, Any]:
@@ -257,24 +218,11 @@ class RendezvousGateProvider(_GateProvider):
 
 
 class ReadyGateProvider(_GateProvider):
-    input_keys = READY_INPUT_KEYS
+    input_keys = ReadyGateArgs.field_names()
     id_prefix = "ready"
 
     def outputs(self, props: Mapping[str, Any]) -> dict[str, Any]:
         return run_ready_gate(props)
-
-
-def _shared_props(args: RendezvousGateArgs | ReadyGateArgs) -> dict[str, Any]:
-    """The inputs both gates take (SHARED_INPUT_KEYS): which ranks, how to reach them, how often to look."""
-    return {
-        "ranks": [r.to_prop() for r in args.ranks],
-        "ssh_private_key": secret_or_none(args.ssh_private_key),
-        "ssh_agent_socket": args.ssh_agent_socket,
-        "ssh_known_hosts_file": args.ssh_known_hosts_file,
-        "poll_interval_s": args.poll_interval_s,
-        "progress_interval_s": args.progress_interval_s,
-        "rerun_on": args.rerun_on,
-    }
 
 
 class RendezvousGate(pulumi.dynamic.Resource, module="gates", name="RendezvousGate"):
@@ -290,16 +238,9 @@ class RendezvousGate(pulumi.dynamic.Resource, module="gates", name="RendezvousGa
     """Per rank (as a string key), the log timestamp of its join line."""
 
     def __init__(self, name: str, args: RendezvousGateArgs, opts: pulumi.ResourceOptions | None = None) -> None:
-        props: dict[str, Any] = {
-            **_shared_props(args),
-            "rendezvous_timeout_s": args.rendezvous_timeout_s,
-            "passed_at": None,
-            "elapsed_s": None,
-            "world_size": None,
-            "joined_at": None,
-        }
-        secret = pulumi.ResourceOptions(additional_secret_outputs=list(SECRET_KEYS))
-        super().__init__(RendezvousGateProvider(), name, props, pulumi.ResourceOptions.merge(secret, opts))
+        props = {**props_of(args), "passed_at": None, "elapsed_s": None, "world_size": None, "joined_at": None}
+        secret_ = pulumi.ResourceOptions(additional_secret_outputs=secret_outputs(args))
+        super().__init__(RendezvousGateProvider(), name, props, pulumi.ResourceOptions.merge(secret_, opts))
 
 
 class ReadyGate(pulumi.dynamic.Resource, module="gates", name="ReadyGate"):
@@ -313,17 +254,6 @@ class ReadyGate(pulumi.dynamic.Resource, module="gates", name="ReadyGate"):
     """Boot phase -> when it was first seen (the log line's timestamp)."""
 
     def __init__(self, name: str, args: ReadyGateArgs, opts: pulumi.ResourceOptions | None = None) -> None:
-        props: dict[str, Any] = {
-            **_shared_props(args),
-            "api_base": args.api_base,
-            "model_name": args.model_name,
-            "api_key": secret_or_none(args.api_key),
-            "ready_timeout_s": args.ready_timeout_s,
-            "stall_s": args.stall_s,
-            "models_timeout_s": args.models_timeout_s,
-            "passed_at": None,
-            "elapsed_s": None,
-            "phases": None,
-        }
-        secret = pulumi.ResourceOptions(additional_secret_outputs=list(SECRET_KEYS))
-        super().__init__(ReadyGateProvider(), name, props, pulumi.ResourceOptions.merge(secret, opts))
+        props = {**props_of(args), "passed_at": None, "elapsed_s": None, "phases": None}
+        secret_ = pulumi.ResourceOptions(additional_secret_outputs=secret_outputs(args))
+        super().__init__(ReadyGateProvider(), name, props, pulumi.ResourceOptions.merge(secret_, opts))

@@ -48,11 +48,12 @@ import pulumi
 import pulumi.dynamic
 
 from components import scripts
-from components.dynamic import StateOnlyProvider, changed_inputs, secret_or_none, unwrap_secret
-from components.gates.gates import NORMALIZE, GateRank, rank_source, ranks_from_prop
+from components.dynamic import StateOnlyProvider, changed_inputs, props_of, secret_or_none, unwrap_secret
+from components.gates.gates import NORMALIZE, GateRank, rank_source, ranks_from_prop, ssh_of
 from components.gates.observations import ContainerState, RankSpec, SourceError
 from components.http import ConnectionRefusedOrReset, DeadlineExceeded, exchange
 from components.redaction import redact
+from components.ssh import SshAccess
 from components.verify import client as verify_client
 from components.verify.client import (
     GUARD_MARGIN_S,
@@ -68,8 +69,8 @@ from components.verify.client import (
 )
 from components.verify.verdict import drift_probe_request
 
-INPUT_KEYS = ("ranks", "ssh_private_key", "ssh_agent_socket", "ssh_known_hosts_file", "endpoint", "model", "api_key")
-SECRET_KEYS = ["ssh_private_key", "api_key", "supervisor_token"]
+INPUT_KEYS = ("ranks", "ssh", "endpoint", "model", "api_key")
+SECRET_KEYS = ["ssh", "api_key", "supervisor_token"]
 # Where the supervisor (when deployed) is asked for its own last probe: operational, not compared by a diff (a new
 # token or address is not a change to what runs).
 SUPERVISOR_KEYS = ("supervisor_url", "supervisor_token", "supervisor_fresh_s")
@@ -90,9 +91,7 @@ HEAD_MARGIN_S = 20.0
 @dataclass(frozen=True, kw_only=True)
 class LiveRanksArgs:
     ranks: Sequence[GateRank]
-    ssh_private_key: pulumi.Input[str] | None
-    ssh_agent_socket: str | None
-    ssh_known_hosts_file: str | None
+    ssh: SshAccess
     endpoint: str
     """The OpenAI base URL the verifier checks (`.../v1`)."""
     model: str
@@ -321,7 +320,7 @@ class LiveRanksProvider(StateOnlyProvider):
 
     def _observe(self, props: Mapping[str, Any]) -> dict[str, str]:
         ranks = ranks_from_prop(unwrap_secret(props.get("ranks")))
-        return observe(ranks, rank_source(props).state)
+        return observe(ranks, rank_source(ranks, ssh_of(props)).state)
 
     def _probe(
         self, observed: Mapping[str, str], olds: Mapping[str, Any], news: Mapping[str, Any]
@@ -336,7 +335,8 @@ class LiveRanksProvider(StateOnlyProvider):
         ranks = ranks_from_prop(unwrap_secret(news.get("ranks")))
         head = min(ranks, key=lambda r: r.rank)
         found = confirmed(
-            probe(target), lambda: head_probe(head, rank_source(news).argv, target, timeout_s=PROBE_TIMEOUT_S)
+            probe(target),
+            lambda: head_probe(head, rank_source(ranks, ssh_of(news)).argv, target, timeout_s=PROBE_TIMEOUT_S),
         )
         return target[0], found
 
@@ -385,10 +385,8 @@ class LiveRanks(pulumi.dynamic.Resource, module="drift", name="LiveRanks"):
 
     def __init__(self, name: str, args: LiveRanksArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         props: dict[str, Any] = {
-            "ranks": [r.to_prop() for r in args.ranks],
-            "ssh_private_key": secret_or_none(args.ssh_private_key),
-            "ssh_agent_socket": args.ssh_agent_socket,
-            "ssh_known_hosts_file": args.ssh_known_hosts_file,
+            "ranks": [r.to_props() for r in args.ranks],
+            "ssh": props_of(args.ssh),
             "endpoint": args.endpoint,
             "model": args.model,
             "api_key": secret_or_none(args.api_key),

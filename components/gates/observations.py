@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Protocol
+
+from components.contract import Contract
 
 # ---------------------------------------------------------------------------------------------
 # What a rank is and what we can observe about it
@@ -19,7 +21,7 @@ _CONTAINER_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]*$")
 
 
 @dataclass(frozen=True, kw_only=True)
-class RankSpec:
+class RankSpec(Contract):
     """One serving container: rank 0 is the head (API server), the others are headless workers."""
 
     rank: int
@@ -46,31 +48,6 @@ class RankSpec:
 
     def label(self) -> str:
         return f"rank {self.rank} (node {self.node}, container {self.container})"
-
-    def to_prop(self) -> dict[str, Any]:
-        return {
-            "rank": self.rank,
-            "node": self.node,
-            "host": self.host,
-            "port": self.port,
-            "user": self.user,
-            "container": self.container,
-            "fabric_interface": self.fabric_interface,
-            "nfs_server": self.nfs_server,
-        }
-
-    @classmethod
-    def from_prop(cls, r: Mapping[str, Any]) -> RankSpec:
-        return cls(
-            rank=int(r["rank"]),
-            node=str(r["node"]),
-            host=str(r["host"]),
-            port=int(r.get("port", 22)),
-            user=str(r["user"]),
-            container=str(r["container"]),
-            fabric_interface=str(r.get("fabric_interface", "")),
-            nfs_server=str(r.get("nfs_server", "")),
-        )
 
 
 @dataclass(frozen=True)

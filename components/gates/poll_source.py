@@ -19,7 +19,7 @@ from components.gates.observations import (
     second_before,
 )
 from components.gates.observations import timestamp_key as timestamp_key  # where the stream source and tests read it
-from components.ssh import SshTarget, ssh_argv
+from components.ssh import SSH_DEFAULTS, SshAccess, ssh_argv
 
 # ---------------------------------------------------------------------------------------------
 # The real source: docker over SSH
@@ -63,25 +63,13 @@ class SshRankSource:
     def __init__(
         self,
         ranks: Sequence[RankSpec],
+        ssh: SshAccess = SSH_DEFAULTS,
         *,
-        private_key: str | None = None,
-        agent_socket: str | None = None,
-        known_hosts_file: str | None = None,
         remote_timeout_s: int = 10,
         runner: Runner = run_command,
     ) -> None:
         self._specs: Mapping[int, RankSpec] = {r.rank: r for r in ranks}
-        self._targets = {
-            r.rank: SshTarget(
-                host=r.host,
-                port=r.port,
-                user=r.user,
-                private_key=private_key,
-                agent_socket=agent_socket,
-                known_hosts_file=known_hosts_file,
-            )
-            for r in ranks
-        }
+        self._targets = {r.rank: ssh.target(r.host, r.port, r.user) for r in ranks}
         self._remote_timeout_s = remote_timeout_s
         self._runner = runner
         self._cursors: dict[int, LogCursor] = {}

@@ -13,6 +13,7 @@ from components.gates.decisions import (  # noqa: F401
     USAGE_QUIET_S,
     WATCH_POLL_INTERVAL_S,
     WATCH_PROGRESS_INTERVAL_S,
+    GateBounds,
     ModelsEndpoint,
     ModelsProbe,
     ModelsProbeResult,

@@ -46,7 +46,7 @@ from components.gates.poll_source import (
     parse_inspect,
     run_command,
 )
-from components.ssh import SshTarget, ssh_argv
+from components.ssh import SSH_DEFAULTS, SshAccess, SshTarget, ssh_argv
 
 # ---------------------------------------------------------------------------------------------
 # The streams: one ssh session per node runs components/gates/rank_stream.sh, which follows the containers'
@@ -407,14 +407,12 @@ class StreamRankSource:
     def __init__(
         self,
         ranks: Sequence[RankSpec],
+        ssh: SshAccess = SSH_DEFAULTS,
         *,
-        private_key: str | None = None,
-        agent_socket: str | None = None,
-        known_hosts_file: str | None = None,
         popen: Popen = subprocess.Popen,
         runner: Runner = run_command,
     ) -> None:
-        self._key, self._agent, self._known_hosts = private_key, agent_socket, known_hosts_file
+        self._ssh = ssh
         self.popen = popen
         self._runner = runner
         self._queue: queue.Queue[Observation] = queue.Queue(maxsize=STREAM_QUEUE_ITEMS)
@@ -428,14 +426,7 @@ class StreamRankSource:
         self.streams = [
             _NodeStream(
                 self,
-                SshTarget(
-                    host=host,
-                    port=port,
-                    user=user,
-                    private_key=private_key,
-                    agent_socket=agent_socket,
-                    known_hosts_file=known_hosts_file,
-                ),
+                ssh.target(host, port, user),
                 specs,
             )
             for (user, host, port), specs in nodes.items()
@@ -446,13 +437,7 @@ class StreamRankSource:
         return f"StreamRankSource(nodes={[s.node for s in self.streams]})"
 
     def poller(self, specs: Sequence[RankSpec]) -> SshRankSource:
-        return SshRankSource(
-            specs,
-            private_key=self._key,
-            agent_socket=self._agent,
-            known_hosts_file=self._known_hosts,
-            runner=self._runner,
-        )
+        return SshRankSource(specs, self._ssh, runner=self._runner)
 
     def stopping(self) -> bool:
         return self._stop.is_set()

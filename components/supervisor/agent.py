@@ -41,6 +41,7 @@ import components.verify.client as verify_client  # the package forwards unknown
 from components.gates.decisions import ModelsEndpoint
 from components.gates.observations import GateFailure, RankSpec, parse_docker_logs
 from components.supervisor import boot, policy
+from components.supervisor.agent_config import AgentConfig, AgentNode, LeaderConfig
 
 GENERATION_LABEL = "dsv41-exl3.generation"
 AGENT_TIMEOUT_S = 5.0
@@ -230,15 +231,18 @@ class Store:
 
 class Leader:
     def __init__(
-        self, cfg: dict[str, Any], docker: Docker, token: str, store: Store, clock: Callable[[], float] = time.monotonic
+        self, cfg: AgentConfig, docker: Docker, token: str, store: Store, clock: Callable[[], float] = time.monotonic
     ) -> None:
+        if cfg.leader is None:
+            raise ValueError(f"the agent on {cfg.node} has no leader config: only the head's agent leads")
         self.cfg = cfg
+        self.lead: LeaderConfig = cfg.leader
         self.docker = docker
         self.token = token
         self.store = store
         self.clock = clock
         self.budget = policy.Budget(
-            max_restarts=cfg["max_restarts"], window_s=cfg["window_s"], backoff_s=cfg["backoff_s"]
+            max_restarts=self.lead.max_restarts, window_s=self.lead.window_s, backoff_s=self.lead.backoff_s
         )
         self.next_probe = 0.0
         self.lease = threading.Lock()  # the update lock's check-and-set
@@ -248,19 +252,19 @@ class Leader:
         self.hard_drift = False
 
     # the nodes, through their agents (the head's own rank through its docker)
-    def _agent(self, node: dict[str, Any], method: str, path: str, timeout: float = AGENT_TIMEOUT_S) -> Any:
-        if node["name"] == self.cfg["node"]:
+    def _agent(self, node: AgentNode, method: str, path: str, timeout: float = AGENT_TIMEOUT_S) -> Any:
+        if node.name == self.cfg.node:
             if path == "/rank/stop":
-                stop_rank(self.docker, node["container"])
+                stop_rank(self.docker, node.container)
             elif path == "/rank/start":
-                self.docker.act(node["container"], "start")
+                self.docker.act(node.container, "start")
             elif method == "GET":
-                answer = rank_get(self.docker, node["container"], node["name"], path)
+                answer = rank_get(self.docker, node.container, node.name, path)
                 if answer is None:
                     raise ValueError(f"no {path}")
                 return answer
-            return rank_state(self.docker, node["container"], node["name"])
-        parts = urllib.parse.urlsplit(node["url"])
+            return rank_state(self.docker, node.container, node.name)
+        parts = urllib.parse.urlsplit(node.url)
         conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=timeout)
         try:
             conn.request(method, path, headers={"Authorization": f"Bearer {self.token}", "Content-Length": "0"})
@@ -269,30 +273,30 @@ class Leader:
         finally:
             conn.close()
         if reply.status != 200:
-            raise OSError(f"agent on {node['name']}: HTTP {reply.status} {body[:200]!r}")
+            raise OSError(f"agent on {node.name}: HTTP {reply.status} {body[:200]!r}")
         return json.loads(body)
 
     def look(self) -> list[policy.RankView]:
         views = []
-        for node in self.cfg["nodes"]:
+        for node in self.lead.nodes:
             try:
-                views.append(policy.RankView.from_json(node["name"], self._agent(node, "GET", "/rank")))
+                views.append(policy.RankView.from_json(node.name, self._agent(node, "GET", "/rank")))
             except (OSError, http.client.HTTPException, ValueError) as error:
-                views.append(policy.RankView(node=node["name"], reachable=False, error=str(error)))
+                views.append(policy.RankView(node=node.name, reachable=False, error=str(error)))
         return views
 
     def api_key(self) -> str | None:
-        head = self.docker.inspect(self.cfg["nodes"][0]["container"]) or {}
+        head = self.docker.inspect(self.lead.nodes[0].container) or {}
         for item in head.get("Config", {}).get("Env") or []:
             if item.startswith("VLLM_API_KEY="):
                 return str(item.split("=", 1)[1])
         return None
 
     def notify(self, kind: str, **fields: Any) -> None:
-        item = policy.event(kind, self.cfg["stack"], at=time.time(), **fields)
+        item = policy.event(kind, self.cfg.stack, at=time.time(), **fields)
         self.store.append("events", item)
         log(f"{kind}: {json.dumps(fields, sort_keys=True)}")
-        command = self.cfg.get("notify_command") or ""
+        command = self.lead.notify_command
         if not command:
             return
         try:
@@ -309,13 +313,13 @@ class Leader:
 
     def verify(self, budget_s: float) -> verify_client.Outcome:
         return verify_client.verify_endpoint(
-            self.cfg["endpoint"],
-            self.cfg["model"],
+            self.lead.endpoint,
+            self.lead.model,
             self.api_key(),
             timeout_s=min(120.0, budget_s),
             retry_window_s=budget_s,
             warmup_timeout_s=budget_s,
-            expected_answer=self.cfg["expected_answer"],
+            expected_answer=self.lead.expected_answer,
         )
 
     def arm(self, outcome: verify_client.Passed, before: list[policy.RankView]) -> bool:
@@ -342,7 +346,7 @@ class Leader:
 
     def probe(self) -> None:
         found = verify_client.probe_endpoint(
-            self.cfg["endpoint"], self.cfg["model"], self.api_key(), timeout_s=self.cfg["probe_timeout_s"]
+            self.lead.endpoint, self.lead.model, self.api_key(), timeout_s=self.lead.probe_timeout_s
         )
         self.store.update(last_probe={"at": time.time(), "state": found.state, "seen": found.seen})
         if found.state == "drift":
@@ -352,12 +356,12 @@ class Leader:
             self.next_probe = self.clock() + 5  # confirm soon
         else:
             self.drift_streak, self.hard_drift = 0, False
-            self.next_probe = self.clock() + self.cfg["probe_seconds"]
+            self.next_probe = self.clock() + self.lead.probe_seconds
 
     def arm_for_the_update(self, ranks: list[policy.RankView]) -> None:
         """Arm for the generation the update that installed this config verified, once the head runs it: that
         update's verifier passed it moments before (the install waits on it), whatever ran or was armed before."""
-        deployed = str(self.cfg.get("generation") or "")
+        deployed = self.lead.generation
         head = ranks[0]
         if not deployed or not (head.reachable and head.exists) or head.generation != deployed:
             return
@@ -368,8 +372,8 @@ class Leader:
 
     def verify_now(self, ranks: list[policy.RankView]) -> bool:
         """The verifier's request now; True when it passed and was recorded for the ranks `ranks` saw."""
-        self.next_probe = self.clock() + self.cfg["probe_seconds"]
-        outcome = self.verify(self.cfg["verify_timeout_s"])
+        self.next_probe = self.clock() + self.lead.probe_seconds
+        outcome = self.verify(self.lead.verify_timeout_s)
         if isinstance(outcome, verify_client.Passed):
             return self.arm(outcome, ranks)
         self.store.update(last_probe={"at": time.time(), "state": "unverified", "seen": outcome.message})
@@ -444,7 +448,7 @@ class Leader:
         phases: dict[str, float] = {}
         result = self._restart_group(phases)
         self.drift_streak, self.hard_drift = 0, False
-        self.next_probe = self.clock() + self.cfg["probe_seconds"]
+        self.next_probe = self.clock() + self.lead.probe_seconds
         restarts = self.store.snapshot()["restarts"]
         restarts[-1] = {**restarts[-1], "result": result, "seconds": round(time.time() - started, 1), "phases": phases}
         self.store.update(restarts=restarts)
@@ -457,7 +461,7 @@ class Leader:
 
     def _restart_group(self, phases: dict[str, float]) -> str:
         """Stop, wait for memory, start, boot, verify; each phase's seconds go into `phases`."""
-        nodes = self.cfg["nodes"]
+        nodes = self.lead.nodes
         mark = [time.time()]
 
         def phase(name: str) -> None:
@@ -469,10 +473,10 @@ class Leader:
             try:
                 self._agent(node, "POST", "/rank/stop", timeout=STOP_GRACE_S + 30)
             except (OSError, http.client.HTTPException, ValueError) as error:
-                return f"could not stop the rank on {node['name']}: {error}"
+                return f"could not stop the rank on {node.name}: {error}"
         phase("stop")
-        deadline = time.time() + self.cfg["mem_wait_s"]
-        floors = {node["name"]: float(node["min_mem_gib"]) for node in nodes}
+        deadline = time.time() + self.lead.mem_wait_s
+        floors = {node.name: float(node.min_mem_gib) for node in nodes}
         while True:
             low = [
                 (v.node, v.mem_available_gib, floors[v.node])
@@ -485,7 +489,7 @@ class Leader:
                 name, mem, floor = low[0]
                 return (
                     f"gave up waiting for memory: MemAvailable {mem} GiB on {name} stayed below its floor {floor:g} "
-                    f"GiB (preflight.minMemAvailableGiB) for {self.cfg['mem_wait_s']} s"
+                    f"GiB (preflight.minMemAvailableGiB) for {self.lead.mem_wait_s} s"
                 )
             time.sleep(1)
         phase("memory")
@@ -495,7 +499,7 @@ class Leader:
             try:
                 self._agent(node, "POST", "/rank/start", timeout=60)
             except (OSError, http.client.HTTPException, ValueError) as error:
-                return f"could not start the rank on {node['name']}: {error}"
+                return f"could not start the rank on {node.name}: {error}"
         try:
             booted = self.wait_for_boot()
         except boot.Interrupted as held:
@@ -508,7 +512,7 @@ class Leader:
         phase("boot")  # from the first start to the gates' ready: every rank joined, the head logged ready
         log(f"booted: rendezvous {booted.rendezvous_s:g} s, then ready {booted.ready_s:g} s")
         booted_ranks = self.look()
-        outcome = self.verify(self.cfg["verify_timeout_s"])
+        outcome = self.verify(self.lead.verify_timeout_s)
         phase("verify")
         if isinstance(outcome, verify_client.Passed):
             if not self.arm(outcome, booted_ranks):
@@ -519,23 +523,23 @@ class Leader:
     def rank_specs(self) -> list[RankSpec]:
         """The ranks as the gates name them: rank i on node i, observed through that node's agent."""
         specs = []
-        for i, node in enumerate(self.cfg["nodes"]):
-            url = urllib.parse.urlsplit(node["url"])
+        for i, node in enumerate(self.lead.nodes):
+            url = urllib.parse.urlsplit(node.url)
             specs.append(
                 RankSpec(
                     rank=i,
-                    node=node["name"],
+                    node=node.name,
                     host=url.hostname or "",
                     port=url.port or 80,
                     user="agent",
-                    container=node["container"],
+                    container=node.container,
                 )
             )
         return specs
 
     def wait_for_boot(self) -> boot.Booted:
         """The gates' rendezvous and ready rules over every rank's log (boot.py); GateFailure or Interrupted."""
-        nodes = self.cfg["nodes"]
+        nodes = self.lead.nodes
         key = self.api_key()
 
         def fetch(rank: int, path: str) -> dict[str, Any]:
@@ -549,20 +553,18 @@ class Leader:
             self.rank_specs(),
             fetch,
             boot.BootSettings(
-                rendezvous_timeout_s=self.cfg["rendezvous_timeout_s"],
-                ready_timeout_s=self.cfg["ready_timeout_s"],
-                stall_s=self.cfg["stall_s"],
-                poll_s=self.cfg.get("boot_poll_s", 1.0),
+                bounds=self.lead.bounds,
+                poll_s=self.lead.boot_poll_s,
                 secrets=(key,) if key else (),
             ),
-            probe=ModelsEndpoint(self.cfg["endpoint"], self.cfg["model"], key),
-            model=self.cfg["model"],
+            probe=ModelsEndpoint(self.lead.endpoint, self.lead.model, key),
+            model=self.lead.model,
             clock=boot.HeldClock(self._stop_if_held),
             report=report,
         )
 
     def run(self) -> None:
-        log(f"leading {len(self.cfg['nodes'])} rank(s) of stack {self.cfg['stack']}")
+        log(f"leading {len(self.lead.nodes)} rank(s) of stack {self.cfg.stack}")
         while True:
             try:
                 self.step()
@@ -723,7 +725,7 @@ def listen(hosts: list[str], port: int, handler: type[BaseHTTPRequestHandler]) -
     return [first, *(AgentServer((h, port), handler, sharing=first, freebind=True) for h in hosts[1:])]
 
 
-def make_handler(cfg: dict[str, Any], docker: Docker, token: str, leader: Leader | None) -> type:
+def make_handler(cfg: AgentConfig, docker: Docker, token: str, leader: Leader | None) -> type:
     class Handler(BaseHTTPRequestHandler):
         timeout = READ_TIMEOUT_S  # every receive and send: a connection that says nothing is dropped
 
@@ -757,7 +759,7 @@ def make_handler(cfg: dict[str, Any], docker: Docker, token: str, leader: Leader
                 return
             if self.path.startswith("/rank"):
                 try:
-                    answer = rank_get(docker, cfg["container"], cfg["node"], self.path)
+                    answer = rank_get(docker, cfg.container, cfg.node, self.path)
                 except ValueError as error:
                     self._reply(400, {"error": str(error)})
                     return
@@ -774,7 +776,7 @@ def make_handler(cfg: dict[str, Any], docker: Docker, token: str, leader: Leader
                     {
                         **leader.store.snapshot(),
                         "lock_holder": leader.lock_holder(),
-                        "node": cfg["node"],
+                        "node": cfg.node,
                         "now": time.time(),
                     },
                 )
@@ -787,11 +789,11 @@ def make_handler(cfg: dict[str, Any], docker: Docker, token: str, leader: Leader
             try:
                 body = self._body()
                 if self.path == "/rank/stop":
-                    stop_rank(docker, cfg["container"])
-                    self._reply(200, rank_state(docker, cfg["container"], cfg["node"]))
+                    stop_rank(docker, cfg.container)
+                    self._reply(200, rank_state(docker, cfg.container, cfg.node))
                 elif self.path == "/rank/start":
-                    docker.act(cfg["container"], "start")
-                    self._reply(200, rank_state(docker, cfg["container"], cfg["node"]))
+                    docker.act(cfg.container, "start")
+                    self._reply(200, rank_state(docker, cfg.container, cfg.node))
                 elif leader is not None and self.path in ("/pause", "/resume"):
                     paused = self.path == "/pause"
                     # resume also clears a give-up: the operator says the cause is fixed
@@ -850,30 +852,26 @@ def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print(__doc__.strip().splitlines()[-1], file=sys.stderr)
         return 2
-    cfg = json.loads(Path(argv[1]).read_text())
-    token = Path(cfg["token_file"]).read_text().strip()
-    docker = Docker(cfg["docker_socket"])
+    cfg = AgentConfig.from_json(Path(argv[1]).read_text())
+    token = Path(cfg.token_file).read_text().strip()
+    docker = Docker(cfg.docker_socket)
     leader = None
-    if cfg["role"] == "leader":
-        state_dir = Path(cfg["state_dir"])
+    if cfg.leader is not None:
+        state_dir = Path(cfg.state_dir)
         state_dir.mkdir(parents=True, exist_ok=True)
         leader = Leader(cfg, docker, token, Store(state_dir / "supervisor-state.json"))
-    hosts = list(cfg["listen_hosts"])
-    server, *more = listen(hosts, int(cfg["listen_port"]), make_handler(cfg, docker, token, leader))
+    hosts = list(cfg.listen_hosts)
+    server, *more = listen(hosts, cfg.listen_port, make_handler(cfg, docker, token, leader))
     for host, extra in zip(hosts[1:], more, strict=True):
         threading.Thread(target=extra.serve_forever, name=f"api-{host}", daemon=True).start()
-    listening = ", ".join(f"{h}:{cfg['listen_port']}" for h in hosts)
-    log(f"{cfg['role']} for {cfg['container']} on {cfg['node']}, API on {listening}")
+    listening = ", ".join(f"{h}:{cfg.listen_port}" for h in hosts)
+    log(f"{cfg.role} for {cfg.container} on {cfg.node}, API on {listening}")
     if leader is not None:
         threading.Thread(target=leader.run, name="leader", daemon=True).start()
-    if guard := cfg.get("memory_guard"):
+    if guard := cfg.memory_guard:
         threading.Thread(
             target=MemoryGuard(
-                docker,
-                cfg["container"],
-                floor_gib=guard["floor_gib"],
-                sample_s=guard["sample_s"],
-                samples=guard["samples"],
+                docker, cfg.container, floor_gib=guard.floor_gib, sample_s=guard.sample_s, samples=guard.samples
             ).run,
             name="memory-guard",
             daemon=True,

@@ -23,6 +23,7 @@ from typing import Any
 
 from components.gates.decisions import (
     NEAR_READY_POLL_S,
+    GateBounds,
     ModelsProbe,
     ReadySettings,
     RendezvousSettings,
@@ -152,9 +153,7 @@ class HeldClock(SystemClock):
 class BootSettings:
     """The gates' bounds (`gates.*`) and how often the agents are read."""
 
-    rendezvous_timeout_s: float
-    ready_timeout_s: float
-    stall_s: float
+    bounds: GateBounds
     poll_s: float
     secrets: tuple[str, ...] = ()
 
@@ -182,7 +181,7 @@ def wait_for_boot(
         ranks,
         PollingRankSource(AgentRanks(fetch), numbers, clock),
         RendezvousSettings(
-            rendezvous_timeout_s=settings.rendezvous_timeout_s,
+            bounds=settings.bounds,
             poll_interval_s=settings.poll_s,
             progress_interval_s=PROGRESS_INTERVAL_S,
             max_source_errors=MAX_AGENT_ERRORS,
@@ -196,8 +195,7 @@ def wait_for_boot(
         ranks,
         PollingRankSource(AgentRanks(fetch), numbers, clock),
         ReadySettings(
-            ready_timeout_s=settings.ready_timeout_s,
-            stall_s=settings.stall_s,
+            bounds=settings.bounds,
             poll_interval_s=settings.poll_s,
             near_ready_poll_s=min(settings.poll_s, NEAR_READY_POLL_S),
             progress_interval_s=PROGRESS_INTERVAL_S,

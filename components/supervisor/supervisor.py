@@ -19,10 +19,9 @@ import io
 import json
 import shlex
 import tarfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pulumi
 import pulumi_docker as docker
@@ -31,26 +30,14 @@ from pulumi_command import remote
 from components import labels, scripts
 from components.access.addresses import http_url
 from components.config import Settings
+from components.gates.decisions import GateBounds
+from components.shipped import module_files
+from components.supervisor.agent_config import AgentConfig, AgentNode, GuardConfig, LeaderConfig
 
 REPO = Path(__file__).resolve().parents[2]
-# What the agent imports: its own modules, the verifier's verdict and probe, and the gates' decisions over the
-# ranks' logs (stdlib and requests only).
-AGENT_FILES = (
-    "components/__init__.py",
-    "components/http.py",
-    "components/redaction.py",
-    "components/gates/__init__.py",
-    "components/gates/decisions.py",
-    "components/gates/log_patterns.py",
-    "components/gates/observations.py",
-    "components/verify/__init__.py",
-    "components/verify/client.py",
-    "components/verify/verdict.py",
-    "components/supervisor/__init__.py",
-    "components/supervisor/agent.py",
-    "components/supervisor/boot.py",
-    "components/supervisor/policy.py",
-)
+# The program the agent's container runs; the files shipped with it are what it imports (components/shipped.py):
+# its own modules, the verifier's verdict and probe, and the gates' decisions over the ranks' logs.
+AGENT_MODULE = "components.supervisor.agent"
 CODE_MOUNT = "/opt/dsv41-supervisor"
 STATE_MOUNT = "/var/lib/dsv41-supervisor"
 SOCKET_MOUNT = "/var/run/docker.sock"
@@ -98,72 +85,66 @@ def listen_hosts(s: Settings, node_index: int, head_address: str) -> list[str]:
 
 
 def agent_config(
-    s: Settings, stack: str, node_index: int, *, endpoint: str, generation: str, head_address: str
-) -> dict[str, Any]:
+    s: Settings,
+    stack: str,
+    node_index: int,
+    *,
+    bounds: GateBounds,
+    endpoint: str,
+    generation: str,
+    head_address: str,
+) -> AgentConfig:
     """The agent's config file (no secret: the token is a file of its own, the API key is read from the head
     container's env)."""
     node = s.nodes[node_index]
-    cfg: dict[str, Any] = {
-        "stack": stack,
-        "node": node.name,
-        "role": "leader" if node_index == 0 else "worker",
-        # The first is bound as it must be; the head's second with IP_FREEBIND (agent.py says why).
-        "listen_hosts": listen_hosts(s, node_index, head_address),
-        "listen_port": s.supervisor.port,
-        "token_file": f"{CODE_MOUNT}/token",
-        "state_dir": STATE_MOUNT,
-        "docker_socket": SOCKET_MOUNT,
-        "container": labels.container_name(stack, node.name),
-    }
-    if s.watchdog.enabled:
-        # The watchdog's rule again, in the process docker restarts at boot: the host watchdog (a nohup shell)
-        # does not come back after a reboot until the next `pulumi up`.
-        cfg["memory_guard"] = {
-            "floor_gib": s.watchdog.mem_available_floor_gib,
-            "sample_s": s.watchdog.sample_seconds,
-            "samples": s.watchdog.consecutive_samples,
-        }
-    if node_index == 0:
-        gates = s.gates
-        cfg.update(
-            {
-                "nodes": [
-                    {
-                        "name": n.name,
-                        "url": agent_url(s, i),
-                        "container": labels.container_name(stack, n.name),
-                        # A restart waits for the floor each rank's entrypoint checks (the preflight's), or the
-                        # rank it starts would refuse.
-                        "min_mem_gib": s.min_mem_available_gib_of(n),
-                    }
-                    for i, n in enumerate(s.nodes)
-                ],
-                # The head's own loopback view would do, but the endpoint is what clients see.
-                "endpoint": endpoint,
-                # What the update that installs this config verified (the install runs after the verifier): the
-                # leader arms for it when the head runs it, whatever it was armed for before (issue 43).
-                "generation": generation,
-                "model": s.serve.served_model_name,
-                "expected_answer": gates.expected_answer,
-                "probe_seconds": s.supervisor.probe_seconds,
-                "probe_timeout_s": 15.0,
-                "max_restarts": s.supervisor.max_restarts,
-                "window_s": s.supervisor.window_hours * 3600,
-                "backoff_s": s.supervisor.backoff_seconds,
-                "mem_wait_s": s.supervisor.mem_wait_seconds,
-                # A restart is a boot: the gates' rules and bounds (boot.py), then the verifier's.
-                "rendezvous_timeout_s": float(gates.rendezvous_timeout_seconds),
-                "ready_timeout_s": float(gates.ready_timeout_seconds),
-                "stall_s": float(gates.stall_seconds),
-                "boot_poll_s": BOOT_POLL_S,
-                "verify_timeout_s": float(gates.verify_timeout_seconds),
-                "notify_command": s.supervisor.notify_command,
-            }
+    w, sup = s.watchdog, s.supervisor
+    leader = LeaderConfig(
+        nodes=tuple(
+            AgentNode(
+                name=n.name,
+                url=agent_url(s, i),
+                container=labels.container_name(stack, n.name),
+                min_mem_gib=s.min_mem_available_gib_of(n),
+            )
+            for i, n in enumerate(s.nodes)
+        ),
+        # The head's own loopback view would do, but the endpoint is what clients see.
+        endpoint=endpoint,
+        # What the update that installs this config verified (the install runs after the verifier): the leader arms
+        # for it when the head runs it, whatever it was armed for before (issue 43).
+        generation=generation,
+        model=s.serve.served_model_name,
+        expected_answer=s.gates.expected_answer,
+        probe_seconds=sup.probe_seconds,
+        probe_timeout_s=15.0,
+        max_restarts=sup.max_restarts,
+        window_s=sup.window_hours * 3600,
+        backoff_s=sup.backoff_seconds,
+        mem_wait_s=sup.mem_wait_seconds,
+        bounds=bounds,
+        boot_poll_s=BOOT_POLL_S,
+        verify_timeout_s=float(s.gates.verify_timeout_seconds),
+        notify_command=sup.notify_command,
+    )
+    return AgentConfig(
+        stack=stack,
+        node=node.name,
+        listen_hosts=tuple(listen_hosts(s, node_index, head_address)),
+        listen_port=sup.port,
+        token_file=f"{CODE_MOUNT}/token",
+        state_dir=STATE_MOUNT,
+        docker_socket=SOCKET_MOUNT,
+        container=labels.container_name(stack, node.name),
+        memory_guard=GuardConfig(
+            floor_gib=w.mem_available_floor_gib, sample_s=w.sample_seconds, samples=w.consecutive_samples
         )
-    return cfg
+        if w.enabled
+        else None,
+        leader=leader if node_index == 0 else None,
+    )
 
 
-def payload(cfg: Mapping[str, Any], token: str) -> tuple[str, str]:
+def payload(cfg: AgentConfig, token: str) -> tuple[str, str]:
     """(base64 tar.gz of the agent's files, config and token; hash of the code and config alone)."""
     buf = io.BytesIO()
     digest = hashlib.sha256()
@@ -172,8 +153,8 @@ def payload(cfg: Mapping[str, Any], token: str) -> tuple[str, str]:
         gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as gz,
         tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
     ):
-        entries = [(name, (REPO / name).read_bytes()) for name in AGENT_FILES]
-        entries.append(("config.json", json.dumps(cfg, indent=1, sort_keys=True).encode()))
+        entries = [(name, (REPO / name).read_bytes()) for name in module_files(AGENT_MODULE)]
+        entries.append(("config.json", cfg.to_json().encode()))
         for name, data in entries:
             digest.update(name.encode() + b"\0" + data)
         entries.append(("token", token.encode()))
@@ -224,6 +205,8 @@ class SupervisorArgs:
     """The head's address (components/access/addresses.py): the operator's URL and the head agent's listener."""
     generation: pulumi.Input[str]
     """The ranks' generation label this update deploys; the agents are installed only once the verifier passed it."""
+    bounds: GateBounds
+    """The gates' bounds a restart's boot waits by, as the update's gates do."""
     nodes: Sequence[SupervisorNode]
     after: Sequence[pulumi.Resource]
     """The verifier: the supervisor starts only on a deployment that verified."""
@@ -240,7 +223,9 @@ class Supervisor(pulumi.ComponentResource):
         self.containers = {}
         for node in args.nodes:
             built = pulumi.Output.from_input(args.generation).apply(
-                functools.partial(_payload_for, s, args.stack, node.index, args.endpoint, args.head_address, args.token)
+                functools.partial(
+                    _payload_for, s, args.stack, node.index, args.bounds, args.endpoint, args.head_address, args.token
+                )
             )
             files: pulumi.Output[str] = built.apply(lambda b: b[0])
             code_hash: pulumi.Output[str] = built.apply(lambda b: b[1])
@@ -264,7 +249,7 @@ class Supervisor(pulumi.ComponentResource):
                 f"{name}-{node.name}",
                 name=f"{args.stack_prefix}-supervisor-{node.name}",
                 image=node.image_id,
-                entrypoints=["python3", "-u", "-m", "components.supervisor.agent", f"{CODE_MOUNT}/config.json"],
+                entrypoints=["python3", "-u", "-m", AGENT_MODULE, f"{CODE_MOUNT}/config.json"],
                 working_dir=CODE_MOUNT,
                 envs=[f"PYTHONPATH={CODE_MOUNT}", "PYTHONDONTWRITEBYTECODE=1"],
                 network_mode="host",
@@ -293,9 +278,18 @@ class Supervisor(pulumi.ComponentResource):
 
 
 def _payload_for(
-    s: Settings, stack: str, index: int, endpoint: str, head_address: str, token: str, generation: str
+    s: Settings,
+    stack: str,
+    index: int,
+    bounds: GateBounds,
+    endpoint: str,
+    head_address: str,
+    token: str,
+    generation: str,
 ) -> tuple[str, str]:
-    cfg = agent_config(s, stack, index, endpoint=endpoint, generation=generation, head_address=head_address)
+    cfg = agent_config(
+        s, stack, index, bounds=bounds, endpoint=endpoint, generation=generation, head_address=head_address
+    )
     return payload(cfg, token)
 
 

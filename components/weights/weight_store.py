@@ -23,6 +23,7 @@ import pulumi_docker as docker
 from pulumi_command import remote
 
 from components.scripts import sh_command
+from components.ssh import SshAccess
 from components.weights import manifest as wm
 from components.weights.worker_copy import WorkerCopy, WorkerCopyArgs
 
@@ -51,10 +52,8 @@ class WeightNode:
 
 @dataclass(frozen=True, kw_only=True)
 class CopySettings:
-    ssh_private_key: pulumi.Input[str] | None
-    """Secret; the copy's provider opens ssh to the head and the worker itself."""
-    ssh_agent_socket: str | None
-    ssh_known_hosts_file: str | None
+    ssh: SshAccess
+    """The copy's provider opens ssh to the head and the worker itself."""
     streams: int
     timeout_s: int
 
@@ -310,9 +309,7 @@ class WeightStore(pulumi.ComponentResource):
                         head_port=head.port,
                         head_user=head.user,
                         head_fabric_ip=head.fabric_ip,
-                        ssh_private_key=args.copy.ssh_private_key,
-                        ssh_agent_socket=args.copy.ssh_agent_socket,
-                        ssh_known_hosts_file=args.copy.ssh_known_hosts_file,
+                        ssh=args.copy.ssh,
                         head_root=self.root,
                         head_image=args.staging_image,
                         worker_image=worker.image if worker.image is not None else args.staging_image,

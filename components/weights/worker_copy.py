@@ -34,7 +34,7 @@ import pulumi
 import pulumi.dynamic
 
 from components.dynamic import changed_inputs, log_progress, plain, secret_or_none, unwrap_secret
-from components.ssh import SshTarget, ssh_argv
+from components.ssh import SshAccess, SshTarget, ssh_argv
 from components.weights import local_copy as lc
 from components.weights import manifest as wm
 from components.weights.copy_source import HEARTBEAT_S
@@ -83,9 +83,7 @@ class WorkerCopyArgs:
     head_port: int
     head_user: str
     head_fabric_ip: str
-    ssh_private_key: pulumi.Input[str] | None
-    ssh_agent_socket: str | None
-    ssh_known_hosts_file: str | None
+    ssh: SshAccess
     head_root: pulumi.Input[str]
     """The head's weights root, absolute (the staging output)."""
     head_image: pulumi.Input[str]
@@ -364,9 +362,10 @@ class WorkerCopy(pulumi.dynamic.Resource, module="weights", name="WorkerCopy"):
             "head_port": args.head_port,
             "head_user": args.head_user,
             "head_fabric_ip": args.head_fabric_ip,
-            "ssh_private_key": secret_or_none(args.ssh_private_key),
-            "ssh_agent_socket": args.ssh_agent_socket,
-            "ssh_known_hosts_file": args.ssh_known_hosts_file,
+            # Flat, as state written before SshAccess holds them: a copy re-runs on a change of its inputs.
+            "ssh_private_key": secret_or_none(args.ssh.private_key),
+            "ssh_agent_socket": args.ssh.agent_socket,
+            "ssh_known_hosts_file": args.ssh.known_hosts_file,
             "head_root": args.head_root,
             "head_image": args.head_image,
             "worker_image": args.worker_image,

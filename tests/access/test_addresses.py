@@ -189,7 +189,7 @@ def test_the_head_agent_listens_on_its_fabric_and_resolved_addresses_the_workers
     head, worker = agent_config(named, "spark-0"), agent_config(named, "spark-1")
     assert head["listen_hosts"] == ["192.168.100.1", "192.168.1.10"], "no longer 0.0.0.0"
     assert worker["listen_hosts"] == ["192.168.100.2"]
-    assert head["endpoint"] == "http://192.168.1.10:8888/v1"
+    assert head["leader"]["endpoint"] == "http://192.168.1.10:8888/v1"
 
 
 def test_every_url_the_operators_machine_uses_is_the_resolved_address(named: recording.Recorded) -> None:

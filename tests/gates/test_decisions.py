@@ -9,12 +9,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from components.config import Gates
 from components.gates import decisions, observations, poll_source
-from components.gates.decisions import ModelsEndpoint, ModelsProbeResult, ReadySettings, RendezvousSettings
+from components.gates.decisions import GateBounds, ModelsEndpoint, ModelsProbeResult, ReadySettings, RendezvousSettings
 from components.gates.observations import (
     ContainerState,
     ContainerUsage,
@@ -26,6 +27,8 @@ from components.gates.observations import (
     SystemClock,
 )
 from components.gates.poll_source import SshRankSource
+from components.ssh import SshAccess
+from tests.support.bounds import bounds
 from tests.support.fake_ssh import KEY, ModelsServer, canned, install_fake_ssh, serve_models
 from tests.support.scripts import sent_script
 
@@ -208,13 +211,20 @@ def _cumulative(sleeps: list[float]) -> list[float]:
     return out
 
 
+BOUNDS = GateBounds.field_names()
+
+
 def _rdv(**kw: float) -> RendezvousSettings:
-    return RendezvousSettings(**{"rendezvous_timeout_s": 120.0, "poll_interval_s": 5.0, **kw})  # type: ignore[arg-type]
+    rest = {k: v for k, v in kw.items() if k not in BOUNDS}
+    limits = bounds(**{k: v for k, v in kw.items() if k in BOUNDS})
+    return RendezvousSettings(**{"bounds": limits, "poll_interval_s": 5.0, **rest})  # type: ignore[arg-type]
 
 
-def _ready(**kw: float) -> ReadySettings:
-    base = {"ready_timeout_s": 600.0, "stall_s": 120.0, "poll_interval_s": 5.0, "progress_interval_s": 30.0}
-    return ReadySettings(**{**base, **kw})  # type: ignore[arg-type]
+def _ready(**kw: Any) -> ReadySettings:
+    rest = {k: v for k, v in kw.items() if k not in BOUNDS}
+    limits = bounds(**{k: v for k, v in kw.items() if k in BOUNDS})
+    base = {"bounds": limits, "poll_interval_s": 5.0, "progress_interval_s": 30.0}
+    return ReadySettings(**{**base, **rest})
 
 
 class Probe:
@@ -548,12 +558,15 @@ class TestReady:
     def test_defaults_allow_a_36_minute_jit_boot_and_detect_exits_within_15_s(self) -> None:
         # The timeouts' defaults live in the config; the watch's own defaults (poll, progress) here.
         gates = Gates()
-        s = ReadySettings(ready_timeout_s=gates.ready_timeout_seconds, stall_s=gates.stall_seconds)
-        assert s.ready_timeout_s >= 36 * 60 + 5 * 60
+        s = ReadySettings(bounds=bounds(ready_timeout_s=gates.ready_timeout_seconds, stall_s=gates.stall_seconds))
+        assert s.bounds.ready_timeout_s >= 36 * 60 + 5 * 60
         assert s.poll_interval_s * s.max_source_errors <= 15
         assert s.progress_interval_s == 30
         with pytest.raises(ValueError, match="poll_interval_s=10"):
-            ReadySettings(poll_interval_s=10, ready_timeout_s=gates.ready_timeout_seconds, stall_s=gates.stall_seconds)
+            ReadySettings(
+                bounds=bounds(ready_timeout_s=gates.ready_timeout_seconds, stall_s=gates.stall_seconds),
+                poll_interval_s=10,
+            )
 
     def test_real_time_bound_on_stall(self) -> None:
         src = ScriptedSource(
@@ -853,12 +866,12 @@ SILENT_WORKER = [(2, L_INIT_W), (30, L_ASSIGNED_1), (944, L_KV_WORKER)]
 
 def _defaults() -> ReadySettings:
     gates = Gates()
-    return ReadySettings(ready_timeout_s=gates.ready_timeout_seconds, stall_s=gates.stall_seconds)
+    return ReadySettings(bounds=bounds(ready_timeout_s=gates.ready_timeout_seconds, stall_s=gates.stall_seconds))
 
 
 class TestSilentLoad:
     def test_defaults_are_the_recipes_stall_limit(self) -> None:
-        assert _defaults().stall_s == 600, "what a 650 s silent window would fail on without the counters"
+        assert _defaults().bounds.stall_s == 600, "what a 650 s silent window would fail on without the counters"
 
     @pytest.mark.parametrize("streamed", [False, True])
     def test_a_15_minute_silent_worker_load_with_moving_counters_passes_with_default_settings(
@@ -1144,7 +1157,7 @@ def fake_ssh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 class TestSshRankSource:
     def test_state_parses_docker_inspect_and_the_key_never_reaches_argv(self, fake_ssh: Path) -> None:
         canned(fake_ssh, "inspect", "running 0 2026-09-22T10:00:00.123456789Z\n")
-        src = SshRankSource(RANKS, private_key=KEY)
+        src = SshRankSource(RANKS, SshAccess(private_key=KEY))
         assert src.state(1) == ContainerState("running", 0, "2026-09-22T10:00:00.123456789Z")
         argv = (fake_ssh / "argv.log").read_text().split("---\n")[0].splitlines()
         assert "SECRETKEYMATERIAL" not in "".join(argv)

@@ -15,6 +15,7 @@ from pulumi.dynamic.dynamic import serialize_provider
 from pulumi.runtime import rpc
 
 from components.gates import gates
+from components.gates.decisions import GateBounds
 from components.gates.gates import (
     GateRank,
     ReadyGate,
@@ -25,7 +26,9 @@ from components.gates.gates import (
     RendezvousGateProvider,
 )
 from components.gates.observations import GateFailure
+from components.ssh import SshAccess
 from tests.support import recording
+from tests.support.bounds import bounds
 from tests.support.fake_ssh import KEY, canned, install_fake_ssh, serve_models
 from tests.support.imports import import_side_effects
 
@@ -42,12 +45,10 @@ RANKS = [
 def _rdv_args(**over: Any) -> RendezvousGateArgs:
     """What the program wires, with config's default timeout."""
     args: dict[str, Any] = {
-        "ranks": RANKS,
+        "ranks": tuple(RANKS),
         "rerun_on": [],
-        "ssh_private_key": None,
-        "ssh_agent_socket": None,
-        "ssh_known_hosts_file": None,
-        "rendezvous_timeout_s": 720.0,
+        "ssh": SshAccess(),
+        "bounds": bounds(rendezvous_timeout_s=720.0),
         "poll_interval_s": gates.POLL_INTERVAL_S,
         "progress_interval_s": gates.PROGRESS_INTERVAL_S,
     }
@@ -57,16 +58,13 @@ def _rdv_args(**over: Any) -> RendezvousGateArgs:
 def _ready_args(**over: Any) -> ReadyGateArgs:
     """What the program wires, with config's default timeouts."""
     args: dict[str, Any] = {
-        "ranks": RANKS,
+        "ranks": tuple(RANKS),
         "rerun_on": [],
         "api_base": "http://127.0.0.1:8888",
         "model_name": MODEL,
         "api_key": None,
-        "ssh_private_key": None,
-        "ssh_agent_socket": None,
-        "ssh_known_hosts_file": None,
-        "ready_timeout_s": 2700.0,
-        "stall_s": 600.0,
+        "ssh": SshAccess(),
+        "bounds": bounds(ready_timeout_s=2700.0, stall_s=600.0),
         "poll_interval_s": gates.POLL_INTERVAL_S,
         "progress_interval_s": gates.PROGRESS_INTERVAL_S,
         "models_timeout_s": gates.MODELS_TIMEOUT_S,
@@ -74,34 +72,28 @@ def _ready_args(**over: Any) -> ReadyGateArgs:
     return ReadyGateArgs(**{**args, **over})
 
 
-def _rdv_props(**over: Any) -> dict[str, Any]:
+def _props(limits: dict[str, float], over: dict[str, Any]) -> dict[str, Any]:
+    """As the engine hands them to the provider: `bounds` given by its changed values."""
     props: dict[str, Any] = {
-        "ranks": [r.to_prop() for r in RANKS],
-        "ssh_private_key": KEY,
-        "ssh_agent_socket": None,
+        "ranks": [r.to_props() for r in RANKS],
+        "ssh": {"private_key": KEY, "agent_socket": None, "known_hosts_file": None},
         "poll_interval_s": 0.05,
         "progress_interval_s": 30,
         "rerun_on": ["cid-head-1", "cid-worker-1"],
-        "rendezvous_timeout_s": 5,
         "__provider": "pickled-code-v1",
     }
+    given = {k: over.pop(k) for k in list(over) if k in GateBounds.field_names()}
+    props["bounds"] = bounds(**{**limits, **given}).to_props()
     return {**props, **over}
+
+
+def _rdv_props(**over: Any) -> dict[str, Any]:
+    return _props({"rendezvous_timeout_s": 5}, over)
 
 
 def _ready_props(api_base: str, **over: Any) -> dict[str, Any]:
-    props = _rdv_props()
-    del props["rendezvous_timeout_s"]
-    props.update(
-        {
-            "api_base": api_base,
-            "model_name": MODEL,
-            "api_key": API_KEY,
-            "ready_timeout_s": 5,
-            "stall_s": 5,
-            "models_timeout_s": 2,
-        }
-    )
-    return {**props, **over}
+    base = {"api_base": api_base, "model_name": MODEL, "api_key": API_KEY, "models_timeout_s": 2}
+    return _props({"ready_timeout_s": 5, "stall_s": 5}, {**base, **over})
 
 
 # --- args -----------------------------------------------------------------------------------------------
@@ -120,12 +112,12 @@ class TestArgs:
         with pytest.raises(ValueError, match="poll_interval_s=30"):
             _ready_args(poll_interval_s=30)
         with pytest.raises(ValueError, match="stall_s=0"):
-            _ready_args(stall_s=0)
+            _ready_args(bounds=bounds(stall_s=0))
 
     def test_a_missing_setting_is_an_error_not_a_default(self) -> None:
         props = _rdv_props()
-        del props["rendezvous_timeout_s"]
-        with pytest.raises(ValueError, match="rendezvous_timeout_s is missing"):
+        del props["bounds"]["rendezvous_timeout_s"]
+        with pytest.raises(ValueError, match=r"RendezvousGateArgs.bounds.rendezvous_timeout_s is missing"):
             RendezvousGateProvider().create(props)
 
 
@@ -140,8 +132,9 @@ class TestDiff:
 
     def test_numbers_round_tripped_as_floats_and_rerun_order_are_no_change(self) -> None:
         olds = _rdv_props(
-            rendezvous_timeout_s=5.0, ranks=[{**r.to_prop(), "port": 2222.0, "rank": float(r.rank)} for r in RANKS]
+            rendezvous_timeout_s=5.0, ranks=[{**r.to_props(), "port": 2222.0, "rank": float(r.rank)} for r in RANKS]
         )
+        olds["bounds"] = {k: float(v) for k, v in olds["bounds"].items()}
         news = _rdv_props(rerun_on=["cid-worker-1", "cid-head-1"])
         assert RendezvousGateProvider().diff("id", olds, news).changes is False
 
@@ -151,8 +144,8 @@ class TestDiff:
             ("rerun_on", ["cid-head-2", "cid-worker-1"]),
             ("rerun_on", rpc.UNKNOWN),  # a container being replaced, seen in preview
             ("rendezvous_timeout_s", 900),
-            ("ssh_private_key", "another key"),
-            ("ranks", [RANKS[0].to_prop(), {**RANKS[1].to_prop(), "host": "127.0.0.9"}]),
+            ("ssh", {"private_key": "another key", "agent_socket": None, "known_hosts_file": None}),
+            ("ranks", [RANKS[0].to_props(), {**RANKS[1].to_props(), "host": "127.0.0.9"}]),
         ],
     )
     def test_any_input_change_is_an_update_never_a_replace(self, key: str, value: Any) -> None:
@@ -166,7 +159,7 @@ class TestDiff:
             ("api_base", "http://127.0.0.1:9999"),
             ("model_name", "other"),
             ("api_key", "k2"),
-            ("stall_s", 900),
+            ("bounds", {**base["bounds"], "stall_s": 900}),
         ):
             assert ReadyGateProvider().diff("id", base, {**base, key: value}).changes is True, key
 
@@ -225,7 +218,7 @@ class TestRendezvousProvider:
             "0": "2026-09-22T10:00:30Z",
             "1": "2026-09-22T10:00:30Z",
         }
-        assert outs["rerun_on"] == ["cid-head-1", "cid-worker-1"] and outs["ranks"] == [r.to_prop() for r in RANKS]
+        assert outs["rerun_on"] == ["cid-head-1", "cid-worker-1"] and outs["ranks"] == [r.to_props() for r in RANKS]
         assert outs["elapsed_s"] < 2 and outs["passed_at"].endswith("Z")
         assert "__provider" not in outs
         # ssh ran with the key file, never the key
@@ -239,7 +232,7 @@ class TestRendezvousProvider:
         outs = RendezvousGateProvider().update("id", olds, news).outs or {}
         assert outs["rerun_on"] == ["cid-head-2", "cid-worker-1"]
         assert outs["passed_at"] != "old" and set(outs) >= {
-            *gates.RENDEZVOUS_INPUT_KEYS,
+            *RendezvousGateArgs.field_names(),
             "passed_at",
             "elapsed_s",
             "world_size",
@@ -332,7 +325,7 @@ def test_gates_register_with_secrets_marked(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(recording, "RecordingMonitor", _SecretOutputsMonitor)
 
     def program() -> None:
-        rdv = RendezvousGate("rdv", _rdv_args(rerun_on=["c0", "c1"], ssh_private_key="KEYTEXT"))
+        rdv = RendezvousGate("rdv", _rdv_args(rerun_on=["c0", "c1"], ssh=SshAccess(private_key="KEYTEXT")))
         ReadyGate(
             "ready", _ready_args(rerun_on=["c0", "c1"], api_key="APIKEY"), pulumi.ResourceOptions(depends_on=[rdv])
         )
@@ -341,8 +334,10 @@ def test_gates_register_with_secrets_marked(monkeypatch: pytest.MonkeyPatch) -> 
     rdv, ready = rec.named("rdv"), rec.named("ready")
     assert rdv.typ == "pulumi-python:dynamic/gates:RendezvousGate"
     assert ready.typ == "pulumi-python:dynamic/gates:ReadyGate"
-    assert {"ssh_private_key"} <= rdv.secret_paths() and {"api_key"} <= ready.secret_paths()
-    assert "ssh_private_key" not in ready.secret_paths()  # no key given: nothing to hide, nothing sent
-    assert _SecretOutputsMonitor.seen["rdv"] == ["ssh_private_key", "api_key"]
-    assert ready.inputs["rerun_on"] == ["c0", "c1"] and ready.inputs["ready_timeout_s"] == 2700
+    assert {"ssh"} <= rdv.secret_paths() and {"api_key"} <= ready.secret_paths()
+    assert "ssh" not in ready.secret_paths()  # no key given: nothing to hide, nothing sent
+    # Whatever holds a credential is secret in the state, as declared (components/contract.py `secret()`).
+    assert _SecretOutputsMonitor.seen["rdv"] == ["ssh"] and _SecretOutputsMonitor.seen["ready"] == ["ssh", "api_key"]
+    assert ready.inputs["rerun_on"] == ["c0", "c1"] and ready.inputs["bounds"]["ready_timeout_s"] == 2700
+    assert ready.inputs["bounds"] == {"rendezvous_timeout_s": 120, "ready_timeout_s": 2700, "stall_s": 600}
     assert rec.depends_on(ready, rdv)

@@ -15,6 +15,7 @@ from components.gates import live_ranks
 from components.gates.gates import GateRank
 from components.gates.observations import ContainerState, SourceError
 from components.gates.poll_source import SshRankSource
+from components.ssh import SshAccess
 from components.verify import client as verify
 from tests.support.fake_ssh import install_fake_ssh
 from tests.support.fake_vllm import (
@@ -33,10 +34,8 @@ RANKS = [
     GateRank(rank=1, node="worker", host="10.0.0.2", port=22, user="me", container="c-worker"),
 ]
 PROPS: dict[str, Any] = {
-    "ranks": [r.to_prop() for r in RANKS],
-    "ssh_private_key": None,
-    "ssh_agent_socket": None,
-    "ssh_known_hosts_file": None,
+    "ranks": [r.to_props() for r in RANKS],
+    "ssh": {"private_key": None, "agent_socket": None, "known_hosts_file": None},
     "observed": {},
 }
 
@@ -59,7 +58,7 @@ def world(monkeypatch: pytest.MonkeyPatch) -> dict[int, ContainerState | Excepti
         0: ContainerState(status="running"),
         1: ContainerState(status="running"),
     }
-    monkeypatch.setattr(live_ranks, "rank_source", lambda _props: FakeSource(states))
+    monkeypatch.setattr(live_ranks, "rank_source", lambda _ranks, _ssh: FakeSource(states))
     return states
 
 
@@ -99,9 +98,17 @@ def test_refresh_reports_what_runs(world: dict[int, Any]) -> None:
 
 
 def test_new_ssh_settings_update_in_place(world: dict[int, Any]) -> None:
-    news = {**PROPS, "ssh_known_hosts_file": "/etc/ssh/known"}
+    news = {**PROPS, "ssh": {**PROPS["ssh"], "known_hosts_file": "/etc/ssh/known"}}
     diff = live_ranks.LiveRanksProvider().diff("live-1", PROPS, news)
     assert diff.changes and not diff.replaces
+
+
+def test_state_from_before_the_ssh_object_reads_its_flat_keys() -> None:
+    from components.gates.gates import ssh_of
+
+    old = {"ssh_private_key": "KEY", "ssh_agent_socket": "/run/agent", "ssh_known_hosts_file": None}
+    assert ssh_of(old) == SshAccess(private_key="KEY", agent_socket="/run/agent")
+    assert ssh_of(PROPS) == SshAccess()
 
 
 # ---------------------------------------------------------------------------------------------

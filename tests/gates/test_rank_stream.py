@@ -33,6 +33,8 @@ from components.gates.observations import (
     UsageSeen,
 )
 from components.gates.stream_source import StreamRankSource
+from components.ssh import SshAccess
+from tests.support.bounds import bounds
 from tests.support.fake_ssh import KEY, install_fake_ssh
 
 HEAD = RankSpec(rank=0, node="spark-a", host="127.0.0.2", port=2222, user="root", container="dsv41-rank0")
@@ -323,7 +325,7 @@ class TestScript:
 class TestStreamRankSource:
     def test_one_session_per_node_with_the_master_options_and_no_key_in_argv(self, fake: Path) -> None:
         log(fake, f"{stamp(1)} one", f"{stamp(2)} two")
-        src = StreamRankSource([HEAD], private_key=KEY)
+        src = StreamRankSource([HEAD], SshAccess(private_key=KEY))
         try:
             got = collect(src, lambda g: len(texts(g)) == 2)
             assert isinstance(got[0], StateSeen) and got[0].state == ContainerState("running", 0, STARTED)
@@ -401,7 +403,7 @@ class TestStreamRankSource:
     def test_the_gate_fails_on_the_die_event_with_the_exit_code(self, fake: Path) -> None:
         log(fake, f"{stamp(1)} loading")
         src = StreamRankSource([HEAD])
-        settings = ReadySettings(ready_timeout_s=30, stall_s=30)
+        settings = ReadySettings(bounds=bounds(ready_timeout_s=30, stall_s=30))
 
         def die_soon() -> None:
             _wait_for(lambda: "logs -f" in _docker_calls(fake))
@@ -425,7 +427,7 @@ class TestStreamRankSource:
         log(fake, f"{stamp(1)} Starting to load model /model...")
         src = StreamRankSource([HEAD])
         said: list[str] = []
-        settings = ReadySettings(ready_timeout_s=30, stall_s=30)
+        settings = ReadySettings(bounds=bounds(ready_timeout_s=30, stall_s=30))
 
         def boot() -> None:
             _wait_for(lambda: "logs -f" in _docker_calls(fake))
@@ -460,7 +462,7 @@ class TestStreamRankSource:
             decisions.wait_for_rendezvous(
                 [HEAD],
                 StreamRankSource([HEAD]),
-                decisions.RendezvousSettings(rendezvous_timeout_s=20),
+                decisions.RendezvousSettings(bounds=bounds(rendezvous_timeout_s=20)),
                 SystemClock(),
                 lambda _: None,
             )
@@ -495,7 +497,7 @@ class TestStreamRankSource:
         res = decisions.wait_for_rendezvous(
             [HEAD],
             StreamRankSource([HEAD]),
-            decisions.RendezvousSettings(rendezvous_timeout_s=20, poll_interval_s=0.1),
+            decisions.RendezvousSettings(bounds=bounds(rendezvous_timeout_s=20), poll_interval_s=0.1),
             SystemClock(),
             said.append,
         )
@@ -595,7 +597,7 @@ def test_a_flood_of_100k_lines_keeps_memory_bounded_and_does_not_delay_the_die(m
         return items
 
     monkeypatch.setattr(src, "next_items", counting)
-    settings = ReadySettings(ready_timeout_s=120, stall_s=60)
+    settings = ReadySettings(bounds=bounds(ready_timeout_s=120, stall_s=60))
     with pytest.raises(GateFailure) as err:
         decisions.wait_for_ready([HEAD], src, settings, SystemClock(), lambda _: None, lambda: LISTED, "m")
     msg = str(err.value)

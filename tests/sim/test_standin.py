@@ -47,6 +47,7 @@ from components.verify.client import DecodeMeasurement, Passed, measure_decode, 
 from components.verify.verdict import DECODE_PROBE_PROMPTS, VERIFY_PROMPT, Failed, Reason
 from components.weights import manifest as wm
 from sim import checkpoint as checkpoint_data
+from tests.support.bounds import bounds
 
 REPO = Path(__file__).resolve().parents[2]
 STANDIN_DIR = REPO / "sim" / "standin"
@@ -321,7 +322,7 @@ def run_gates(
     joined = decisions.wait_for_rendezvous(
         cluster.specs(),
         cluster.source(),
-        RendezvousSettings(poll_interval_s=0.05, rendezvous_timeout_s=20),
+        RendezvousSettings(bounds=bounds(rendezvous_timeout_s=20), poll_interval_s=0.05),
         clock,
         lambda _: None,
     )
@@ -329,7 +330,7 @@ def run_gates(
     ready = decisions.wait_for_ready(
         cluster.specs(),
         cluster.source(),
-        ReadySettings(poll_interval_s=0.05, ready_timeout_s=ready_timeout_s, stall_s=stall_s),
+        ReadySettings(bounds=bounds(ready_timeout_s=ready_timeout_s, stall_s=stall_s), poll_interval_s=0.05),
         clock,
         lambda _: None,
         probe,
@@ -715,7 +716,7 @@ def test_rank_that_never_joins_fails_the_rendezvous_with_dist_store_error(
         decisions.wait_for_rendezvous(
             cluster.specs(),
             cluster.source(),
-            RendezvousSettings(poll_interval_s=0.05, rendezvous_timeout_s=15),
+            RendezvousSettings(bounds=bounds(rendezvous_timeout_s=15), poll_interval_s=0.05),
             SystemClock(),
             lambda _: None,
         )

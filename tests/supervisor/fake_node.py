@@ -16,7 +16,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from components.gates import log_patterns
+from components.gates.decisions import GateBounds
 from components.supervisor import agent
+from components.supervisor.agent_config import AgentConfig, AgentNode, LeaderConfig
 from tests.support import recorded
 
 # Real vLLM's boot is ~93 s (head) and ~61 s (worker): replayed at 1/100 it takes about a second.
@@ -203,3 +205,46 @@ def lines_of(scenario: str, role: str, scale: float = SCALE, offset: float = 0.0
     for ln in recorded.log(scenario, role):
         if ln.t > 0:
             yield offset + ln.t * scale, ln.text
+
+
+def agent_config(state_dir: str, worker_port: int | None = None, **overrides: Any) -> AgentConfig:
+    """The head's agent config (components/supervisor/agent_config.py) for a leader on node-1 with a worker agent
+    on node-2 at `worker_port` (None: no worker); `overrides` replace leader fields, bounds by their own names."""
+    limits = {k: float(overrides.pop(k)) for k in list(overrides) if k in GateBounds.field_names()}
+    nodes = [AgentNode(name="node-1", url="http://127.0.0.1:1", container="rank-1", min_mem_gib=0)]
+    if worker_port is not None:
+        nodes.append(AgentNode(name="node-2", url=f"http://127.0.0.1:{worker_port}", container="rank-2", min_mem_gib=0))
+    leader = {
+        "nodes": tuple(nodes),
+        "endpoint": "http://127.0.0.1:9/v1",
+        "generation": "",
+        "model": "m",
+        "expected_answer": "",
+        "probe_seconds": 60,
+        "probe_timeout_s": 5.0,
+        "max_restarts": 2,
+        "window_s": 3600,
+        "backoff_s": 0,
+        "mem_wait_s": 10,
+        "bounds": GateBounds(**{"rendezvous_timeout_s": 20.0, "ready_timeout_s": 20.0, "stall_s": 20.0, **limits}),
+        "boot_poll_s": 0.05,
+        "verify_timeout_s": 5.0,
+        "notify_command": "",
+        **overrides,
+    }
+    return node_config("node-1", "rank-1", state_dir, leader=LeaderConfig(**leader))
+
+
+def node_config(node: str, container: str, state_dir: str = "", leader: LeaderConfig | None = None) -> AgentConfig:
+    """An agent's config on `node` (a worker's, unless `leader` is given)."""
+    return AgentConfig(
+        stack="dev",
+        node=node,
+        listen_hosts=("127.0.0.1",),
+        listen_port=0,
+        token_file="",
+        state_dir=state_dir,
+        docker_socket="",
+        container=container,
+        leader=leader,
+    )

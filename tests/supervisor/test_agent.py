@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -17,45 +18,16 @@ import pytest
 import requests
 
 from components.supervisor import agent, supervisor
+from components.supervisor.agent_config import AgentConfig
 from components.verify.client import Passed
 from components.verify.verdict import Failed, Reason, TokenLogprob
-from tests.supervisor.fake_node import FakeDocker, FakeEndpoint, real_boot
+from tests.supervisor.fake_node import FakeDocker, FakeEndpoint, agent_config, node_config, real_boot
 
 TOKEN = "t0ken-for-tests"
 
 
-def config(tmp_path: Path, worker_port: int, **overrides: Any) -> dict[str, Any]:
-    cfg = {
-        "stack": "dev",
-        "node": "node-1",
-        "role": "leader",
-        "container": "rank-1",
-        "token_file": "",
-        "state_dir": str(tmp_path),
-        "docker_socket": "",
-        "nodes": [
-            {"name": "node-1", "url": "http://127.0.0.1:1", "container": "rank-1", "min_mem_gib": 0},
-            {"name": "node-2", "url": f"http://127.0.0.1:{worker_port}", "container": "rank-2", "min_mem_gib": 0},
-        ],
-        "endpoint": "http://127.0.0.1:9/v1",
-        "generation": "",
-        "model": "m",
-        "expected_answer": "",
-        "probe_seconds": 60,
-        "probe_timeout_s": 5.0,
-        "max_restarts": 2,
-        "window_s": 3600,
-        "backoff_s": 0,
-        "mem_wait_s": 10,
-        "rendezvous_timeout_s": 20.0,
-        "ready_timeout_s": 20.0,
-        "stall_s": 20.0,
-        "boot_poll_s": 0.05,
-        "verify_timeout_s": 5.0,
-        "notify_command": "",
-    }
-    cfg.update(overrides)
-    return cfg
+def config(tmp_path: Path, worker_port: int, **overrides: Any) -> AgentConfig:
+    return agent_config(str(tmp_path), worker_port, **overrides)
 
 
 class ScriptedLeader(agent.Leader):
@@ -83,7 +55,7 @@ def cluster(tmp_path: Path) -> Iterator[tuple[ScriptedLeader, FakeDocker, FakeDo
     head, worker = FakeDocker("node-1", log), FakeDocker("node-2", log)
     head.add("rank-1", script=real_boot("head"))
     worker.add("rank-2", script=real_boot("worker"))
-    worker_cfg = {"node": "node-2", "container": "rank-2"}
+    worker_cfg = node_config("node-2", "rank-2")
     server = ThreadingHTTPServer(("127.0.0.1", 0), agent.make_handler(worker_cfg, worker, TOKEN, None))  # type: ignore[arg-type]
     threading.Thread(target=server.serve_forever, daemon=True).start()
     endpoint = FakeEndpoint()
@@ -114,7 +86,7 @@ def test_a_dead_worker_stops_every_rank_then_starts_the_workers_before_the_head(
 def test_the_budget_gives_up_and_runs_the_notify_command(cluster: Any, tmp_path: Path) -> None:
     leader, head, worker, log, _ = cluster
     events = tmp_path / "events"
-    leader.cfg["notify_command"] = f"cat >> {events}; echo >> {events}"
+    leader.lead = replace(leader.lead, notify_command=f"cat >> {events}; echo >> {events}")
     leader.step()
     for _ in range(3):  # every restart comes back NaN, and the rank dies again
         worker.containers["rank-2"]["State"].update(Running=False, ExitCode=137)
@@ -153,7 +125,8 @@ def test_the_agents_api_wants_the_token_and_acts_only_on_its_own_rank(cluster: A
 
 def test_the_agent_runs_from_its_payload_alone_without_pulumi(tmp_path: Path) -> None:
     # What the node receives: the payload's files; what the serving image has: Python and requests.
-    files, _ = supervisor.payload({"x": 1}, "secret-token")
+    cfg = config(tmp_path, 1)
+    files, _ = supervisor.payload(cfg, "secret-token")
     import base64
     import io
     import tarfile
@@ -161,8 +134,11 @@ def test_the_agent_runs_from_its_payload_alone_without_pulumi(tmp_path: Path) ->
     with tarfile.open(fileobj=io.BytesIO(base64.b64decode(files))) as tar:
         tar.extractall(tmp_path, filter="data")
     assert (tmp_path / "token").read_text() == "secret-token"
+    # The agent reads back the very object the program wrote, with nothing but the shipped files.
     probe = (
         "import sys; import components.supervisor.agent as a; "
+        f"c = a.AgentConfig.from_json(open({str(tmp_path / 'config.json')!r}).read()); "
+        f"assert c == a.AgentConfig.from_json({cfg.to_json()!r}) and c.leader.bounds.stall_s == 20.0, c; "
         "sys.exit(1 if any(m.split('.')[0] in ('pulumi', 'pydantic') for m in sys.modules) else 0)"
     )
     done = subprocess.run(
@@ -176,8 +152,9 @@ def test_the_agent_runs_from_its_payload_alone_without_pulumi(tmp_path: Path) ->
 
 def test_the_same_files_make_the_same_payload() -> None:
     # the payload is a secret input: any byte of difference would show as an update at every preview
-    assert supervisor.payload({"x": 1}, "t") == supervisor.payload({"x": 1}, "t")
-    assert supervisor.payload({"x": 1}, "t")[1] != supervisor.payload({"x": 2}, "t")[1]
+    one, two = agent_config("/s"), agent_config("/s", generation="g2")
+    assert supervisor.payload(one, "t") == supervisor.payload(agent_config("/s"), "t")
+    assert supervisor.payload(one, "t")[1] != supervisor.payload(two, "t")[1]
 
 
 def test_the_memory_guard_kills_the_rank_on_the_second_low_sample(tmp_path: Path) -> None:
@@ -253,7 +230,9 @@ def test_a_verification_during_an_update_lock_arms_nothing_and_the_update_after_
 def test_the_update_that_installed_the_agent_arms_it_for_the_generation_it_verified(cluster: Any) -> None:
     leader, head, worker, _, _ = cluster
     leader.store.update(armed_generation="g0")  # armed before, for what an earlier update (or a rollback) ran
-    leader.cfg["generation"] = "g1"  # the update that verified g1 installed this config after its verifier
+    leader.lead = replace(
+        leader.lead, generation="g1"
+    )  # the update that verified g1 installed this config after its verifier
     leader.verdicts = []  # the supervisor's own verification would fail: the update's verdict is enough
     worker.containers["rank-2"]["State"].update(Running=False, ExitCode=255)
     decision = leader.step()
@@ -265,7 +244,7 @@ def test_the_update_that_installed_the_agent_arms_it_for_the_generation_it_verif
 
 def test_armed_by_the_update_the_supervisor_verifies_once_itself_to_record_what_it_answered(cluster: Any) -> None:
     leader, head, worker, _, _ = cluster
-    leader.cfg["generation"] = "g1"
+    leader.lead = replace(leader.lead, generation="g1")
     leader.verdicts = [PASSED]
     assert leader.step().action == "probe"  # armed at once; its own verification takes the probe's turn
     snap = leader.store.snapshot()
@@ -280,7 +259,9 @@ def test_armed_by_the_update_the_supervisor_verifies_once_itself_to_record_what_
 def test_an_agent_config_for_another_generation_arms_nothing(cluster: Any) -> None:
     leader, head, worker, _, _ = cluster
     leader.store.update(armed_generation="g0")
-    leader.cfg["generation"] = "g2"  # the head still runs g1: a later update's config, not what runs
+    leader.lead = replace(
+        leader.lead, generation="g2"
+    )  # the head still runs g1: a later update's config, not what runs
     leader.verdicts = []
     leader.step()
     assert leader.store.snapshot()["armed_generation"] == "g0"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from tests.supervisor.fake_node import (
     frame,
     head_ready_at,
     joined_at,
+    node_config,
     real_boot,
     until,
     without,
@@ -57,7 +59,7 @@ def node(tmp_path: Path) -> Iterator[Node]:
     worker.add("rank-2", script=real_boot("worker"))
     server = ThreadingHTTPServer(
         ("127.0.0.1", 0),
-        agent.make_handler({"node": "node-2", "container": "rank-2"}, worker, TOKEN, None),  # type: ignore[arg-type]
+        agent.make_handler(node_config("node-2", "rank-2"), worker, TOKEN, None),  # type: ignore[arg-type]
     )
     threading.Thread(target=server.serve_forever, daemon=True).start()
     endpoint = FakeEndpoint()
@@ -87,7 +89,7 @@ def test_the_restart_verifies_only_once_every_rank_joined_and_the_head_logged_re
 
 
 def test_a_head_that_logged_ready_without_the_workers_join_is_not_verified(node: Node) -> None:
-    node.leader.cfg["rendezvous_timeout_s"] = 1.5
+    node.leader.lead = replace(node.leader.lead, bounds=replace(node.leader.lead.bounds, rendezvous_timeout_s=1.5))
     node.worker.scripts["rank-2"] = without(real_boot("worker"), log_patterns.is_join_line)
     restart, _ = node.heal()
     assert restart["result"].startswith("boot failed: rendezvous did not complete within 1.5 s"), restart
@@ -157,7 +159,7 @@ def test_a_pause_during_the_boot_leaves_the_ranks_to_the_operator(node: Node) ->
 
 
 def test_the_agent_serves_its_ranks_log_from_dockers_frames(node: Node) -> None:
-    url = node.leader.cfg["nodes"][1]["url"]
+    url = node.leader.lead.nodes[1].url
     auth = {"Authorization": f"Bearer {TOKEN}"}
     node.worker.started["rank-2"] = time.time() - 100  # the whole boot is in the log
     got = requests.get(f"{url}/rank/logs?since=0", headers=auth, timeout=5).json()

@@ -15,6 +15,8 @@ import pytest
 from components.config import ConfigError, parse
 from components.deployment import deploy
 from components.supervisor import supervisor
+from components.supervisor.agent_config import AgentConfig
+from tests.supervisor.fake_node import agent_config
 from tests.support import recording
 from tests.support.graph import CONTAINER, FIXTURES, config
 
@@ -57,9 +59,10 @@ def test_the_token_travels_only_as_a_secret() -> None:
         for key, value in reg.inputs.items():
             if key not in reg.secret_paths():
                 assert token not in json.dumps(value, default=str), f"{reg.name}.{key} holds the token"
-    assert cfg["role"] == "leader" and [n["name"] for n in cfg["nodes"]] == ["spark-0", "spark-1"]
+    head = AgentConfig.from_props(cfg)
+    assert head.role == "leader" and head.leader and [n.name for n in head.leader.nodes] == ["spark-0", "spark-1"]
     with stdin_of(rec, "supervisor-spark-1-files") as tar:
-        assert json.loads(tar.extractfile("config.json").read())["role"] == "worker"  # type: ignore[union-attr]
+        assert AgentConfig.from_json(tar.extractfile("config.json").read()).role == "worker"  # type: ignore[union-attr]
 
 
 def test_the_token_is_stable_across_runs() -> None:
@@ -100,7 +103,7 @@ def run_install(tmp_path: Path, notify: str, docker_exit: int) -> subprocess.Com
     (bin_dir / "docker").chmod(0o755)
     sock = socket.socket(socket.AF_UNIX)
     sock.bind(str(tmp_path / "docker.sock"))
-    files, _ = supervisor.payload({"x": 1}, "tok")
+    files, _ = supervisor.payload(agent_config(str(tmp_path)), "tok")
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "DOCKER_HOST": f"unix://{tmp_path}/docker.sock"}
     try:
         return subprocess.run(
@@ -157,11 +160,11 @@ def test_the_leaders_config_names_the_generation_this_update_verified_and_a_new_
     rec = run()
     with stdin_of(rec, "supervisor-spark-0-files") as tar:
         cfg = json.loads(tar.extractfile("config.json").read())  # type: ignore[union-attr]
-    assert cfg["generation"] == rec.outputs["clusterGeneration"], "the leader arms for what the update verified"
+    assert cfg["leader"]["generation"] == rec.outputs["clusterGeneration"], "the leader arms for what was verified"
     changed = run(serve={"maxNumSeqs": 3})
     with stdin_of(changed, "supervisor-spark-0-files") as tar:
         again = json.loads(tar.extractfile("config.json").read())  # type: ignore[union-attr]
-    assert again["generation"] == changed.outputs["clusterGeneration"] != cfg["generation"]
+    assert again["leader"]["generation"] == changed.outputs["clusterGeneration"] != cfg["leader"]["generation"]
 
     def code_label(r: recording.Recorded) -> str:
         labels = r.named("supervisor-spark-0").inputs["labels"]

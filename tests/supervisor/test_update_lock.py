@@ -10,25 +10,17 @@ import time
 from collections.abc import Iterator
 from http.server import ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import pytest
 import requests
 
 from components.supervisor import agent, update_lock
+from tests.supervisor.fake_node import agent_config
 
 
 @pytest.fixture
 def leader_api(tmp_path: Path) -> Iterator[tuple[str, agent.Leader]]:
-    cfg: dict[str, Any] = {
-        "node": "node-1",
-        "container": "rank-1",
-        "nodes": [],
-        "max_restarts": 1,
-        "window_s": 1,
-        "backoff_s": 0,
-        "stack": "dev",
-    }
+    cfg = agent_config(str(tmp_path), max_restarts=1, window_s=1)
     leader = agent.Leader(cfg, None, "tok", agent.Store(tmp_path / "state.json"))  # type: ignore[arg-type]
     server = ThreadingHTTPServer(("127.0.0.1", 0), agent.make_handler(cfg, None, "tok", leader))  # type: ignore[arg-type]
     threading.Thread(target=server.serve_forever, daemon=True).start()

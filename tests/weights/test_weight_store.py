@@ -13,6 +13,7 @@ import pulumi_docker as docker
 import pytest
 from pulumi_command import remote
 
+from components.ssh import SshAccess
 from components.weights import stage_weights as sw
 from components.weights.weight_store import CopySettings, WeightNode, WeightStore, WeightStoreArgs
 from tests.support import recording
@@ -91,9 +92,7 @@ def _mocked_program(
 
     def program() -> dict[str, Any]:
         copy = CopySettings(
-            ssh_private_key=pulumi.Output.secret("KEY"),
-            ssh_agent_socket=None,
-            ssh_known_hosts_file=None,
+            ssh=SshAccess(private_key=pulumi.Output.secret("KEY")),
             streams=4,
             timeout_s=3600,
         )
@@ -290,9 +289,7 @@ def test_copy_share_gives_each_worker_its_own_verified_copy_after_staging() -> N
 def test_copy_without_a_workers_copy_root_is_rejected() -> None:
     conn = remote.ConnectionArgs(host="127.0.0.1", user="u")
     plain = {"connection": conn, "host": "127.0.0.1", "port": 22, "user": "u", "ready": []}
-    settings = CopySettings(
-        ssh_private_key=None, ssh_agent_socket=None, ssh_known_hosts_file=None, streams=1, timeout_s=10
-    )
+    settings = CopySettings(ssh=SshAccess(), streams=1, timeout_s=10)
     args = WeightStoreArgs(
         head=WeightNode(name="h", fabric_ip="10.0.0.1", copy_root=None, **plain),
         workers=[WeightNode(name="w", fabric_ip="10.0.0.2", copy_root=None, **plain)],
