@@ -1,6 +1,8 @@
 """The real program (this project directory) deployed on the simulated cluster by the Automation API.
 
-Shared by the end-to-end tests (`tests/integration/program_support.py` re-exports these names) and `make bench`.
+Shared by the end-to-end tests (`tests/integration/program_support.py` re-exports these names) and `make bench`;
+`tool_deployment` is the setup the one-stack tools (`make bench-heal`, `bench-image`, `bench-observability`,
+`record-real`) start from.
 """
 
 from __future__ import annotations
@@ -9,11 +11,13 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from pulumi import automation as auto
 
@@ -208,6 +212,51 @@ def new_deployment(
     key = Path(sim["ssh"]["key"]).read_text()
     stack = sim_stack.init_stack(name, config, key, env=env, pulumi_root=pulumi_root)
     return Deployment(stack=stack, sim=sim, config=config, private_key=key, env=env, pulumi_root=pulumi_root)
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A one-stack tool on the running sim, as `tool_deployment` names its messages, directories and stack."""
+
+    name: str
+    """Its module (`bench.heal`): what its messages start with."""
+    hint: str
+    """How to run it with the toolchain, said when the toolchain is missing."""
+    scratch: str
+    """Its scratch directories: `dsv41-<scratch>-*` in the temp dir, `dsv41-<scratch>-weights-*` in /var/tmp."""
+    stack: str
+    """Its stack: `<stack>-<6 hex>`."""
+    passphrase: str = "bench-only"
+
+
+class ToolDeployment(NamedTuple):
+    """A stack `tool_deployment` made, and its two scratch directories (the caller removes them)."""
+
+    d: Deployment
+    work: Path
+    weights: Path
+
+
+def tool_deployment(tool: Tool, **deployment_kw: Any) -> ToolDeployment:
+    """The setup a one-stack tool on the running sim starts from: the toolchain of toolchain/env.sh
+    (DSV41_TOOLCHAIN_DIR; else SystemExit naming the tool and its hint), the sim's sim.json, a work directory (the
+    stack's backend and PULUMI_HOME) and a weights root, and a new stack of the real program on them.
+    `deployment_kw` go to new_deployment (ports, server, supervisor, ...)."""
+    pulumi_root = Path(os.environ.get("DSV41_TOOLCHAIN_DIR") or "")
+    if not os.access(pulumi_root / "bin" / "pulumi", os.X_OK):
+        raise SystemExit(f"{tool.name}: DSV41_TOOLCHAIN_DIR/bin/pulumi is missing; {tool.hint}")
+    sim = json.loads((cluster.default_layout().state / "sim.json").read_text())
+    work = Path(tempfile.mkdtemp(prefix=f"dsv41-{tool.scratch}-"))
+    weights = Path(tempfile.mkdtemp(prefix=f"dsv41-{tool.scratch}-weights-", dir="/var/tmp"))
+    d = new_deployment(
+        sim,
+        f"{tool.stack}-{uuid.uuid4().hex[:6]}",
+        program_env(pulumi_root, work, tool.passphrase),
+        pulumi_root,
+        weights_root=weights,
+        **deployment_kw,
+    )
+    return ToolDeployment(d, work, weights)
 
 
 def remove_deployment(d: Deployment) -> None:
