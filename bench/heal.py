@@ -25,7 +25,8 @@ from typing import Any
 
 import requests
 
-from sim import cluster
+from sim.cluster_daemons import reboot
+from sim.cluster_layout import default_layout
 from sim.deploy import REPO, Tool, docker_on, remove_deployment, tool_deployment
 from sim.supervisor_view import armed, leader, restarted, restarts, wait_for
 
@@ -73,7 +74,7 @@ def heal_runs(runs: int, server: str, reboot_runs: int = 0) -> tuple[list[dict[s
             requests.post(f"{url}/resume", headers=headers, json={}, timeout=10).raise_for_status()
             before = armed(d)
             started = time.time()
-            boot = cluster.reboot(cluster.default_layout(), int(worker["index"]))
+            boot = reboot(default_layout(), int(worker["index"]))
             run = {
                 **measured(started, wait_for(d, "a verified restart after the reboot", restarted(before), 1200)),
                 "reboot_command_s": round(boot["total_s"], 2),

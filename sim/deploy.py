@@ -21,8 +21,8 @@ from typing import Any, NamedTuple
 
 from pulumi import automation as auto
 
-from sim import cluster
 from sim import stack as sim_stack
+from sim.cluster_layout import default_layout
 
 REPO = Path(__file__).resolve().parents[1]
 STEP_TIMEOUT = 120
@@ -86,7 +86,7 @@ def program_env(pulumi_root: Path, base: Path, passphrase: str) -> dict[str, str
 def docker_on(index: int, *args: str) -> subprocess.CompletedProcess[str]:
     """The docker CLI against sim node `index`'s own daemon (the tests' view, not the program's)."""
     return subprocess.run(
-        ["docker", "-H", cluster.default_layout().docker_host(index), *args],
+        ["docker", "-H", default_layout().docker_host(index), *args],
         capture_output=True,
         text=True,
         timeout=STEP_TIMEOUT,
@@ -245,7 +245,7 @@ def tool_deployment(tool: Tool, **deployment_kw: Any) -> ToolDeployment:
     pulumi_root = Path(os.environ.get("DSV41_TOOLCHAIN_DIR") or "")
     if not os.access(pulumi_root / "bin" / "pulumi", os.X_OK):
         raise SystemExit(f"{tool.name}: DSV41_TOOLCHAIN_DIR/bin/pulumi is missing; {tool.hint}")
-    sim = json.loads((cluster.default_layout().state / "sim.json").read_text())
+    sim = json.loads((default_layout().state / "sim.json").read_text())
     work = Path(tempfile.mkdtemp(prefix=f"dsv41-{tool.scratch}-"))
     weights = Path(tempfile.mkdtemp(prefix=f"dsv41-{tool.scratch}-weights-", dir="/var/tmp"))
     d = new_deployment(
@@ -276,7 +276,7 @@ def build_image_variant(image: str, on_index: int, tag_suffix: str, pad_mb: int 
     if pad_mb:
         steps.append(f"RUN head -c {pad_mb}M /dev/urandom > /dsv41-pad")
     built = subprocess.run(
-        ["docker", "-H", cluster.default_layout().docker_host(on_index), "build", "-q", "-t", tag, "-"],
+        ["docker", "-H", default_layout().docker_host(on_index), "build", "-q", "-t", tag, "-"],
         input="\n".join(steps) + "\n",
         capture_output=True,
         text=True,
