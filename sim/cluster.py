@@ -89,6 +89,7 @@ __all__ = [
     "main",
     "node_index",
     "remove_containers",
+    "start_nodes",
     "status",
     "up",
     "up_nodes",
@@ -142,12 +143,11 @@ def describe(layout: Layout, nodes: Sequence[int]) -> dict[str, object]:
     }
 
 
-def up(layout: Layout, nodes: int, build: bool = True) -> None:
-    if not 1 <= nodes <= MAX_NODES:
-        raise SimError(f"SIM_NODES={nodes} out of range; use 1..{MAX_NODES} (default {DEFAULT_NODES})")
+def start_nodes(layout: Layout, indices: Sequence[int]) -> None:
+    """As root, with the Debian packages installed: these nodes' directories, ssh keys (and every keyed node's
+    known_hosts and config entries) and names, then each one's dockerd and sshd (not waited for)."""
     require_root()
     ensure_packages()
-    indices = list(range(1, nodes + 1))
     for i in indices:
         layout.node_dir(i).mkdir(parents=True, exist_ok=True)
     ensure_keys(layout, indices)
@@ -155,6 +155,13 @@ def up(layout: Layout, nodes: int, build: bool = True) -> None:
     for i in indices:
         start_dockerd(layout, i)
         start_sshd(layout, i)
+
+
+def up(layout: Layout, nodes: int, build: bool = True) -> None:
+    if not 1 <= nodes <= MAX_NODES:
+        raise SimError(f"SIM_NODES={nodes} out of range; use 1..{MAX_NODES} (default {DEFAULT_NODES})")
+    indices = list(range(1, nodes + 1))
+    start_nodes(layout, indices)
     start_registry(layout)
     start_hub(layout)
     wait_ready(layout, indices)
@@ -167,15 +174,7 @@ def up(layout: Layout, nodes: int, build: bool = True) -> None:
 def up_nodes(layout: Layout, indices: Sequence[int]) -> None:
     """Start only these nodes (dockerd + sshd), e.g. an extra node beside a running sim; the registry, the hub,
     the image and sim.json are left as they are (a node pulls from whichever registry serves 127.0.0.1:5000)."""
-    require_root()
-    ensure_packages()
-    for i in indices:
-        layout.node_dir(i).mkdir(parents=True, exist_ok=True)
-    ensure_keys(layout, indices)
-    write_machine_hosts(True)
-    for i in indices:
-        start_dockerd(layout, i)
-        start_sshd(layout, i)
+    start_nodes(layout, indices)
     wait_ready(layout, indices, with_registry=False)
     log(f"up: node(s) {', '.join(map(str, indices))} ({', '.join(layout.node_ip(i) for i in indices)})")
 
