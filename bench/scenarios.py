@@ -60,6 +60,27 @@ class Bench:
     def indices(self, d: Deployment) -> list[int]:
         return [int(n["index"]) for n in d.sim["nodes"]]
 
+    def new_stack(self, name: str, *, eight: bool = False, **config_kw: Any) -> Deployment:
+        """A new stack of the real program on the bench's 2 nodes (`eight`: its 8), with the bench's environment,
+        weights and that size's ports; `config_kw` go to the sim config (sim.stack.sim_config)."""
+        sim, port, master_port = (self.sim8, PORT_8, MASTER_8) if eight else (self.sim2, PORT_2, MASTER_2)
+        return new_deployment(
+            sim,
+            name,
+            self.env,
+            self.pulumi_root,
+            weights_root=self.weights,
+            port=port,
+            master_port=master_port,
+            **config_kw,
+        )
+
+    def destroy(self, d: Deployment) -> float:
+        """Destroy the stack and remove it; the seconds that took."""
+        began = time.monotonic()
+        remove_deployment(d)
+        return time.monotonic() - began
+
     def run_up(
         self,
         d: Deployment,
@@ -138,16 +159,7 @@ class Bench:
     def cycle(self, index: int, shift: float) -> dict[str, Any]:
         load = READY_LOAD_S + shift
         name = f"bench-{self.run_id}-2n-{index}"
-        d = new_deployment(
-            self.sim2,
-            name,
-            self.env,
-            self.pulumi_root,
-            weights_root=self.weights,
-            port=PORT_2,
-            master_port=MASTER_2,
-            extra_env=self.base(load, DECODE_RATES[0]),
-        )
+        d = self.new_stack(name, extra_env=self.base(load, DECODE_RATES[0]))
         out: dict[str, Any] = {"stack": name, "load_s": load, "graph_s": GRAPH_S}
         try:
             cold = self.run_up(d)
@@ -216,25 +228,14 @@ class Bench:
             out["dead_rank"] = self.dead_rank(d, KILL_AFTER_READY_GATE_S + shift)
             out["stall"] = self.stall(d, STALL_LOAD_S + shift)
         finally:
-            began = time.monotonic()
-            remove_deployment(d)
-            out["destroy_s"] = time.monotonic() - began
+            out["destroy_s"] = self.destroy(d)
         return out
 
     # --- real vLLM: a cold boot to verified, then a worker killed while the ready gate watches -------------
 
     def real_cycle(self, index: int, shift: float) -> dict[str, Any]:
         name = f"bench-{self.run_id}-real-{index}"
-        d = new_deployment(
-            self.sim2,
-            name,
-            self.env,
-            self.pulumi_root,
-            weights_root=self.weights,
-            port=PORT_2,
-            master_port=MASTER_2,
-            server="real",
-        )
+        d = self.new_stack(name, server="real")
         out: dict[str, Any] = {"stack": name}
         try:
             cold = self.run_up(d)
@@ -359,16 +360,7 @@ class Bench:
 
     def previews2(self, runs: int) -> list[dict[str, Any]]:
         name = f"bench-{self.run_id}-2n-previews"
-        d = new_deployment(
-            self.sim2,
-            name,
-            self.env,
-            self.pulumi_root,
-            weights_root=self.weights,
-            port=PORT_2,
-            master_port=MASTER_2,
-            extra_env=self.base(READY_LOAD_S, DECODE_RATES[0]),
-        )
+        d = self.new_stack(name, extra_env=self.base(READY_LOAD_S, DECODE_RATES[0]))
         try:
             cold = self.run_up(d)
             assert cold.result is not None
@@ -398,17 +390,8 @@ class Bench:
     def noop_observed(self, runs: int) -> list[float]:
         """No-op ups of a 2-node stack as an owner runs it, the supervisor and the observability layer on."""
         name = f"bench-{self.run_id}-2n-observed"
-        d = new_deployment(
-            self.sim2,
-            name,
-            self.env,
-            self.pulumi_root,
-            weights_root=self.weights,
-            port=PORT_2,
-            master_port=MASTER_2,
-            extra_env=self.base(READY_LOAD_S, DECODE_RATES[0]),
-            supervisor=True,
-            observability=True,
+        d = self.new_stack(
+            name, extra_env=self.base(READY_LOAD_S, DECODE_RATES[0]), supervisor=True, observability=True
         )
         try:
             cold = self.run_up(d)
@@ -429,16 +412,7 @@ class Bench:
 
     def eight(self, runs: int) -> dict[str, Any]:
         name = f"bench-{self.run_id}-8n"
-        d = new_deployment(
-            self.sim8,
-            name,
-            self.env,
-            self.pulumi_root,
-            weights_root=self.weights,
-            port=PORT_8,
-            master_port=MASTER_8,
-            extra_env=self.base(READY_LOAD_S, DECODE_RATES[0]),
-        )
+        d = self.new_stack(name, eight=True, extra_env=self.base(READY_LOAD_S, DECODE_RATES[0]))
         out: dict[str, Any] = {"stack": name, "nodes": len(self.sim8["nodes"])}
         try:
             attempts: list[str] = []
@@ -465,9 +439,7 @@ class Bench:
             out["previews"] = [self.timed_preview(d, "8-node") for _ in range(runs)]
             out["phases"] = self.preview_breakdown(d)
         finally:
-            began = time.monotonic()
-            remove_deployment(d)
-            out["destroy_s"] = time.monotonic() - began
+            out["destroy_s"] = self.destroy(d)
         return out
 
     # --- issue 15: `weights.share: copy` (the worker's own copy) ---------------------------------------------
@@ -477,16 +449,8 @@ class Bench:
         copy step timed from the engine's events, the per-preview check timed on its own."""
         name = f"bench-{self.run_id}-copy-{index}"
         copies = Path(tempfile.mkdtemp(prefix=f"dsv41-bench-copies-{self.run_id}-", dir="/var/tmp"))
-        d = new_deployment(
-            self.sim2,
-            name,
-            self.env,
-            self.pulumi_root,
-            weights_root=self.weights,
-            port=PORT_2,
-            master_port=MASTER_2,
-            extra_env=self.base(READY_LOAD_S + shift, DECODE_RATES[0]),
-            copy_root=f"{copies}/{{node}}",
+        d = self.new_stack(
+            name, extra_env=self.base(READY_LOAD_S + shift, DECODE_RATES[0]), copy_root=f"{copies}/{{node}}"
         )
         worker = f"weights-copy-node-{self.sim2['nodes'][1]['index']}"
         out: dict[str, Any] = {"stack": name}
