@@ -15,24 +15,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import signal
 import statistics
 import sys
-import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import requests
 
-from sim import cluster
-from sim.deploy import REPO, docker_on, new_deployment, program_env, remove_deployment
+from sim.cluster_daemons import reboot
+from sim.cluster_layout import default_layout
+from sim.deploy import REPO, Tool, docker_on, remove_deployment, tool_deployment
 from sim.supervisor_view import armed, leader, restarted, restarts, wait_for
 
 RESULTS = REPO / "bench" / "heal-results.json"
+
+TOOL = Tool("bench.heal", "run through `make bench-heal`", scratch="heal", stack="heal")
 
 
 def measured(killed: float, after: dict[str, Any]) -> dict[str, Any]:
@@ -52,23 +52,8 @@ def measured(killed: float, after: dict[str, Any]) -> dict[str, Any]:
 
 
 def heal_runs(runs: int, server: str, reboot_runs: int = 0) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    pulumi_root = Path(os.environ.get("DSV41_TOOLCHAIN_DIR") or "")
-    if not os.access(pulumi_root / "bin" / "pulumi", os.X_OK):
-        raise SystemExit("bench.heal: DSV41_TOOLCHAIN_DIR/bin/pulumi is missing; run through `make bench-heal`")
-    sim = json.loads((cluster.default_layout().state / "sim.json").read_text())
-    work = Path(tempfile.mkdtemp(prefix="dsv41-heal-"))
-    weights = Path(tempfile.mkdtemp(prefix="dsv41-heal-weights-", dir="/var/tmp"))
-    d = new_deployment(
-        sim,
-        f"heal-{uuid.uuid4().hex[:6]}",
-        program_env(pulumi_root, work, "bench-only"),
-        pulumi_root,
-        weights_root=weights,
-        port=18899,
-        master_port=29631,
-        server=server,
-        supervisor=True,
-    )
+    d, work, weights = tool_deployment(TOOL, port=18899, master_port=29631, server=server, supervisor=True)
+    sim = d.sim
     out: list[dict[str, Any]] = []
     rebooted: list[dict[str, Any]] = []
     try:
@@ -89,7 +74,7 @@ def heal_runs(runs: int, server: str, reboot_runs: int = 0) -> tuple[list[dict[s
             requests.post(f"{url}/resume", headers=headers, json={}, timeout=10).raise_for_status()
             before = armed(d)
             started = time.time()
-            boot = cluster.reboot(cluster.default_layout(), int(worker["index"]))
+            boot = reboot(default_layout(), int(worker["index"]))
             run = {
                 **measured(started, wait_for(d, "a verified restart after the reboot", restarted(before), 1200)),
                 "reboot_command_s": round(boot["total_s"], 2),

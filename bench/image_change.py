@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
 import signal
 import statistics
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -33,10 +31,11 @@ from typing import Any
 import requests
 from pulumi import automation as auto
 
-from sim import cluster
-from sim.deploy import REPO, build_image_variant, docker_on, new_deployment, program_env, remove_deployment
+from sim.deploy import REPO, Tool, build_image_variant, docker_on, remove_deployment, tool_deployment
 
 RESULTS = REPO / "bench" / "image-change-results.json"
+
+TOOL = Tool("bench.image_change", "run `make bench-image`", scratch="image", stack="image")
 PROBE_EVERY_S = 0.2
 
 
@@ -107,22 +106,8 @@ def one_change(d: Any, image: str, endpoint: str, key: str) -> dict[str, Any]:
 
 
 def runs(count: int, pad_mb: int, server: str) -> list[dict[str, Any]]:
-    pulumi_root = Path(os.environ.get("DSV41_TOOLCHAIN_DIR") or "")
-    if not os.access(pulumi_root / "bin" / "pulumi", os.X_OK):
-        raise SystemExit("bench.image_change: DSV41_TOOLCHAIN_DIR/bin/pulumi is missing; run `make bench-image`")
-    sim = json.loads((cluster.default_layout().state / "sim.json").read_text())
-    work = Path(tempfile.mkdtemp(prefix="dsv41-image-"))
-    weights = Path(tempfile.mkdtemp(prefix="dsv41-image-weights-", dir="/var/tmp"))
-    d = new_deployment(
-        sim,
-        f"image-{uuid.uuid4().hex[:6]}",
-        program_env(pulumi_root, work, "bench-only"),
-        pulumi_root,
-        weights_root=weights,
-        port=18893,
-        master_port=29633,
-        server=server,
-    )
+    d, work, weights = tool_deployment(TOOL, port=18893, master_port=29633, server=server)
+    sim = d.sim
     out: list[dict[str, Any]] = []
     tag = None
     try:

@@ -15,22 +15,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import signal
 import statistics
 import sys
-import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 from components import labels
-from sim import cluster
-from sim.deploy import REPO, Deployment, docker_on, new_deployment, program_env, remove_deployment
+from sim.deploy import REPO, Deployment, Tool, docker_on, remove_deployment, tool_deployment
 
 RESULTS = REPO / "bench" / "observability-results.json"
+
+TOOL = Tool("bench.observability", "source toolchain/env.sh", scratch="observability-bench", stack="obsbench")
 SAMPLE_S = 15
 MIB = 1 << 20
 
@@ -79,24 +77,8 @@ def timed_up(d: Deployment) -> float:
 
 
 def run(minutes: float, noop_runs: int) -> dict[str, Any]:
-    pulumi_root = Path(os.environ.get("DSV41_TOOLCHAIN_DIR") or "")
-    if not os.access(pulumi_root / "bin" / "pulumi", os.X_OK):
-        raise SystemExit("bench.observability: DSV41_TOOLCHAIN_DIR/bin/pulumi is missing; source toolchain/env.sh")
-    sim = json.loads((cluster.default_layout().state / "sim.json").read_text())
-    work = Path(tempfile.mkdtemp(prefix="dsv41-observability-bench-"))
-    weights = Path(tempfile.mkdtemp(prefix="dsv41-observability-bench-weights-", dir="/var/tmp"))
-    env = program_env(pulumi_root, work, "bench-only")
-    d = new_deployment(
-        sim,
-        f"obsbench-{uuid.uuid4().hex[:6]}",
-        env,
-        pulumi_root,
-        weights_root=weights,
-        nodes=2,
-        port=18913,
-        master_port=29681,
-        supervisor=True,
-        observability=True,
+    d, work, weights = tool_deployment(
+        TOOL, nodes=2, port=18913, master_port=29681, supervisor=True, observability=True
     )
     try:
         start = time.monotonic()

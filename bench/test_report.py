@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from pulumi.automation import events as ev
 
-from bench import report, run
+from bench import analysis, harness, report, staging
 from bench.report import SPECS
 
 
@@ -115,12 +115,12 @@ def _meta(urn: str) -> ev.StepEventMetadata:
 
 
 def test_phase_shifts_cover_one_poll_interval_evenly() -> None:
-    step = run.GATE_POLL_S / 3
-    assert [run.phase_shift(i, 3) for i in range(3)] == pytest.approx([0.0, step, 2 * step])
+    step = harness.GATE_POLL_S / 3
+    assert [harness.phase_shift(i, 3) for i in range(3)] == pytest.approx([0.0, step, 2 * step])
 
 
 def test_events_keep_the_first_arrival_per_resource_and_kind() -> None:
-    events = run.Events()
+    events = harness.Events()
     urn = "urn:pulumi:s::p::pulumi-python:dynamic:Resource::ready"
     events(ev.EngineEvent(sequence=1, timestamp=0, resource_pre_event=ev.ResourcePreEvent(metadata=_meta(urn))))
     first = events.at("ready", "pre")
@@ -154,7 +154,7 @@ def _cycle(ready: float, load: float = 8.0) -> dict[str, Any]:
 def test_analysis_turns_samples_into_records_and_explains_what_is_missed() -> None:
     cycles = [_cycle(x) for x in (4.0, 5.0, 6.0)]
     eight = {"cold": {"wall_s": 90.0, "ssh": 100}, "previews": [{"wall_s": x, "ssh": 12} for x in (20.0, 21.0, 22.0)]}
-    out = run.analyse(cycles, eight, [1.0, 1.1, 1.2])
+    out = analysis.analyse(cycles, eight, [1.0, 1.1, 1.2])
     assert out["ready_detect_s"]["status"] == "missed" and out["ready_detect_s"]["value"] == 5.0
     assert "what dominates: the ready gate" in out["ready_detect_s"]["cause"]
     assert "Issue 14's target (<= 0.25 s): missed; what dominates: the gate" in out["ready_detect_s"]["note"]
@@ -181,19 +181,19 @@ def test_analysis_meets_the_issue_14_targets_and_notes_a_polled_node() -> None:
         c["dead_rank"] = {"up_failed_s": 0.6, "ready_gate_failed_event_s": 0.4, "kill_after_ready_gate_s": 3.0}
         c["stall"] = {"overrun_s": 0.3, "ready_gate_failed_event_s": 0.1}
     cycles[0]["cold"]["watch_fallback"] = True
-    out = run.analyse(cycles, None, [1.0, 1.1, 1.2], "not run")
+    out = analysis.analyse(cycles, None, [1.0, 1.1, 1.2], "not run")
     assert [out[k]["status"] for k in ("ready_detect_s", "dead_rank_detect_s", "stall_detect_overrun_s")] == ["met"] * 3
     assert "In 1 of 6 runs a node could not stream and was polled" in out["ready_detect_s"]["note"]
 
 
 def test_without_the_eight_node_stack_its_figures_say_why() -> None:
-    out = run.analyse([_cycle(1.0) for _ in range(3)], None, [1.0, 1.1, 1.2], "ssh refused")
+    out = analysis.analyse([_cycle(1.0) for _ in range(3)], None, [1.0, 1.1, 1.2], "ssh refused")
     assert out["preview_s@8"]["status"] == "not measured" and "ssh refused" in out["preview_s@8"]["note"]
 
 
 def test_changes_to_the_config_leave_the_original_alone() -> None:
     base = {"serve": {"extraEnv": {"A": "1"}}, "gates": {"x": 1}}
-    changed = run.with_changes(base, env={"A": "", "B": "2"}, gates={"x": None, "y": 3})
+    changed = harness.with_changes(base, env={"A": "", "B": "2"}, gates={"x": None, "y": 3})
     assert changed == {"serve": {"extraEnv": {"B": "2"}}, "gates": {"y": 3}}
     assert base == {"serve": {"extraEnv": {"A": "1"}}, "gates": {"x": 1}}
 
@@ -238,14 +238,14 @@ def test_preview_phases_come_from_the_engines_log() -> None:
             _engine_line("04.000000000", "the end"),
         ]
     )
-    phases = run.preview_phases(log)
+    phases = analysis.preview_phases(log)
     assert phases["before_first_registration_s"] == 2.5
     assert phases["registrations_s"] == 1.25
     assert phases["after_last_registration_s"] == 0.25
     assert phases["resources"] == 3
     assert phases["by_type_s"]["Container"] == {"n": 2, "sum_s": 1.0}
-    assert run.phases_text(phases).startswith("2.50 s before the first registration, 1.25 s of registrations (3 ")
-    assert run.preview_phases("no engine log") == {}
+    assert analysis.phases_text(phases).startswith("2.50 s before the first registration, 1.25 s of registrations (3 ")
+    assert analysis.preview_phases("no engine log") == {}
 
 
 def test_the_preview_breakdown_reaches_the_8_node_record() -> None:
@@ -259,11 +259,11 @@ def test_the_preview_breakdown_reaches_the_8_node_record() -> None:
     previews2 = [{"wall_s": w, "changes": {"same": 40}, "ssh": 0} for w in (3.0, 3.1, 3.2)]
     previews2[0]["phases"] = phases
     eight = {"previews": [{"wall_s": w, "ssh": 0} for w in (7.0, 7.1, 7.2)], "phases": {**phases, "resources": 130}}
-    rec = run.analyse_previews(previews2, eight)["preview_s@8"]
+    rec = analysis.analyse_previews(previews2, eight)["preview_s@8"]
     assert "2 nodes 2.00 s before the first registration" in rec["note"]
     assert "(130 resources)" in rec["note"]
     assert rec["status"] == report.MISSED and "step generator" in rec["cause"]
-    met = run.analyse_previews(previews2, {**eight, "previews": [{"wall_s": 6.0, "ssh": 0}] * 3})["preview_s@8"]
+    met = analysis.analyse_previews(previews2, {**eight, "previews": [{"wall_s": 6.0, "ssh": 0}] * 3})["preview_s@8"]
     assert met["status"] == report.MET and "cause" not in met
 
 
@@ -275,7 +275,7 @@ def test_staging_figures_give_both_rates_and_the_speed_up_in_one_record_each() -
         "rate_mib_s": 4,
         "files": 48,
     }
-    out = run.analyse_staging(loop)
+    out = staging.analyse_staging(loop)
     assert set(out) == {"staging_loopback_mib_s@1", "staging_loopback_mib_s@8"} <= set(SPECS)
     assert out["staging_loopback_mib_s@1"]["value"] == 3.7 and out["staging_loopback_mib_s@8"]["value"] == 22.2
     assert "6.0 x the 1-stream rate" in out["staging_loopback_mib_s@8"]["note"]
@@ -288,7 +288,7 @@ def test_the_staging_checkpoint_enlarges_only_the_shards_staging_fetches() -> No
     from components.weights import manifest as wm
     from sim import checkpoint
 
-    repos = run.staging_checkpoint(1000)
+    repos = staging.staging_checkpoint(1000)
     model = repos[checkpoint.MODEL_REPO]
     assert sum(1 for n, d in model.items() if n.endswith(".safetensors") and len(d) == 1000) == 39
     base = repos[checkpoint.BASE_REPO]

@@ -1,6 +1,8 @@
 """The real program (this project directory) deployed on the simulated cluster by the Automation API.
 
-Shared by the end-to-end tests (`tests/integration/program_support.py` re-exports these names) and `make bench`.
+Shared by the end-to-end tests (`tests/integration/program_support.py` re-exports these names) and `make bench`;
+`tool_deployment` is the setup the one-stack tools (`make bench-heal`, `bench-image`, `bench-observability`,
+`record-real`) start from.
 """
 
 from __future__ import annotations
@@ -9,16 +11,18 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from pulumi import automation as auto
 
-from sim import cluster
 from sim import stack as sim_stack
+from sim.cluster_layout import default_layout
 
 REPO = Path(__file__).resolve().parents[1]
 STEP_TIMEOUT = 120
@@ -82,7 +86,7 @@ def program_env(pulumi_root: Path, base: Path, passphrase: str) -> dict[str, str
 def docker_on(index: int, *args: str) -> subprocess.CompletedProcess[str]:
     """The docker CLI against sim node `index`'s own daemon (the tests' view, not the program's)."""
     return subprocess.run(
-        ["docker", "-H", cluster.default_layout().docker_host(index), *args],
+        ["docker", "-H", default_layout().docker_host(index), *args],
         capture_output=True,
         text=True,
         timeout=STEP_TIMEOUT,
@@ -210,6 +214,51 @@ def new_deployment(
     return Deployment(stack=stack, sim=sim, config=config, private_key=key, env=env, pulumi_root=pulumi_root)
 
 
+@dataclass(frozen=True)
+class Tool:
+    """A one-stack tool on the running sim, as `tool_deployment` names its messages, directories and stack."""
+
+    name: str
+    """Its module (`bench.heal`): what its messages start with."""
+    hint: str
+    """How to run it with the toolchain, said when the toolchain is missing."""
+    scratch: str
+    """Its scratch directories: `dsv41-<scratch>-*` in the temp dir, `dsv41-<scratch>-weights-*` in /var/tmp."""
+    stack: str
+    """Its stack: `<stack>-<6 hex>`."""
+    passphrase: str = "bench-only"
+
+
+class ToolDeployment(NamedTuple):
+    """A stack `tool_deployment` made, and its two scratch directories (the caller removes them)."""
+
+    d: Deployment
+    work: Path
+    weights: Path
+
+
+def tool_deployment(tool: Tool, **deployment_kw: Any) -> ToolDeployment:
+    """The setup a one-stack tool on the running sim starts from: the toolchain of toolchain/env.sh
+    (DSV41_TOOLCHAIN_DIR; else SystemExit naming the tool and its hint), the sim's sim.json, a work directory (the
+    stack's backend and PULUMI_HOME) and a weights root, and a new stack of the real program on them.
+    `deployment_kw` go to new_deployment (ports, server, supervisor, ...)."""
+    pulumi_root = Path(os.environ.get("DSV41_TOOLCHAIN_DIR") or "")
+    if not os.access(pulumi_root / "bin" / "pulumi", os.X_OK):
+        raise SystemExit(f"{tool.name}: DSV41_TOOLCHAIN_DIR/bin/pulumi is missing; {tool.hint}")
+    sim = json.loads((default_layout().state / "sim.json").read_text())
+    work = Path(tempfile.mkdtemp(prefix=f"dsv41-{tool.scratch}-"))
+    weights = Path(tempfile.mkdtemp(prefix=f"dsv41-{tool.scratch}-weights-", dir="/var/tmp"))
+    d = new_deployment(
+        sim,
+        f"{tool.stack}-{uuid.uuid4().hex[:6]}",
+        program_env(pulumi_root, work, tool.passphrase),
+        pulumi_root,
+        weights_root=weights,
+        **deployment_kw,
+    )
+    return ToolDeployment(d, work, weights)
+
+
 def remove_deployment(d: Deployment) -> None:
     """Destroy the stack and remove it (and its Pulumi.<stack>.yaml); the weights stay, as in real use."""
     try:
@@ -227,7 +276,7 @@ def build_image_variant(image: str, on_index: int, tag_suffix: str, pad_mb: int 
     if pad_mb:
         steps.append(f"RUN head -c {pad_mb}M /dev/urandom > /dsv41-pad")
     built = subprocess.run(
-        ["docker", "-H", cluster.default_layout().docker_host(on_index), "build", "-q", "-t", tag, "-"],
+        ["docker", "-H", default_layout().docker_host(on_index), "build", "-q", "-t", tag, "-"],
         input="\n".join(steps) + "\n",
         capture_output=True,
         text=True,

@@ -23,24 +23,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
 import sys
 import tempfile
 import time
-import uuid
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import requests
 
-from sim import cluster
-from sim.deploy import REPO, Deployment, docker_on, new_deployment, program_env, remove_deployment
+from sim.deploy import REPO, Deployment, Tool, docker_on, remove_deployment, tool_deployment
 
 DEFAULT_OUT = REPO / "tests" / "support" / "fixtures" / "real-vllm"
 PORT, MASTER_PORT = 18877, 29641
+
+TOOL = Tool("sim.record", "run through `make record-real`", scratch="record", stack="record", passphrase="record-only")
 _STAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+Z) ?")
 
 
@@ -257,22 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sim.record", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
-    pulumi_root = Path(os.environ.get("DSV41_TOOLCHAIN_DIR") or "")
-    if not os.access(pulumi_root / "bin" / "pulumi", os.X_OK):
-        raise SystemExit("sim.record: DSV41_TOOLCHAIN_DIR/bin/pulumi is missing; run through `make record-real`")
-    sim = json.loads((cluster.default_layout().state / "sim.json").read_text())
-    work = Path(tempfile.mkdtemp(prefix="dsv41-record-"))
-    weights = Path(tempfile.mkdtemp(prefix="dsv41-record-weights-", dir="/var/tmp"))
-    d = new_deployment(
-        sim,
-        f"record-{uuid.uuid4().hex[:6]}",
-        program_env(pulumi_root, work, "record-only"),
-        pulumi_root,
-        weights_root=weights,
-        port=PORT,
-        master_port=MASTER_PORT,
-        server="real",
-    )
+    d, work, _weights = tool_deployment(TOOL, port=PORT, master_port=MASTER_PORT, server="real")
+    sim = d.sim
     tmp = Path(tempfile.mkdtemp(prefix="dsv41-record-out-"))
     try:
         print(f"sim.record: deploying {d.name} (real vLLM, 2 ranks)", flush=True)

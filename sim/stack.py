@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from components.config.paths import config_paths, full_key
-from sim import cluster
+from sim.cluster_layout import default_layout
 
 REPO = Path(__file__).resolve().parents[1]
 NAMESPACE = "dsv41-exl3"
@@ -37,7 +37,7 @@ SERVERS = ("real", "standin")
 
 
 def read_sim() -> dict[str, Any]:
-    path = cluster.default_layout().state / "sim.json"
+    path = default_layout().state / "sim.json"
     if not path.exists():
         raise SystemExit(f"{path} not found: start the simulated cluster first (`make sim-up`)")
     info: dict[str, Any] = json.loads(path.read_text())

@@ -1,0 +1,153 @@
+"""How the simulated cluster's daemons are reached and named (stdlib only, as sim/cluster.py).
+
+Probes (a TCP port open, an HTTP 200 never through a proxy, docker's API over its unix socket, sshd's banner),
+and the nodes' names: the marked block in this machine's /etc/hosts, and each node's own hosts file, bound over
+/etc/hosts in the mount namespace its dockerd and sshd run in.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+
+from sim.cluster_layout import MAX_NODES, Layout, SimError, tool, write_if_changed
+
+# --- probes ----------------------------------------------------------------------------------------
+
+
+def tcp_open(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+# Never through a proxy: every URL here is a loopback address.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def http_ok(url: str) -> bool:
+    try:
+        with _OPENER.open(url, timeout=2) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, path: Path) -> None:
+        super().__init__("localhost", timeout=2)
+        self._path = str(path)
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(2)
+        self.sock.connect(self._path)
+
+
+def docker_ping(sock: Path) -> bool:
+    try:
+        conn = _UnixHTTPConnection(sock)
+        conn.request("GET", "/_ping")
+        ok = conn.getresponse().status == 200
+        conn.close()
+        return ok
+    except OSError:
+        return False
+
+
+def running_containers(sock: Path) -> int | None:
+    """How many containers node's daemon runs, or None when it does not answer."""
+    try:
+        conn = _UnixHTTPConnection(sock)
+        conn.request("GET", "/containers/json")
+        resp = conn.getresponse()
+        body = resp.read()
+        conn.close()
+    except OSError:
+        return None
+    return len(json.loads(body)) if resp.status == 200 else None
+
+
+def ssh_banner(host: str, port: int) -> bool:
+    """sshd accepts a connection and greets it (a listener that is up, not just a port that is bound)."""
+    try:
+        with socket.create_connection((host, port), timeout=2) as conn:
+            conn.settimeout(2)
+            return conn.recv(256).startswith(b"SSH-")
+    except OSError:
+        return False
+
+
+# --- names ---------------------------------------------------------------------------------------------
+# Owners give their nodes by name (`spark-1`), and Ubuntu maps a machine's own name to 127.0.1.1 in its
+# /etc/hosts, which a container on the host network gets a copy of. The sim does the same: on this machine (the
+# operator's side) each node's name resolves to its address, from a marked block in /etc/hosts; on node i (its
+# dockerd, so its containers, and its sshd, so its sessions, run in a mount namespace with the node's own file
+# bound over /etc/hosts) its own name and the machine's resolve to 127.0.1.1, the other nodes' to theirs.
+
+
+HOSTS = Path("/etc/hosts")
+HOSTS_BEGIN = "# >>> dsv41-exl3 sim nodes (sim/cluster.py) >>>"
+HOSTS_END = "# <<< dsv41-exl3 sim nodes <<<"
+
+
+def _names(skip: int = 0) -> str:
+    return "".join(f"{Layout.node_ip(j)} {Layout.node_name(j)}\n" for j in range(1, MAX_NODES + 1) if j != skip)
+
+
+def machine_hosts(text: str, with_nodes: bool) -> str:
+    """/etc/hosts text with the sim's block replaced (with_nodes) or removed; the rest kept as it is."""
+    lines = text.splitlines(keepends=True)
+    if HOSTS_BEGIN in text and HOSTS_END in text:
+        begin = next(k for k, line in enumerate(lines) if line.rstrip("\n") == HOSTS_BEGIN)
+        end = next(k for k, line in enumerate(lines) if line.rstrip("\n") == HOSTS_END)
+        lines = lines[:begin] + lines[end + 1 :]
+    kept = "".join(lines)
+    if kept and not kept.endswith("\n"):
+        kept += "\n"
+    return kept + (f"{HOSTS_BEGIN}\n{_names()}{HOSTS_END}\n" if with_nodes else "")
+
+
+def write_machine_hosts(with_nodes: bool) -> None:
+    """In place (the file may be a bind mount, which a rename would not replace)."""
+    try:
+        text = HOSTS.read_text()
+        new = machine_hosts(text, with_nodes)
+        if new != text:
+            with HOSTS.open("r+") as f:
+                f.write(new)
+                f.truncate()
+    except OSError as err:
+        raise SimError(f"cannot write the sim's node names into {HOSTS}: {err}; the sim needs root") from None
+
+
+def node_hosts(i: int) -> str:
+    own = f"{socket.gethostname()} {Layout.node_name(i)}"
+    return (
+        f"# generated by sim/cluster.py: node {i}'s /etc/hosts, as Ubuntu's (its own name on 127.0.1.1)\n"
+        f"127.0.0.1 localhost\n127.0.1.1 {own}\n::1 localhost ip6-localhost ip6-loopback\n{_names(skip=i)}"
+    )
+
+
+def in_node_namespace(layout: Layout, i: int, argv: Sequence[str]) -> list[str]:
+    """argv run in a mount namespace of its own where node i's hosts file is /etc/hosts."""
+    write_if_changed(layout.hosts(i), node_hosts(i))
+    return [
+        tool("unshare"),
+        "--mount",
+        "--propagation",
+        "private",
+        "--",
+        "sh",
+        "-c",
+        'mount --bind "$0" /etc/hosts && exec "$@"',
+        str(layout.hosts(i)),
+        *argv,
+    ]
