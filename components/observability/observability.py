@@ -107,7 +107,7 @@ class Observability(pulumi.ComponentResource):
                     "python3",
                     "-u",
                     "-m",
-                    "components.observability.exporter",
+                    spec.EXPORTER_MODULE,
                     f"{spec.EXPORTER_DIR}/config.json",
                 ],
                 working_dir=spec.EXPORTER_DIR,

@@ -17,18 +17,16 @@ import yaml
 from components import capacity
 from components.access.addresses import host_port, http_url
 from components.config import Settings
+from components.shipped import module_files
 
 CONFIG_DIR = "/etc/dsv41-prometheus"
 DATA_DIR = "/prometheus"
 EXPORTER_DIR = "/opt/dsv41-exporter"
 WATCHDOG_DIR = "/var/lib/dsv41-watchdog"
-# The files the exporter's container runs, uploaded into it (stdlib and prometheus_client only).
-EXPORTER_FILES = (
-    "components/__init__.py",
-    "components/observability/__init__.py",
-    "components/observability/metrics.py",
-    "components/observability/exporter.py",
-)
+# The files the exporter's container runs, uploaded into it: the exporter and what it imports (stdlib and
+# prometheus_client only besides), derived from its imports.
+EXPORTER_MODULE = "components.observability.exporter"
+EXPORTER_FILES = module_files(EXPORTER_MODULE)
 # Their memory bounds are paid from the head's prefill margin: the capacity arithmetic holds them.
 EXPORTER_MEMORY_MB = capacity.EXPORTER_MEMORY_MIB
 NODE_EXPORTER_MEMORY_MB = capacity.NODE_EXPORTER_MEMORY_MIB
