@@ -17,7 +17,7 @@ from typing import Any
 
 from components.gates import log_patterns
 from components.gates.decisions import GateBounds
-from components.supervisor import agent
+from components.supervisor import node_docker
 from components.supervisor.agent_config import AgentConfig, AgentNode, LeaderConfig
 from tests.support import recorded
 
@@ -88,7 +88,7 @@ class FakeDocker:
                 "OOMKilled": False,
                 "StartedAt": rfc3339(now),
             },
-            "Config": {"Labels": {agent.GENERATION_LABEL: self.generation}, "Env": env or [], "Tty": False},
+            "Config": {"Labels": {node_docker.GENERATION_LABEL: self.generation}, "Env": env or [], "Tty": False},
         }
         self.scripts[name] = script or Script()
         self.started[name] = now - 3600  # the boot before the tests: long done

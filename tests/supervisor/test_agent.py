@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import requests
 
-from components.supervisor import agent, supervisor
+from components.supervisor import agent, agent_api, supervisor
 from components.supervisor.agent_config import AgentConfig
 from components.verify.client import Passed
 from components.verify.verdict import Failed, Reason, TokenLogprob
@@ -283,9 +283,9 @@ def test_idle_connections_are_bounded_per_client_and_another_client_is_still_ans
 ) -> None:
     import socket
 
-    monkeypatch.setattr(agent, "READ_TIMEOUT_S", 1.0)
-    handler = agent.make_handler({"node": "node-2", "container": "rank-2"}, FakeDocker("node-2", []), TOKEN, None)  # type: ignore[arg-type]
-    server = agent.AgentServer(("127.0.0.1", 0), handler, per_client=8, total=48)
+    monkeypatch.setattr(agent_api, "READ_TIMEOUT_S", 1.0)
+    handler = agent.make_handler(node_config("node-2", "rank-2"), FakeDocker("node-2", []), TOKEN, None)  # type: ignore[arg-type]
+    server = agent_api.AgentServer(("127.0.0.1", 0), handler, per_client=8, total=48)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     port = server.server_address[1]
     threads_before = threading.active_count()
@@ -319,9 +319,9 @@ def _free_port() -> int:
 def test_the_head_agent_answers_on_each_of_its_addresses_counting_into_one_bound() -> None:
     """The head's agent listens on its fabric address and on the head's address the operator reaches (no longer
     on every address): both answer, and a client's connections count against the same bounds on both."""
-    handler = agent.make_handler({"node": "node-1", "container": "rank-1"}, FakeDocker("node-1", []), TOKEN, None)  # type: ignore[arg-type]
+    handler = agent.make_handler(node_config("node-1", "rank-1"), FakeDocker("node-1", []), TOKEN, None)  # type: ignore[arg-type]
     port = _free_port()
-    servers = agent.listen(["127.0.0.1", "127.0.0.7"], port, handler)
+    servers = agent_api.listen(["127.0.0.1", "127.0.0.7"], port, handler)
     try:
         for s in servers:
             threading.Thread(target=s.serve_forever, daemon=True).start()
@@ -340,13 +340,13 @@ def test_the_heads_second_address_binds_before_the_node_holds_it() -> None:
     listener binds anyway (IP_FREEBIND), where a plain bind fails; the first stays a plain bind."""
     import errno
 
-    handler = agent.make_handler({"node": "node-1", "container": "rank-1"}, FakeDocker("node-1", []), TOKEN, None)  # type: ignore[arg-type]
+    handler = agent.make_handler(node_config("node-1", "rank-1"), FakeDocker("node-1", []), TOKEN, None)  # type: ignore[arg-type]
     absent = "198.51.100.77"  # TEST-NET-2: an address no machine here holds (bound, never sent to)
     port = _free_port()
     with pytest.raises(OSError) as err:
-        agent.AgentServer((absent, port), handler)
+        agent_api.AgentServer((absent, port), handler)
     assert err.value.errno == errno.EADDRNOTAVAIL
-    servers = agent.listen(["127.0.0.1", absent], port, handler)
+    servers = agent_api.listen(["127.0.0.1", absent], port, handler)
     try:
         assert [s.server_address[0] for s in servers] == ["127.0.0.1", absent]
     finally:
