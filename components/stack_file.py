@@ -71,6 +71,7 @@ def discovered_text(
     """Discover `hosts` and return the stack file's text; StackFileError when a host cannot be reached.
     `seams`: discover's `run` and `pin` (tests)."""
     from components.discover import discover as found
+    from components.discover.output import format_report, yaml_block
     from components.operator.stack_view import OperatorError
 
     try:
@@ -82,7 +83,7 @@ def discovered_text(
         raise StackFileError(
             "; ".join(unreached) + ". Nothing was written: fix the host (or drop it from HOSTS) and run it again"
         )
-    for line in found.format_report(report).splitlines():
+    for line in format_report(report).splitlines():
         if line.startswith("#"):
             print(line, file=sys.stderr)
     ssh = {}
@@ -90,7 +91,7 @@ def discovered_text(
         ssh["knownHostsFile"] = report.known_hosts
     if report.agent and not report.identity:
         ssh["agentSocket"] = report.agent
-    return with_discovered((repo / TEMPLATE).read_text(), found.yaml_block(report), ssh)
+    return with_discovered((repo / TEMPLATE).read_text(), yaml_block(report), ssh)
 
 
 def stack_path(stack: str, repo: Path = REPO) -> Path:

@@ -10,7 +10,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from components.discover.discover import EXPORT_COMMANDS, probe_script
+from components.discover.findings import EXPORT_COMMANDS
+from components.discover.report import probe_script
 from components.preflight.gid import SYSFS_ROOT_ENV
 
 FIXTURES = Path(__file__).parent / "fixtures"

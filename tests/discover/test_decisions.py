@@ -9,27 +9,19 @@ import pytest
 import yaml
 
 from components.config import Node
-from components.discover.discover import (
-    NOT_DECIDED,
-    Fabric,
-    Reached,
-    Report,
-    Spec,
-    decide,
+from components.discover.checks import (
     decide_disk,
     decide_docker,
-    decide_fabric,
     decide_gpu,
     decide_leftovers,
     decide_memory,
     decide_nfs,
-    node_name,
-    parse_target,
-    resolve_gid,
-    yaml_block,
-    yaml_scalar,
 )
+from components.discover.fabric import Fabric, decide_fabric, resolve_gid
+from components.discover.findings import NOT_DECIDED, Spec, node_name, parse_target
+from components.discover.output import yaml_block, yaml_scalar
 from components.discover.parse import Probe, Rdma, parse_ib, parse_probe
+from components.discover.report import Reached, Report, decide
 from components.operator.stack_view import OperatorError
 from tests.discover.nodes import EXPORT_COMMANDS, fixture, probe_text
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from components.discover.discover import decide_disk, decide_docker, decide_fabric, decide_nfs, resolve_gid
+from components.discover.checks import decide_disk, decide_docker, decide_nfs
+from components.discover.fabric import decide_fabric, resolve_gid
 from components.discover.parse import Probe, Rdma, parse_ib, parse_ip, parse_probe
 from components.preflight.gid import SYSFS_ROOT_ENV, render_gid_check
 from tests.discover.nodes import FIXTURES, FakeNode, fake_node, fixture, sysfs_tree
