@@ -1,10 +1,11 @@
 """Staging in `make bench` (bench/run.py): the checkpoint staged on the bench's head with the program's own command
-before the stacks, and the staging rates: stage_weights.py against the hub stand-in on loopback, every
+before the stacks, and the staging rates: the staging program against the hub stand-in on loopback, every
 connection capped, at 1 and 8 download streams, and their records.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import io
 import json
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import report
-from bench.harness import REPO, STEP_TIMEOUT
+from bench.harness import STEP_TIMEOUT
 from bench.report import SPECS
 from components.config import Weights
 from components.scripts import sh_command
@@ -64,7 +65,7 @@ def stage_weights(sim: dict[str, Any], root: Path) -> float:
     ]
     proc = subprocess.run(
         [*ssh, f"{sim['ssh']['user']}@{sim['nodes'][0]['ip']}", sh_command(command)],
-        input=wm.stage_stdin(None, wm.stage_script_source()),
+        input=wm.stage_stdin(None, wm.stage_program_text()),
         capture_output=True,
         text=True,
         timeout=STEP_TIMEOUT + 60,
@@ -100,7 +101,7 @@ def staging_loopback(
     rate_mib_s: int = STAGING_RATE_MIB_S,
     streams: tuple[int, ...] = STAGING_STREAMS,
 ) -> dict[str, Any]:
-    """stage_weights.py (the program the head's container runs, with this machine's python and
+    """The staging program (the zip application the head's container runs, with this machine's python and
     huggingface_hub) against the hub stand-in on 127.0.0.1, each connection capped, a fresh root each run, the
     stream counts alternating within each run: {"mib_s": {streams: [aggregate MiB/s]}, "last_lines": ...}."""
     from sim import hub as sim_hub
@@ -110,7 +111,7 @@ def staging_loopback(
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     endpoint = f"http://127.0.0.1:{server.server_address[1]}"
-    script = REPO / "components" / "weights" / "stage_weights.py"
+    program = base64.b64decode(wm.stage_program_text())  # what stage.sh writes to stage_weights.pyz
     rates: dict[str, list[float]] = {str(n): [] for n in streams}
     lines: dict[str, str] = {}
     files = 0
@@ -135,6 +136,8 @@ def staging_loopback(
                         revision="main",
                         download_streams=n,
                     )
+                    script = Path(tmp) / "stage_weights.pyz"
+                    script.write_bytes(program)
                     began = time.monotonic()
                     with contextlib.redirect_stderr(hub_log):
                         done = subprocess.run(

@@ -4,12 +4,17 @@ Pure logic: no resources. `module_files("components.supervisor.agent")` follows 
 `from components... import ...` (at any depth, inside functions too) from that module's file, adds each package's
 `__init__.py` on the way, and returns the repository-relative paths in a stable order. A new import in anything
 the agent runs is shipped with it; a module that imports pulumi or pydantic would be found here and fail the
-shipped-code test, not a container at 3 am.
+shipped-code test, not a container at 3 am. `zipapp(entry)` packs those files into one zip application, the
+same bytes for the same files, for a program shipped as one file (the staging program).
 """
 
 from __future__ import annotations
 
 import ast
+import base64
+import io
+import stat
+import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -53,3 +58,32 @@ def module_files(entry: str) -> tuple[str, ...]:
                 seen.add(path)
                 todo.extend(_imports(path))
     return tuple(sorted(str(p.relative_to(REPO)) for p in seen))
+
+
+# A zip entry's time and mode, the same on every machine: the payload is an input of a Pulumi resource, and a
+# byte of difference would show as a change at every preview. Stored, not deflated: the bytes then depend on
+# the files alone, not on the zlib that compressed them.
+_ZIP_TIME = (1980, 1, 1, 0, 0, 0)
+_ZIP_MODE = 0o644
+
+
+def zipapp(entry: str, main_call: str = "main") -> bytes:
+    """A zip application of `entry` (run as `python3 app.pyz ARGS`): the files `module_files(entry)` finds and a
+    `__main__.py` that exits with `entry.<main_call>()`'s status. The same files give the same bytes."""
+    main = f"import sys\n\nfrom {entry} import {main_call}\n\nsys.exit({main_call}())\n"
+    entries = [(name, (REPO / name).read_bytes()) for name in module_files(entry)]
+    entries.append(("__main__.py", main.encode()))
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as zf:
+        for name, data in sorted(entries):
+            info = zipfile.ZipInfo(name, date_time=_ZIP_TIME)
+            info.compress_type = zipfile.ZIP_STORED
+            info.create_system = 3  # unix: the mode below is read as unix permissions on every machine
+            info.external_attr = (stat.S_IFREG | _ZIP_MODE) << 16
+            zf.writestr(info, data)
+    return buf.getvalue()
+
+
+def zipapp_text(entry: str, main_call: str = "main") -> str:
+    """`zipapp(entry, main_call)` as one line of base64: text, for a command's stdin (`base64 -d` on the node)."""
+    return base64.b64encode(zipapp(entry, main_call)).decode()

@@ -327,9 +327,9 @@ class Copier:
 def drop_page_cache(paths: list[Path]) -> tuple[dict[str, int], list[str]]:
     """Flush, then drop from the page cache, each file (a hard link once); ({files, bytes, failed}, why each failed).
 
-    stage_weights.py's drop_page_cache does the same on the head (each script is shipped alone, so each keeps these
-    lines). `fdatasync` first: DONTNEED leaves dirty pages. A failure is named, never fatal: the rank's own memory
-    check before start is the guard."""
+    The staging program's drop_page_cache (staging/page_cache.py) does the same on the head (each program is
+    shipped alone, so each keeps these lines). `fdatasync` first: DONTNEED leaves dirty pages. A failure is named,
+    never fatal: the rank's own memory check before start is the guard."""
     seen: set[tuple[int, int]] = set()
     files = size = 0
     failed: list[str] = []

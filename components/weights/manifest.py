@@ -1,6 +1,6 @@
 """What the weight store stages and how it checks it: pure logic, no resources.
 
-- which files are expected (the staging plan `stage_weights.py` enforces on the head),
+- which files are expected (the staging plan the staging program, `staging/`, enforces on the head),
 - the scripts run on a node (stage.sh, export.sh, unexport.sh, check.sh + size_check.sh beside this
   file), rendered with `components.scripts`: the token reaches staging on stdin, never argv,
 - the NFS export and the docker volume options a worker mounts,
@@ -21,11 +21,10 @@ import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from components import scripts
-from components.weights.stage_weights import MANIFEST_MARKER, MAX_STREAMS
+from components import scripts, shipped
+from components.weights.staging.plan import MANIFEST_MARKER, MAX_STREAMS
 
 MODEL_DIR = "model"
 ENGRAM_DIR = "engram-src"
@@ -80,9 +79,14 @@ def check_container(stack_prefix: str) -> str:
     return f"{_checked_prefix(stack_prefix)}-weights-check"
 
 
-def stage_script_source() -> str:
-    """The staging script's text, shipped to the head on stdin."""
-    return (Path(__file__).with_name("stage_weights.py")).read_text()
+# The staging program: this package and the files its imports name, one zip application run on the head.
+STAGE_PROGRAM = "components.weights.staging.main"
+
+
+def stage_program_text() -> str:
+    """The staging program as one line of base64 (a zip application, the same bytes for the same files), shipped to
+    the head on stdin after the token line; stage.sh decodes it to stage_weights.pyz."""
+    return shipped.zipapp_text(STAGE_PROGRAM)
 
 
 def engram_shard_name(index: int, total: int = ENGRAM_SHARD_TOTAL) -> str:
@@ -92,7 +96,7 @@ def engram_shard_name(index: int, total: int = ENGRAM_SHARD_TOTAL) -> str:
 def staging_plan(
     *, model_repo: str, engram_repo: str, revision: str, download_streams: int | None = None
 ) -> dict[str, Any]:
-    """The plan `stage_weights.py` enforces: repos, destinations, selected files and count rules, and how many
+    """The plan the staging program enforces: repos, destinations, selected files and count rules, and how many
     files it downloads at once (`weights.downloadStreams`; None leaves the count out: one at a time)."""
     for key, repo in (("model_repo", model_repo), ("engram_repo", engram_repo)):
         if not re.fullmatch(r"[\w.-]+/[\w.-]+", repo):
@@ -157,12 +161,13 @@ def validate_ip(what: str, value: str) -> str:
         raise ValueError(f"{what}={value!r} is not an IP address; give the node's fabric (CX-7) IP") from None
 
 
-def stage_stdin(token: str | None, script: str) -> str:
-    """What the staging command reads: the token line (empty when anonymous), then the script."""
+def stage_stdin(token: str | None, program: str) -> str:
+    """What the staging command reads: the token line (empty when anonymous), then the program
+    (`stage_program_text`: base64)."""
     # Invariant: components/config refuses a `weights.hfToken` with a line break (it would end the token line early).
     if token is not None and ("\n" in token or "\r" in token):
         raise ValueError("hf_token contains a line break; paste the token without newlines")
-    return f"{token or ''}\n{script}"
+    return f"{token or ''}\n{program}"
 
 
 def render_stage_command(
@@ -175,7 +180,7 @@ def render_stage_command(
     timeout_s: int,
     stack_prefix: str,
 ) -> str:
-    """stage.sh, rendered: read the token from stdin, then the script, run it in a throwaway container.
+    """stage.sh, rendered: read the token from stdin, then the program, run it in a throwaway container.
 
     The token only ever lives in an unexported variable of that shell and reaches the staging program on its
     stdin: never argv, never an environment variable (the container's Config.Env shows in `docker inspect`).

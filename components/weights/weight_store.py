@@ -151,7 +151,7 @@ class WeightStore(pulumi.ComponentResource):
             revision=args.revision,
             download_streams=args.download_streams,
         )
-        script = wm.stage_script_source()
+        program = wm.stage_program_text()
         with_token = args.hf_token is not None
         wm.render_stage_command(
             root=args.root,
@@ -165,9 +165,9 @@ class WeightStore(pulumi.ComponentResource):
 
         stdin: pulumi.Input[str]
         if args.hf_token is None:
-            stdin = wm.stage_stdin(None, script)
+            stdin = wm.stage_stdin(None, program)
         else:
-            stdin = pulumi.Output.secret(args.hf_token).apply(lambda t: wm.stage_stdin(t, script))
+            stdin = pulumi.Output.secret(args.hf_token).apply(lambda t: wm.stage_stdin(t, program))
 
         staging = remote.Command(
             f"{name}-stage",

@@ -80,6 +80,6 @@ def stage_on_head(sim: dict[str, Any], root: Path, token: str | None = None) -> 
         sim,
         sim["nodes"][0]["ip"],
         sh_command(command),
-        stdin=wm.stage_stdin(token, wm.stage_script_source()),
+        stdin=wm.stage_stdin(token, wm.stage_program_text()),
         timeout=STEP_TIMEOUT + 60,
     )

@@ -10,6 +10,7 @@ idempotent) and turns any failure to do so into a test failure. Needs root (dock
 from __future__ import annotations
 
 import argparse
+import base64
 import hashlib
 import json
 import os
@@ -191,7 +192,8 @@ def test_staging_script_verifies_every_file_against_the_hub_stand_in(
     url, _ = local_hub
     plan = wm.staging_plan(model_repo=MODEL_REPO, engram_repo=BASE_REPO, revision="main")
     root = tmp_path / "root"
-    script = REPO / "components" / "weights" / "stage_weights.py"
+    script = tmp_path / "stage_weights.pyz"  # as stage.sh writes it on the head
+    script.write_bytes(base64.b64decode(wm.stage_program_text()))
     proc = subprocess.run(
         [sys.executable, str(script), "--plan", json.dumps(plan), "--dest-root", str(root), "--host-root", str(root)],
         env=client_env(url, tmp_path / "hf-home"),

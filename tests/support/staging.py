@@ -7,6 +7,7 @@ real huggingface_hub client against an http.server on 127.0.0.1.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -24,7 +25,6 @@ from components.weights import manifest as wm
 from sim import checkpoint
 
 PYTHON = sys.executable  # the venv's python: stands for the staging container's python3
-SCRIPT = Path(wm.__file__).with_name("stage_weights.py")
 MODEL_REPO = "Mia-AiLab/DeepSeek-V4.1-Flash-EXL3-2.9bpw"
 ENGRAM_REPO = "deepseek-ai/DeepSeek-V4.1-Flash"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -260,6 +260,15 @@ def hub_env(hub: FakeHub, home: Path) -> dict[str, str]:
     return env
 
 
+def stage_program(where: Path) -> Path:
+    """The staging program as stage.sh writes it on the head (`base64 -d` of what the command reads after the
+    token line): `where`/stage_weights.pyz."""
+    where.mkdir(parents=True, exist_ok=True)
+    path = where / "stage_weights.pyz"
+    path.write_bytes(base64.b64decode(wm.stage_program_text()))
+    return path
+
+
 def run_stage(
     hub: FakeHub,
     root: Path,
@@ -267,11 +276,12 @@ def run_stage(
     env: dict[str, str] | None = None,
     streams: int | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """stage_weights.py as the container runs it: the token line (empty: anonymous) on stdin; `streams`: the
-    plan's download_streams (None: left out of the plan)."""
+    """The staging program as the container runs it (the zip application stage.sh writes, beside `root`): the
+    token line (empty: anonymous) on stdin; `streams`: the plan's download_streams (None: left out of the plan)."""
+    program = stage_program(root.parent)
     plan = wm.staging_plan(model_repo=MODEL_REPO, engram_repo=ENGRAM_REPO, revision="main", download_streams=streams)
     return subprocess.run(
-        [PYTHON, str(SCRIPT), "--plan", json.dumps(plan), "--dest-root", str(root), "--host-root", "/host/root"],
+        [PYTHON, str(program), "--plan", json.dumps(plan), "--dest-root", str(root), "--host-root", "/host/root"],
         env={**hub_env(hub, root.parent / "hf-home"), **(env or {})},
         input=f"{token or ''}\n",
         capture_output=True,

@@ -14,7 +14,10 @@ from typing import Any
 import pytest
 
 from components.weights import manifest as wm
-from components.weights import stage_weights as sw
+from components.weights.staging.engram import SLIM_TMP_SUFFIX, build_engram_vllm, safetensors_names
+from components.weights.staging.messages import StageError
+from components.weights.staging.plan import EngramVllmPlan, RepoPlan
+from components.weights.staging.record import MANIFEST_FILE, Staging, load_records, load_repos
 from tests.support.staging import (
     COMMIT,
     ENGRAM_REPO,
@@ -121,7 +124,7 @@ def test_a_new_revision_relinks_the_new_shards_and_derives_the_index_again(hub: 
     assert _index(root)["metadata"]["dsv41_engram_vllm"]["commit"] == NEW_COMMIT
     staged = wm.parse_stage_output(proc.stdout)
     assert staged.sha256[f"{wm.ENGRAM_VLLM_DIR}/{SHARD48}"] == hashlib.sha256(new48).hexdigest()
-    assert not [p for p in slim.iterdir() if p.name.endswith(sw.SLIM_TMP_SUFFIX)]
+    assert not [p for p in slim.iterdir() if p.name.endswith(SLIM_TMP_SUFFIX)]
 
 
 def test_an_index_with_no_embed_tensor_is_refused_before_any_shard_is_downloaded(hub: FakeHub, tmp_path: Path) -> None:
@@ -153,7 +156,7 @@ def test_an_embed_tensor_outside_shards_47_48_is_refused_and_the_built_directory
     assert f"model.layers.3.engram.embed.scale in {wm.engram_shard_name(12)}" in line
     assert f"/host/root/{wm.ENGRAM_VLLM_DIR} cannot hold them" in line and "weights.engramRepo" in line
     assert not hub.gets_of(".safetensors")
-    fetched = (f"{wm.ENGRAM_DIR}/{wm.ENGRAM_INDEX}", sw.MANIFEST_FILE)  # the refused index, and its record
+    fetched = (f"{wm.ENGRAM_DIR}/{wm.ENGRAM_INDEX}", MANIFEST_FILE)  # the refused index, and its record
     after = _snapshot(root)
     assert {k: v for k, v in after.items() if k not in fetched} == {
         k: v for k, v in before.items() if k not in fetched
@@ -187,7 +190,7 @@ def test_a_file_in_the_slim_directory_this_program_did_not_put_there_is_refused_
     root = tmp_path / "root"
     assert run_stage(hub, root).returncode == 0
     (_slim(root) / "notes.txt").write_text("mine")
-    (_slim(root) / f".{wm.ENGRAM_INDEX}{sw.SLIM_TMP_SUFFIX}").write_text("an interrupted run's")
+    (_slim(root) / f".{wm.ENGRAM_INDEX}{SLIM_TMP_SUFFIX}").write_text("an interrupted run's")
     proc = run_stage(hub, root)
     assert proc.returncode == 1
     line = error_line(proc)
@@ -210,18 +213,18 @@ def test_a_slim_directory_path_that_is_a_symlink_is_refused(hub: FakeHub, tmp_pa
 # --- the build, called directly -----------------------------------------------------------------------
 
 
-def _staged(hub: FakeHub, tmp_path: Path) -> tuple[Path, sw.RepoPlan, sw.Staging]:
+def _staged(hub: FakeHub, tmp_path: Path) -> tuple[Path, RepoPlan, Staging]:
     root = tmp_path / "root"
     assert run_stage(hub, root).returncode == 0
     plan_json = wm.staging_plan(model_repo="a/b", engram_repo=ENGRAM_REPO, revision="main")["repos"][1]
-    plan = sw.RepoPlan.from_json(plan_json)
-    st = sw.Staging(
+    plan = RepoPlan.from_json(plan_json)
+    st = Staging(
         dest_root=root,
         endpoint=None,
         token=None,
         api=None,
-        records=sw.load_records(root / sw.MANIFEST_FILE),
-        repos=sw.load_repos(root / sw.MANIFEST_FILE),
+        records=load_records(root / MANIFEST_FILE),
+        repos=load_repos(root / MANIFEST_FILE),
         host_root="/host/root",
     )
     return root, plan, st
@@ -234,8 +237,8 @@ def test_a_missing_config_json_is_refused_naming_the_directory_and_the_fix(hub: 
     assert plan.engram_vllm is not None
     (root / wm.ENGRAM_DIR / "config.json").unlink()
     before = _snapshot(root)
-    with pytest.raises(sw.StageError) as err:
-        sw.build_engram_vllm(plan, plan.engram_vllm, "main", st)
+    with pytest.raises(StageError) as err:
+        build_engram_vllm(plan, plan.engram_vllm, "main", st)
     text = str(err.value)
     assert f"/host/root/{wm.ENGRAM_DIR}/config.json is missing" in text
     assert "FileNotFoundError: /engram-src/config.json" in text and f"/host/root/{wm.ENGRAM_VLLM_DIR}" in text
@@ -253,9 +256,9 @@ def test_a_hardlink_that_cannot_be_made_is_refused_never_copied(
     def cross_device(src: Any, dst: Any) -> None:
         raise OSError(errno.EXDEV, os.strerror(errno.EXDEV))
 
-    monkeypatch.setattr(sw.os, "link", cross_device)
-    with pytest.raises(sw.StageError) as err:
-        sw.build_engram_vllm(plan, plan.engram_vllm, "main", st)
+    monkeypatch.setattr(os, "link", cross_device)
+    with pytest.raises(StageError) as err:
+        build_engram_vllm(plan, plan.engram_vllm, "main", st)
     text = str(err.value)
     assert f"cannot hardlink {SHARD47} into /host/root/{wm.ENGRAM_VLLM_DIR}" in text
     assert "never copies" in text and "Fix: keep" in text
@@ -264,21 +267,21 @@ def test_a_hardlink_that_cannot_be_made_is_refused_never_copied(
 
 def test_the_staging_plan_names_the_slim_directory_and_its_rules() -> None:
     plan = wm.staging_plan(model_repo="a/b", engram_repo=ENGRAM_REPO, revision="main")
-    slim = sw.RepoPlan.from_json(plan["repos"][1]).engram_vllm
-    assert slim == sw.EngramVllmPlan(
+    slim = RepoPlan.from_json(plan["repos"][1]).engram_vllm
+    assert slim == EngramVllmPlan(
         dest="engram-vllm",
         shards=(SHARD47, SHARD48),
         config="config.json",
         suffixes=(".engram.embed.weight", ".engram.embed.scale"),
     )
-    assert sw.RepoPlan.from_json(plan["repos"][0]).engram_vllm is None
+    assert RepoPlan.from_json(plan["repos"][0]).engram_vllm is None
 
 
 def test_safetensors_names_reads_the_header_only(tmp_path: Path) -> None:
     path = tmp_path / "x.safetensors"
     path.write_bytes(engram_shard(47, ENGRAM_TABLES[SHARD47]))
-    assert sw.safetensors_names(path) == {"layer.47.w", *ENGRAM_TABLES[SHARD47]}
+    assert safetensors_names(path) == {"layer.47.w", *ENGRAM_TABLES[SHARD47]}
     for bad in (b"", b"\x01" * 7, (10**12).to_bytes(8, "little") + b"{}", (2).to_bytes(8, "little") + b"[]"):
         path.write_bytes(bad)
         with pytest.raises(ValueError):
-            sw.safetensors_names(path)
+            safetensors_names(path)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from components.weights import manifest as wm
-from components.weights import stage_weights as sw
+from components.weights.staging.plan import MAX_STREAMS, RepoPlan, plan_streams
 from tests.support.fake_docker import install_fake_docker as _fake_docker
 from tests.support.scripts import header_value
 from tests.support.staging import (
@@ -28,7 +28,7 @@ from tests.support.staging import (
 
 def test_plan_selects_every_model_file_and_four_engram_files() -> None:
     plan = wm.staging_plan(model_repo=MODEL_REPO, engram_repo=ENGRAM_REPO, revision="main")
-    model, engram = (sw.RepoPlan.from_json(r) for r in plan["repos"])
+    model, engram = (RepoPlan.from_json(r) for r in plan["repos"])
     assert (model.dest, model.files, model.safetensors_count) == ("model", None, 39)
     assert engram.dest == "engram-src"
     assert engram.files == tuple(
@@ -54,10 +54,10 @@ def test_plan_rejects_bad_repo_and_revision() -> None:
 
 def test_plan_carries_the_download_streams_the_staging_program_reads() -> None:
     plan = wm.staging_plan(model_repo=MODEL_REPO, engram_repo=ENGRAM_REPO, revision="main", download_streams=8)
-    assert sw.plan_streams(json.loads(json.dumps(plan))) == 8
+    assert plan_streams(json.loads(json.dumps(plan))) == 8
     unplanned = wm.staging_plan(model_repo=MODEL_REPO, engram_repo=ENGRAM_REPO, revision="main")
-    assert "download_streams" not in unplanned and sw.plan_streams(unplanned) == 1
-    for bad in (0, sw.MAX_STREAMS + 1):
+    assert "download_streams" not in unplanned and plan_streams(unplanned) == 1
+    for bad in (0, MAX_STREAMS + 1):
         with pytest.raises(ValueError, match=f"download_streams={bad} must be from 1 to 64"):
             wm.staging_plan(model_repo=MODEL_REPO, engram_repo=ENGRAM_REPO, revision="main", download_streams=bad)
 
@@ -95,7 +95,7 @@ def test_root_must_be_absolute_or_home(root: str) -> None:
 def test_stage_command_gives_the_token_to_the_container_on_stdin_only_and_is_bounded(tmp_path: Path) -> None:
     cmd = stage_command()
     assert "HF_TOKEN=" not in cmd and TOKEN not in cmd and header_value(cmd, "WITH_TOKEN") == "1"
-    ran = run_logged(cmd, tmp_path, stdin=wm.stage_stdin(TOKEN, "script"))
+    ran = run_logged(cmd, tmp_path, stdin=wm.stage_stdin(TOKEN, wm.stage_program_text()))
     bounded = ran.line("timeout ")
     assert bounded.startswith("timeout --kill-after=60 7200 docker run --rm -i "), bounded
     run = ran.line("docker run ")
@@ -107,11 +107,11 @@ def test_stage_command_gives_the_token_to_the_container_on_stdin_only_and_is_bou
         "the token is in no environment docker could pass on"
     )
     assert ran.docker_stdin == f"{TOKEN}\n", "the staging program's stdin is the token line, nothing else"
-    assert " --network host " in run and " --entrypoint python3 img:tag /stage/stage_weights.py " in run
+    assert " --network host " in run and " --entrypoint python3 img:tag /stage/stage_weights.pyz " in run
     assert " -e HF_HUB_OFFLINE=0 " in run, "the serving image's offline default must not break staging"
     anonymous = stage_command(with_token=False, hf_endpoint=None)
     assert "HF_TOKEN" not in anonymous.split("\n", 1)[0] and header_value(anonymous, "WITH_TOKEN") == "0"
-    ran = run_logged(anonymous, fresh_dir(tmp_path / "anonymous"), stdin=wm.stage_stdin(None, "script"))
+    ran = run_logged(anonymous, fresh_dir(tmp_path / "anonymous"), stdin=wm.stage_stdin(None, wm.stage_program_text()))
     run = ran.line("docker run ")
     assert "HF_TOKEN" not in run and "HF_ENDPOINT" not in run
     assert ran.docker_env == ["HF_TOKEN=unset"] and ran.docker_stdin == "\n", "anonymous: an empty token line"
@@ -126,7 +126,7 @@ def test_stage_command_gives_the_token_to_the_container_on_stdin_only_and_is_bou
 def test_stage_script_expands_tilde_to_the_remote_home(root: str, expected: str, tmp_path: Path) -> None:
     home = fresh_dir(tmp_path / "remote-home").resolve()
     cmd = stage_command(root=root.format(tmp=tmp_path))
-    ran = run_logged(cmd, tmp_path, stdin=wm.stage_stdin(None, "script"), home=home)
+    ran = run_logged(cmd, tmp_path, stdin=wm.stage_stdin(None, wm.stage_program_text()), home=home)
     want = expected.format(home=home, tmp=tmp_path.resolve())
     run = ran.line("docker run ")
     assert f" -v {want}:/weights " in run and f" --host-root {want}" in run, run
@@ -151,7 +151,7 @@ def test_stage_command_runs_end_to_end_with_token_only_on_stdin(hub: FakeHub, tm
     env = {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "HOME": str(home), "NO_PROXY": "*"}
     proc = subprocess.run(
         ["sh", "-c", cmd],
-        input=wm.stage_stdin(TOKEN, wm.stage_script_source()),
+        input=wm.stage_stdin(TOKEN, wm.stage_program_text()),
         env=env,
         capture_output=True,
         text=True,
@@ -342,7 +342,7 @@ def test_stage_timeout_fails_with_resume_hint(tmp_path: Path) -> None:
     (bin_dir / "docker").chmod(0o755)
     proc = subprocess.run(
         ["sh", "-c", stage_command(timeout_s=1)],
-        input=wm.stage_stdin(None, "script"),
+        input=wm.stage_stdin(None, wm.stage_program_text()),
         capture_output=True,
         text=True,
         timeout=60,

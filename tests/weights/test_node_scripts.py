@@ -133,7 +133,7 @@ def test_staging_and_export_refuse_a_root_that_is_slash_or_home_on_the_node(
     log = tmp_path / "docker-argv.log"
     _fake_docker(tmp_path / "docker-bin", log)
     env = {**head, "PATH": f"{tmp_path / 'docker-bin'}:{head['PATH']}"}
-    proc = sh(stage_command(root=root), env, stdin=wm.stage_stdin(None, "script"))
+    proc = sh(stage_command(root=root), env, stdin=wm.stage_stdin(None, wm.stage_program_text()))
     assert proc.returncode == 1
     assert "is / or the home directory of" in proc.stderr and "use a directory of its own" in proc.stderr
     assert not log.exists(), "refused before any container runs"
@@ -153,7 +153,7 @@ def test_staging_and_the_copy_refuse_a_root_resolving_to_a_path_docker_v_would_s
     log = tmp_path / "docker-argv.log"
     _fake_docker(tmp_path / "docker-bin", log)
     env = {**head, "PATH": f"{tmp_path / 'docker-bin'}:{head['PATH']}"}
-    proc = sh(stage_command(root=str(tmp_path / "link")), env, stdin=wm.stage_stdin(None, "script"))
+    proc = sh(stage_command(root=str(tmp_path / "link")), env, stdin=wm.stage_stdin(None, wm.stage_program_text()))
     assert proc.returncode == 1 and f"weights root {odd} on the head holds ':' or ','" in proc.stderr
     assert "(weights.root)" in proc.stderr
     copy = lc.render_copy_command(
@@ -178,7 +178,7 @@ def test_staging_and_the_copy_refuse_a_root_resolving_to_a_path_docker_v_would_s
 def test_stage_and_check_containers_are_named_per_stack(tmp_path: Path) -> None:
     cmd = stage_command()
     assert header_value(cmd, "CONTAINER") == f"{PREFIX}-stage-weights" and "dsv41-exl3-stage-weights" not in cmd
-    ran = run_logged(cmd, fresh_dir(tmp_path / "stage"), stdin=wm.stage_stdin(None, "script"))
+    ran = run_logged(cmd, fresh_dir(tmp_path / "stage"), stdin=wm.stage_stdin(None, wm.stage_program_text()))
     assert ran.line("docker rm ") == f"docker rm -f {PREFIX}-stage-weights"
     assert ran.line("docker run ").startswith(f"docker run --rm -i --name {PREFIX}-stage-weights ")
     check = wm.render_volume_check(

@@ -1,5 +1,5 @@
-"""The staging program (`stage_weights.py`), run for real against a local hub: what it fetches, keeps,
-records and refuses, and its count rules."""
+"""The staging program (`components/weights/staging/`, shipped as stage_weights.pyz), run for real against a local
+hub: what it fetches, keeps, records and refuses, and its count rules."""
 
 from __future__ import annotations
 
@@ -12,7 +12,21 @@ from typing import Any
 import pytest
 
 from components.weights import manifest as wm
-from components.weights import stage_weights as sw
+from components.weights.staging.digests import DownloadStopped, HashingWriter, _Digests, digests_for
+from components.weights.staging.download import partial_path
+from components.weights.staging.hub import unsafe_path
+from components.weights.staging.messages import StageError
+from components.weights.staging.page_cache import PageCacheDrop, drop_page_cache, report_page_cache
+from components.weights.staging.plan import (
+    HubFile,
+    check_index,
+    check_required_present,
+    check_safetensors_count,
+    count_safetensors,
+    plan_streams,
+)
+from components.weights.staging.progress import Progress, format_duration, format_progress, progress_interval
+from components.weights.staging.record import MANIFEST_FILE, PARTIAL_SUFFIX
 from tests.support.page_cache import cached_files, resident_pages, warm
 from tests.support.staging import (
     COMMIT,
@@ -137,7 +151,7 @@ def test_a_listing_naming_a_path_outside_the_repo_is_refused_before_anything_is_
 
 @pytest.mark.parametrize("name", ["config.json", "a/b/c.safetensors", "..hidden/x", "x..y", "dir.v2/model.bin"])
 def test_ordinary_repo_paths_pass_the_listing_check(name: str) -> None:
-    assert sw.unsafe_path(name) is None
+    assert unsafe_path(name) is None
 
 
 def test_listed_file_that_404s_fails_naming_it(hub: FakeHub, tmp_path: Path) -> None:
@@ -192,7 +206,7 @@ NEW_COMMIT = "fedcba9876543210fedcba9876543210fedcba98"
 
 
 def records(root: Path) -> dict[str, Any]:
-    body: dict[str, Any] = json.loads((root / sw.MANIFEST_FILE).read_text())
+    body: dict[str, Any] = json.loads((root / MANIFEST_FILE).read_text())
     return body
 
 
@@ -210,7 +224,7 @@ def test_staging_records_name_size_sha256_and_revision_on_the_head(hub: FakeHub,
         assert rec["sha256"] == hashlib.sha256(data).hexdigest() == staged.sha256[rel], rel
     assert body["files"][f"model/{SHARD}"]["verified_by"] == "lfs-sha256"
     assert body["files"]["model/config.json"]["verified_by"] == "git-blob-id"
-    assert staged.manifest_file == f"/host/root/{sw.MANIFEST_FILE}"
+    assert staged.manifest_file == f"/host/root/{MANIFEST_FILE}"
 
 
 def test_a_run_that_stages_nothing_leaves_every_file_on_the_head_untouched(hub: FakeHub, tmp_path: Path) -> None:
@@ -253,7 +267,7 @@ def test_content_that_does_not_match_the_hubs_sha256_is_not_kept(hub: FakeHub, t
     line = error_line(proc)
     assert SHARD in line and "sha256" in line and "0" * 64 in line and "not kept" in line
     assert not (root / "model" / SHARD).exists(), "an unverified download never takes the file's place"
-    assert not list((root / "model").glob(f".*{sw.PARTIAL_SUFFIX}")), "nor is its partial copy left behind"
+    assert not list((root / "model").glob(f".*{PARTIAL_SUFFIX}")), "nor is its partial copy left behind"
 
 
 def test_file_removed_upstream_that_staging_recorded_is_removed(hub: FakeHub, tmp_path: Path) -> None:
@@ -284,7 +298,7 @@ def test_unrecorded_copy_is_hashed_once_and_replaced_only_when_it_differs(hub: F
     """A root staged before records existed: files of the listed size are read once and kept if they match."""
     root = tmp_path / "root"
     assert run_stage(hub, root).returncode == 0
-    (root / sw.MANIFEST_FILE).unlink()
+    (root / MANIFEST_FILE).unlink()
     target = root / "model" / SHARD
     target.write_bytes(bytes(b ^ 0x55 for b in target.read_bytes()))  # same size, wrong content
     hub.requests.clear()
@@ -301,8 +315,8 @@ def test_hashing_writer_follows_the_clients_resume_and_restart() -> None:
     import io
 
     data = b"0123456789" * 7
-    digests = sw._Digests(len(data))
-    w = sw.HashingWriter(io.BytesIO(), digests)
+    digests = _Digests(len(data))
+    w = HashingWriter(io.BytesIO(), digests)
     w.write(b"garbage from a server that ignored Range")
     w.seek(0)
     w.truncate()
@@ -321,23 +335,23 @@ def test_include_pitfall_only_last_shard_present_fails(tmp_path: Path) -> None:
     """`hf download --include a b` keeps only the last file: the required-shard rule must catch it."""
     (tmp_path / wm.engram_shard_name(48)).write_bytes(b"x" * 4)
     sizes = {wm.engram_shard_name(47): 4, wm.engram_shard_name(48): 4}
-    with pytest.raises(sw.StageError, match=wm.engram_shard_name(47)):
-        sw.check_required_present(ENGRAM_REPO, tmp_path, sizes, sizes)
+    with pytest.raises(StageError, match=wm.engram_shard_name(47)):
+        check_required_present(ENGRAM_REPO, tmp_path, sizes, sizes)
 
 
 def test_safetensors_count_ignores_subfolders_and_other_files() -> None:
     names = [f"s{i}.safetensors" for i in range(39)] + ["sub/x.safetensors", "config.json"]
-    assert sw.count_safetensors(names) == 39
-    sw.check_safetensors_count("r", "here", names, 39)
-    with pytest.raises(sw.StageError, match="has 40 .*exactly 39"):
-        sw.check_safetensors_count("r", "here", [*names, "extra.safetensors"], 39)
+    assert count_safetensors(names) == 39
+    check_safetensors_count("r", "here", names, 39)
+    with pytest.raises(StageError, match="has 40 .*exactly 39"):
+        check_safetensors_count("r", "here", [*names, "extra.safetensors"], 39)
 
 
 def test_index_with_foreign_shard_name_fails() -> None:
     weight_map = {f"w{i}": wm.engram_shard_name(i) for i in range(1, 48)} | {"x": "model-00048-of-00049.safetensors"}
-    with pytest.raises(sw.StageError, match="unexpected: model-00048-of-00049"):
-        sw.check_index("r", {"weight_map": weight_map}, 48)
-    sw.check_index("r", {"weight_map": {f"w{i}": wm.engram_shard_name(i) for i in range(1, 49)}}, 48)
+    with pytest.raises(StageError, match="unexpected: model-00048-of-00049"):
+        check_index("r", {"weight_map": weight_map}, 48)
+    check_index("r", {"weight_map": {f"w{i}": wm.engram_shard_name(i) for i in range(1, 49)}}, 48)
 
 
 # --- several files at once, resumable, with progress (issue 23, item 9) -------------------------------
@@ -347,7 +361,7 @@ def _on_disk(root: Path) -> set[str]:
     return {
         p.relative_to(root).as_posix()
         for p in root.rglob("*")
-        if p.is_file() and p.name != sw.MANIFEST_FILE and not p.name.endswith(sw.PARTIAL_SUFFIX)
+        if p.is_file() and p.name != MANIFEST_FILE and not p.name.endswith(PARTIAL_SUFFIX)
     }
 
 
@@ -421,7 +435,7 @@ def test_a_download_stopped_by_another_files_failure_is_resumed_from_its_kept_by
     proc = run_stage(hub, root, streams=4)
     assert proc.returncode == 1
     assert bad in error_line(proc)
-    (partial,) = (root / "model").glob(f".{SHARD}.*{sw.PARTIAL_SUFFIX}")
+    (partial,) = (root / "model").glob(f".{SHARD}.*{PARTIAL_SUFFIX}")
     kept = partial.stat().st_size
     assert 0 < kept < BIG, f"the stopped download keeps what it had written, {kept} bytes"
     assert partial.read_bytes() == big[:kept]
@@ -437,18 +451,18 @@ def test_a_download_stopped_by_another_files_failure_is_resumed_from_its_kept_by
     assert f"resuming after the {kept} bytes an earlier run downloaded (hashed again)" in proc.stderr
     assert (root / "model" / SHARD).read_bytes() == big
     assert records(root)["files"][f"model/{SHARD}"]["sha256"] == hashlib.sha256(big).hexdigest()
-    assert not list((root / "model").glob(f".*{sw.PARTIAL_SUFFIX}"))
+    assert not list((root / "model").glob(f".*{PARTIAL_SUFFIX}"))
 
 
 def test_a_kept_partial_with_a_wrong_byte_is_refused_then_fetched_whole(hub: FakeHub, tmp_path: Path) -> None:
     """The kept bytes are hashed again, so a partial damaged on disk fails the check: never moved into place."""
     data = hub.repos[MODEL_REPO][SHARD]
     root = tmp_path / "root"
-    listed = sw.HubFile(size=len(data), sha256=hashlib.sha256(data).hexdigest())
-    partial = sw.partial_path(root / "model" / SHARD, listed)
+    listed = HubFile(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+    partial = partial_path(root / "model" / SHARD, listed)
     partial.parent.mkdir(parents=True)
     partial.write_bytes(bytes([data[0] ^ 1]) + data[1:8])
-    stale = root / "model" / f".{SHARD}.{'f' * 16}{sw.PARTIAL_SUFFIX}"  # of other content: never resumed
+    stale = root / "model" / f".{SHARD}.{'f' * 16}{PARTIAL_SUFFIX}"  # of other content: never resumed
     stale.write_bytes(data[:8])
     proc = run_stage(hub, root, streams=8)
     assert proc.returncode == 1
@@ -500,32 +514,32 @@ def test_hashing_writer_stops_before_hashing_or_writing_a_chunk() -> None:
 
     stop = threading.Event()
     data = b"abcdef"
-    digests = sw._Digests(len(data))
+    digests = _Digests(len(data))
     out = io.BytesIO()
-    w = sw.HashingWriter(out, digests, stop=stop)
+    w = HashingWriter(out, digests, stop=stop)
     w.write(data[:3])
     stop.set()
-    with pytest.raises(sw.DownloadStopped):
+    with pytest.raises(DownloadStopped):
         w.write(data[3:])
     assert out.getvalue() == data[:3] and digests.sha256.hexdigest() == hashlib.sha256(data[:3]).hexdigest()
 
 
 def test_an_lfs_file_is_identified_by_sha256_alone() -> None:
     data = b"x" * 100
-    lfs = sw.digests_for(sw.HubFile(size=100, sha256=hashlib.sha256(data).hexdigest(), blob_id="0" * 40))
-    small = sw.digests_for(sw.HubFile(size=100, blob_id=git_blob_id(data)))
+    lfs = digests_for(HubFile(size=100, sha256=hashlib.sha256(data).hexdigest(), blob_id="0" * 40))
+    small = digests_for(HubFile(size=100, blob_id=git_blob_id(data)))
     for d in (lfs, small):
         d.update(data)
-    assert lfs.git is None and lfs.mismatch(sw.HubFile(size=100, sha256=hashlib.sha256(data).hexdigest())) is None
-    assert small.mismatch(sw.HubFile(size=100, blob_id=git_blob_id(data))) is None
-    assert "git blob id" in str(small.mismatch(sw.HubFile(size=100, blob_id="1" * 40)))
+    assert lfs.git is None and lfs.mismatch(HubFile(size=100, sha256=hashlib.sha256(data).hexdigest())) is None
+    assert small.mismatch(HubFile(size=100, blob_id=git_blob_id(data))) is None
+    assert "git blob id" in str(small.mismatch(HubFile(size=100, blob_id="1" * 40)))
 
 
 @pytest.mark.parametrize("bad", [0, 65, -1, "8", True, 2.0])
 def test_a_plan_with_a_stream_count_out_of_range_is_refused(bad: Any) -> None:
-    with pytest.raises(sw.StageError, match=r"download_streams=.* from 1 to 64; set weights.downloadStreams"):
-        sw.plan_streams({"download_streams": bad})
-    assert sw.plan_streams({}) == 1 and sw.plan_streams({"download_streams": 8}) == 8
+    with pytest.raises(StageError, match=r"download_streams=.* from 1 to 64; set weights.downloadStreams"):
+        plan_streams({"download_streams": bad})
+    assert plan_streams({}) == 1 and plan_streams({"download_streams": 8}) == 8
 
 
 # --- progress (pure) ---------------------------------------------------------------------------------
@@ -534,7 +548,7 @@ GiB, MiB = 1 << 30, 1 << 20
 
 
 def test_progress_line_shows_bytes_percent_rate_eta_streams_and_files() -> None:
-    line = sw.format_progress(
+    line = format_progress(
         done_bytes=int(12.3 * GiB),
         total_bytes=387 * GiB,
         rate=410 * MiB,
@@ -548,11 +562,9 @@ def test_progress_line_shows_bytes_percent_rate_eta_streams_and_files() -> None:
 
 
 def test_progress_line_units_follow_the_total_and_the_end_says_how_long() -> None:
-    kib = sw.format_progress(
-        done_bytes=512, total_bytes=2048, rate=0.0, active=1, streams=8, files_done=0, files_total=4
-    )
+    kib = format_progress(done_bytes=512, total_bytes=2048, rate=0.0, active=1, streams=8, files_done=0, files_total=4)
     assert kib == "progress 0.5/2.0 KiB (25.0%), 0.0 KiB/s, ETA -, 1/8 streams, 0/4 files"
-    end = sw.format_progress(
+    end = format_progress(
         done_bytes=300 * MiB,
         total_bytes=300 * MiB,
         rate=2.5 * GiB,
@@ -563,10 +575,10 @@ def test_progress_line_units_follow_the_total_and_the_end_says_how_long() -> Non
         elapsed_s=7300,
     )
     assert end == "progress 300.0/300.0 MiB (100.0%), 2.5 GiB/s, took 2h01m, 0/8 streams, 4/4 files"
-    assert "ETA 0s" in sw.format_progress(
+    assert "ETA 0s" in format_progress(
         done_bytes=1, total_bytes=1, rate=0.0, active=0, streams=1, files_done=1, files_total=1
     )
-    assert "(100.0%)" in sw.format_progress(
+    assert "(100.0%)" in format_progress(
         done_bytes=0, total_bytes=0, rate=0.0, active=0, streams=1, files_done=0, files_total=0
     )
 
@@ -575,12 +587,12 @@ def test_progress_line_units_follow_the_total_and_the_end_says_how_long() -> Non
     ("seconds", "shown"), [(0, "0s"), (59.4, "59s"), (60, "1m00s"), (3599, "59m59s"), (3600, "1h00m")]
 )
 def test_durations_are_short(seconds: float, shown: str) -> None:
-    assert sw.format_duration(seconds) == shown
+    assert format_duration(seconds) == shown
 
 
 def test_progress_lines_come_every_5_s_then_every_30_s_after_10_minutes() -> None:
-    assert sw.progress_interval(0) == sw.progress_interval(599) == 5.0
-    assert sw.progress_interval(600) == sw.progress_interval(36000) == 30.0
+    assert progress_interval(0) == progress_interval(599) == 5.0
+    assert progress_interval(600) == progress_interval(36000) == 30.0
 
 
 class FakeClock:
@@ -593,7 +605,7 @@ class FakeClock:
 
 def test_progress_counts_present_files_as_done_but_not_in_the_rate() -> None:
     clock = FakeClock()
-    p = sw.Progress(total_bytes=1000 * MiB, total_files=4, streams=2, clock=clock)
+    p = Progress(total_bytes=1000 * MiB, total_files=4, streams=2, clock=clock)
     assert p.present(400 * MiB) == 1  # staged by an earlier run
     t = p.start()
     t.kept(100 * MiB)  # a partial an earlier run left
@@ -614,7 +626,7 @@ def test_progress_counts_present_files_as_done_but_not_in_the_rate() -> None:
 
 def test_the_rate_follows_the_last_30_seconds() -> None:
     clock = FakeClock()
-    p = sw.Progress(total_bytes=10 * GiB, total_files=1, streams=1, clock=clock)
+    p = Progress(total_bytes=10 * GiB, total_files=1, streams=1, clock=clock)
     t = p.start()
     for _ in range(12):  # 60 s at 100 MiB/s, a line every 5 s
         clock.now += 5
@@ -677,8 +689,8 @@ def test_the_drop_covers_every_directory_under_the_root_and_each_hard_link_once(
     (root / "engram-slim" / "config.json").write_bytes(b'{"a": 1}\n')
     for path in (shard, root / "engram-slim" / "config.json"):
         assert warm(path) > 0
-    dropped = sw.drop_page_cache(root)
-    assert dropped == sw.PageCacheDrop(files=2, bytes=(3 << 20) + 9, failed=())
+    dropped = drop_page_cache(root)
+    assert dropped == PageCacheDrop(files=2, bytes=(3 << 20) + 9, failed=())
     assert cached_files(root) == {}
 
 
@@ -691,8 +703,8 @@ def test_the_drop_follows_no_link_out_of_the_root_and_opens_no_fifo(tmp_path: Pa
     (root / "model-dir-link").symlink_to(tmp_path)
     os.mkfifo(root / "model" / "a-fifo")  # an open without O_NONBLOCK would wait for a writer forever
     assert warm(outside) > 0
-    dropped = sw.drop_page_cache(root)
-    assert dropped == sw.PageCacheDrop(files=0, bytes=0, failed=())
+    dropped = drop_page_cache(root)
+    assert dropped == PageCacheDrop(files=0, bytes=0, failed=())
     assert resident_pages(outside) > 0, "a file outside the root is not staging's to advise"
 
 
@@ -711,12 +723,12 @@ def test_a_file_that_cannot_be_advised_is_named_and_the_others_are_still_dropped
             raise OSError(5, "Input/output error")
         advise(fd, offset, length, advice)
 
-    monkeypatch.setattr(sw.os, "posix_fadvise", fadvise)
-    dropped = sw.drop_page_cache(root)
+    monkeypatch.setattr(os, "posix_fadvise", fadvise)
+    dropped = drop_page_cache(root)
     assert dropped.files == 1 and dropped.bytes == 1 << 20
     assert dropped.failed == (f"{root}/model/a.safetensors: Input/output error",)
     assert resident_pages(root / "model" / "b.safetensors") == 0
-    sw.report_page_cache(dropped, Path("/host/root"))
+    report_page_cache(dropped, Path("/host/root"))
     err = capsys.readouterr().err
     assert "page cache: 1 files not dropped (" in err and "a.safetensors: Input/output error" in err
     assert "the ranks check MemAvailable before they start" in err
@@ -741,10 +753,9 @@ def test_a_filesystem_that_cannot_sync_a_read_only_descriptor_still_takes_the_ad
     def no_sync(fd: int) -> None:
         raise OSError(errno.EINVAL, "Invalid argument")
 
-    module = sw if program == "stage_weights" else cw
-    monkeypatch.setattr(module.os, "fdatasync", no_sync)
+    monkeypatch.setattr(os, "fdatasync", no_sync)  # the one os module both programs call
     if program == "stage_weights":
-        assert sw.drop_page_cache(tmp_path) == sw.PageCacheDrop(files=1, bytes=1 << 20, failed=())
+        assert drop_page_cache(tmp_path) == PageCacheDrop(files=1, bytes=1 << 20, failed=())
     else:
         assert cw.drop_page_cache([shard]) == ({"files": 1, "bytes": 1 << 20, "failed": 0}, [])
     assert resident_pages(shard) == 0

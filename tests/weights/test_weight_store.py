@@ -14,7 +14,8 @@ import pytest
 from pulumi_command import remote
 
 from components.ssh import SshAccess
-from components.weights import stage_weights as sw
+from components.weights import manifest as wm
+from components.weights.staging.plan import MANIFEST_MARKER
 from components.weights.weight_store import CopySettings, WeightNode, WeightStore, WeightStoreArgs
 from tests.support import recording
 from tests.support.recording import Recorded, Registration
@@ -46,7 +47,7 @@ def _stage_outputs(args: pulumi.runtime.MockResourceArgs) -> dict[str, Any]:
     if not args.name.endswith("-stage"):
         return {}
     manifest = {"root": STAGED_ROOT, "files": STAGED_FILES, "sha256": STAGED_DIGESTS}
-    return {"stdout": f"log\n{sw.MANIFEST_MARKER} {json.dumps(manifest)}"}
+    return {"stdout": f"log\n{MANIFEST_MARKER} {json.dumps(manifest)}"}
 
 
 def _copy_outputs(args: pulumi.runtime.MockResourceArgs) -> dict[str, Any]:
@@ -152,7 +153,7 @@ def test_staging_command_is_retained_and_triggered_by_what_is_staged() -> None:
 def test_staging_downloads_the_configured_streams_at_once_without_restaging_for_it() -> None:
     stage = _by_name(_mocked_program("bind", download_streams=3))["ws-stage"]
     plan = json.loads(header_value(_field(stage, "create"), "PLAN"))
-    assert plan["download_streams"] == 3, "the plan stage_weights.py reads carries weights.downloadStreams"
+    assert plan["download_streams"] == 3, "the plan the staging program reads carries weights.downloadStreams"
     assert 3 not in _field(stage, "triggers"), "how fast it downloads is not what is staged: no replacement"
     default = _by_name(_mocked_program("bind"))["ws-stage"]
     assert json.loads(header_value(_field(default, "create"), "PLAN"))["download_streams"] == 8, (
@@ -176,7 +177,7 @@ def test_anonymous_staging_sends_empty_token_line() -> None:
     run = _mocked_program("bind", token=None)
     stage = _by_name(run)["ws-stage"]
     stdin = _field(stage, "stdin")
-    assert isinstance(stdin, str) and stdin.startswith("\n") and "def main" in stdin
+    assert stdin == f"\n{wm.stage_program_text()}", "the empty token line, then the staging program (base64)"
     create = _field(stage, "create")
     assert header_value(create, "WITH_TOKEN") == "0" and "HF_TOKEN" not in create.split("\n", 1)[0], (
         "anonymous: stage.sh reads the empty line and passes no token to docker"
