@@ -62,11 +62,11 @@ def read_log(path: str) -> str | None:
 
 
 class AgentCollector(Collector):
-    def __init__(self, raw: dict[str, Any], token: str) -> None:
-        self.cfg = metrics.ExporterConfig.from_json(raw)
-        self.agent_url = str(raw["agent_url"])
-        self.leader_url = str(raw.get("leader_url") or raw["agent_url"])
-        self.watchdog_log = str(raw.get("watchdog_log") or "")
+    def __init__(self, cfg: metrics.ExporterConfig, token: str) -> None:
+        self.cfg = cfg
+        self.agent_url = cfg.agent_url
+        self.leader_url = cfg.leader_url or cfg.agent_url
+        self.watchdog_log = cfg.watchdog_log
         self.token = token
         self.restarts = metrics.RestartCounter()
 
@@ -86,11 +86,11 @@ def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print((__doc__ or "").strip().splitlines()[-1], file=sys.stderr)
         return 2
-    raw = json.loads(Path(argv[1]).read_text())
-    token = Path(raw["token_file"]).read_text().strip()
-    REGISTRY.register(AgentCollector(raw, token))
-    server, thread = start_http_server(int(raw["listen_port"]), addr=str(raw["listen_host"]))
-    print(f"exporter for {raw['node']} on {raw['listen_host']}:{raw['listen_port']}", flush=True)
+    cfg = metrics.ExporterConfig.from_json(Path(argv[1]).read_text())
+    token = Path(cfg.token_file).read_text().strip()
+    REGISTRY.register(AgentCollector(cfg, token))
+    server, thread = start_http_server(cfg.listen_port, addr=cfg.listen_host)
+    print(f"exporter for {cfg.node} on {cfg.listen_host}:{cfg.listen_port}", flush=True)
     thread.join()
     server.server_close()
     return 0

@@ -23,6 +23,8 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from components.contract import Contract
+
 GIB = 1 << 30
 PROBE_STATES = ("healthy", "drift", "unknown", "unverified")
 # The verifier's reasons (components/verify/verdict.py Reason) that say the logprobs themselves are not real.
@@ -34,8 +36,9 @@ WATCHDOG_TRIP = " STOP: "
 
 
 @dataclass(frozen=True, kw_only=True)
-class ExporterConfig:
-    """What the exporter knows from the deployment (its config file, written by `pulumi up`)."""
+class ExporterConfig(Contract):
+    """The exporter's config file: written by `pulumi up` (observability/spec.py `exporter_config`), read by the
+    exporter in its container (exporter.py). No secret: the token is a file of its own."""
 
     stack: str
     node: str
@@ -45,19 +48,14 @@ class ExporterConfig:
     probe_seconds: float
     watchdog_floor_gib: float | None
     """None: the watchdog is off (no floor series, so no MemAvailable alert)."""
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> ExporterConfig:
-        floor = data.get("watchdog_floor_gib")
-        return cls(
-            stack=str(data["stack"]),
-            node=str(data["node"]),
-            leader=bool(data.get("leader")),
-            generation=str(data.get("generation") or ""),
-            image_id=str(data.get("image_id") or ""),
-            probe_seconds=float(data.get("probe_seconds") or 0),
-            watchdog_floor_gib=None if floor is None else float(floor),
-        )
+    agent_url: str
+    """This node's agent; `leader_url` the leading agent's (the same on the head)."""
+    leader_url: str
+    watchdog_log: str
+    """The host watchdog's log as mounted in the container; empty: the watchdog is off."""
+    token_file: str
+    listen_host: str
+    listen_port: int
 
 
 def restart_cause(cause: str) -> str:

@@ -11,7 +11,6 @@ decided (spec.py).
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -213,4 +212,4 @@ def _exporter_json(s: Settings, stack: str, index: int, agent_url: str, leader_u
     cfg = spec.exporter_config(
         s, stack, index, generation=v[0], image_id=v[1], agent_url=agent_url, leader_url=leader_url
     )
-    return json.dumps(cfg, indent=1, sort_keys=True)
+    return cfg.to_json()

@@ -17,6 +17,7 @@ import yaml
 from components import capacity
 from components.access.addresses import host_port, http_url
 from components.config import Settings
+from components.observability.metrics import ExporterConfig
 from components.shipped import module_files
 
 CONFIG_DIR = "/etc/dsv41-prometheus"
@@ -118,21 +119,21 @@ def node_exporter_args(s: Settings, fabric_ip: str) -> list[str]:
 
 def exporter_config(
     s: Settings, stack: str, node_index: int, *, generation: str, image_id: str, agent_url: str, leader_url: str
-) -> dict[str, Any]:
-    """The exporter's config.json (no secret: the token is a file of its own)."""
+) -> ExporterConfig:
+    """The exporter's config.json (observability/metrics.py `ExporterConfig`)."""
     node = s.nodes[node_index]
-    return {
-        "stack": stack,
-        "node": node.name,
-        "leader": node_index == 0,
-        "generation": generation,
-        "image_id": image_id,
-        "probe_seconds": s.supervisor.probe_seconds,
-        "watchdog_floor_gib": s.watchdog.mem_available_floor_gib if s.watchdog.enabled else None,
-        "agent_url": agent_url,
-        "leader_url": leader_url,
-        "watchdog_log": f"{WATCHDOG_DIR}/watchdog.log" if s.watchdog.enabled else "",
-        "token_file": f"{EXPORTER_DIR}/token",
-        "listen_host": node.fabric_ip,
-        "listen_port": s.observability.exporter_port,
-    }
+    return ExporterConfig(
+        stack=stack,
+        node=node.name,
+        leader=node_index == 0,
+        generation=generation,
+        image_id=image_id,
+        probe_seconds=s.supervisor.probe_seconds,
+        watchdog_floor_gib=s.watchdog.mem_available_floor_gib if s.watchdog.enabled else None,
+        agent_url=agent_url,
+        leader_url=leader_url,
+        watchdog_log=f"{WATCHDOG_DIR}/watchdog.log" if s.watchdog.enabled else "",
+        token_file=f"{EXPORTER_DIR}/token",
+        listen_host=node.fabric_ip,
+        listen_port=s.observability.exporter_port,
+    )

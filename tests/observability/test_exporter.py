@@ -13,6 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from components.observability.exporter import AgentCollector, agent_get
+from components.observability.metrics import ExporterConfig
 
 TOKEN = "t0ken"
 
@@ -50,19 +51,22 @@ def agent() -> Iterator[dict[str, Any]]:
     server.server_close()
 
 
-def config(url: str, tmp: Path, *, leader: bool) -> dict[str, Any]:
-    return {
-        "stack": "sim",
-        "node": "head",
-        "leader": leader,
-        "generation": "g",
-        "image_id": "sha256:1",
-        "probe_seconds": 60,
-        "watchdog_floor_gib": 1.0,
-        "agent_url": url,
-        "leader_url": url,
-        "watchdog_log": str(tmp / "watchdog.log"),
-    }
+def config(url: str, tmp: Path, *, leader: bool) -> ExporterConfig:
+    return ExporterConfig(
+        stack="sim",
+        node="head",
+        leader=leader,
+        generation="g",
+        image_id="sha256:1",
+        probe_seconds=60,
+        watchdog_floor_gib=1.0,
+        agent_url=url,
+        leader_url=url,
+        watchdog_log=str(tmp / "watchdog.log"),
+        token_file=str(tmp / "token"),
+        listen_host="127.0.0.1",
+        listen_port=0,
+    )
 
 
 def exposition(collector: AgentCollector) -> str:

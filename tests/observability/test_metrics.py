@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -20,6 +21,12 @@ CFG = ExporterConfig(
     image_id="sha256:abc",
     probe_seconds=60,
     watchdog_floor_gib=2.0,
+    agent_url="http://127.0.0.1:1",
+    leader_url="http://127.0.0.1:1",
+    watchdog_log="",
+    token_file="/t",
+    listen_host="127.0.0.1",
+    listen_port=1,
 )
 RANK = {"node": "head", "exists": True, "running": True, "mem_available_gib": 4.5, "generation": "g1"}
 NOW = 1_000_000.0
@@ -67,7 +74,7 @@ def test_a_stopped_rank_is_down_and_an_unanswering_agent_leaves_no_rank_series()
 
 
 def test_no_watchdog_means_no_floor_and_no_trip_counter() -> None:
-    cfg = ExporterConfig(**{**CFG.__dict__, "watchdog_floor_gib": None})
+    cfg = replace(CFG, watchdog_floor_gib=None)
     got = scrape(cfg, Observed(now=NOW, rank=RANK))
     assert not any(k.startswith(("dsv41_watchdog_floor_bytes", "dsv41_watchdog_trips")) for k in got)
 
@@ -139,7 +146,7 @@ def test_given_up_paused_and_an_unanswering_leader() -> None:
 
 
 def test_a_worker_exports_no_supervisor_series() -> None:
-    worker = ExporterConfig(**{**CFG.__dict__, "node": "worker", "leader": False})
+    worker = replace(CFG, node="worker", leader=False)
     got = scrape(worker, Observed(now=NOW, rank={**RANK, "node": "worker"}))
     assert not any(k.startswith(("dsv41_supervisor", "dsv41_probe", "dsv41_restarts")) for k in got)
 
