@@ -21,7 +21,8 @@ def discover(sim: dict[str, Any], known_hosts: Path, *targets: str, json_out: bo
         [
             sys.executable,
             "-m",
-            "components.discover",
+            "components",
+            "discover",
             *(["--json"] if json_out else []),
             "--identity",
             sim["ssh"]["key"],

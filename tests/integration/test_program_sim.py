@@ -334,7 +334,7 @@ def operator_command(d: Deployment, *args: str) -> subprocess.CompletedProcess[s
 def test_status_and_logs_read_the_deployed_stack_and_show_no_secret(deployed: Deployment) -> None:
     outputs = deployed.up().outputs
     key = outputs["apiKey"].value
-    status = operator_command(deployed, "components.status", "--stack", deployed.name, "--json", "--interval", "1")
+    status = operator_command(deployed, "components", "status", "--stack", deployed.name, "--json", "--interval", "1")
     assert status.returncode == 0, status.stdout + status.stderr
     report = json.loads(status.stdout)
     assert report["healthy"] is True
@@ -342,17 +342,17 @@ def test_status_and_logs_read_the_deployed_stack_and_show_no_secret(deployed: De
     assert all(n["running"] and n["memAvailableGiB"] > 0 for n in report["nodes"]), report["nodes"]
     assert report["metrics"]["error"] is None and report["metrics"]["requestsRunning"] == 0, report["metrics"]
     assert report["verification"]["logprobs"], report["verification"]
-    human = operator_command(deployed, "components.status", "--stack", deployed.name, "--interval", "1")
+    human = operator_command(deployed, "components", "status", "--stack", deployed.name, "--interval", "1")
     assert human.returncode == 0, human.stdout + human.stderr
     for out in (status, human):
         assert key not in out.stdout + out.stderr
         assert deployed.private_key.strip().splitlines()[1] not in out.stdout + out.stderr
 
-    logs = operator_command(deployed, "components.logs", "--stack", deployed.name, "worker", "--tail", "200")
+    logs = operator_command(deployed, "components", "logs", "--stack", deployed.name, "worker", "--tail", "200")
     assert logs.returncode == 0, logs.stderr
     # The worker's own log, through the node's ssh: its container's lines, with docker's timestamps.
     assert re.search(r"^\d{4}-\d\d-\d\dT\S+ ", logs.stdout, re.M), logs.stdout[-2000:]
-    unknown = operator_command(deployed, "components.logs", "--stack", deployed.name, "no-such-node")
+    unknown = operator_command(deployed, "components", "logs", "--stack", deployed.name, "no-such-node")
     assert unknown.returncode == 2 and "no-such-node" in unknown.stderr, unknown.stderr
 
 

@@ -89,7 +89,7 @@ def operator(d: Deployment, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def supervisor_cli(d: Deployment, action: str) -> None:
-    proc = operator(d, "components.supervisor", action, "--stack", d.name)
+    proc = operator(d, "components", "supervisor", action, "--stack", d.name)
     assert proc.returncode == 0, f"supervisor {action}: {proc.stdout}{proc.stderr}"
 
 
@@ -168,7 +168,7 @@ def test_every_dashboard_panel_returns_series(supervised: Deployment) -> None:
 
 def test_status_reads_the_load_from_prometheus(supervised: Deployment) -> None:
     d = supervised
-    got = operator(d, "components.status", "--stack", d.name, "--json")
+    got = operator(d, "components", "status", "--stack", d.name, "--json")
     assert got.returncode == 0, got.stdout + got.stderr
     metrics = json.loads(got.stdout)["metrics"]
     assert metrics["source"] == "prometheus" and metrics["note"] is None, json.dumps(metrics)
