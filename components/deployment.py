@@ -31,7 +31,7 @@ from components.supervisor.wiring import hold_update_lock, wire_supervisor
 from components.verify.wiring import wire_verification
 from components.watchdog.wiring import wire_watchdog
 from components.weights.wiring import wire_weights
-from components.wiring import Wiring, gate_bounds, ssh_access
+from components.wiring import ROOT_TYPE, Wiring, gate_bounds, ssh_access
 
 
 class Deployment(pulumi.ComponentResource):
@@ -55,7 +55,7 @@ class Deployment(pulumi.ComponentResource):
         pins, keys_dir = pin_nodes(loaded.settings, stack)
         # Never open by default: an unset `serve.apiKey` becomes the stack's generated key.
         loaded = loaded.model_copy(update={"settings": with_endpoint_key(loaded.settings, stack, keys_dir)})
-        super().__init__("dsv41-exl3:index:Deployment", name, None, opts)
+        super().__init__(ROOT_TYPE, name, None, opts)
         self.outputs = _wire(loaded, stack, addresses=addresses, pins=pins, keys_dir=keys_dir, root=self)
         self.register_outputs(self.outputs)
 

@@ -24,6 +24,26 @@ def under(root: pulumi.Resource, opts: pulumi.ResourceOptions | None = None) -> 
     )
 
 
+ROOT_TYPE = "dsv41-exl3:index:Deployment"
+
+
+def flattened(
+    root: pulumi.Resource, component_type: str, component_name: str, opts: pulumi.ResourceOptions | None = None
+) -> pulumi.ResourceOptions:
+    """A resource that was the only child of a component existing only for wiring, now directly under the root
+    Deployment (each such component cost a registration per node at every preview). Its aliases name it under
+    that component in both layouts a stack may hold: the component under the Deployment, and, before the
+    Deployment existed, under the stack. Without them an upgrade would replace it."""
+    stack, project = pulumi.get_stack(), pulumi.get_project()
+    old_parents = (
+        f"urn:pulumi:{stack}::{project}::{ROOT_TYPE}${component_type}::{component_name}",
+        f"urn:pulumi:{stack}::{project}::{component_type}::{component_name}",
+    )
+    return pulumi.ResourceOptions.merge(
+        pulumi.ResourceOptions(parent=root, aliases=[pulumi.Alias(parent=urn) for urn in old_parents]), opts
+    )
+
+
 @dataclass(frozen=True, kw_only=True)
 class Wiring:
     loaded: Loaded
@@ -62,6 +82,11 @@ class Wiring:
 
     def opts(self, opts: pulumi.ResourceOptions | None = None) -> pulumi.ResourceOptions:
         return under(self.root, opts)
+
+    def flattened(
+        self, component_type: str, component_name: str, opts: pulumi.ResourceOptions | None = None
+    ) -> pulumi.ResourceOptions:
+        return flattened(self.root, component_type, component_name, opts)
 
 
 def ssh_access(s: Settings) -> SshAccess:

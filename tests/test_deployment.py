@@ -41,7 +41,7 @@ def container(rec: recording.Recorded, node: str) -> recording.Registration:
 def test_preflight_weights_and_image_precede_each_nodes_container(two: recording.Recorded) -> None:
     for node in ("spark-0", "spark-1"):
         c = container(two, node)
-        assert two.depends_on(c, two.named(f"preflight-{node}")), f"{node}: preflight must run before the container"
+        assert two.depends_on(c, two.named(f"preflight-{node}-check")), f"{node}: preflight must run first"
         assert two.depends_on(c, two.named(f"image-{node}")), f"{node}: the image must be on the node first"
         assert two.depends_on(c, two.named(f"weights-visible-{node}")), (
             f"{node}: the container must wait until the weights are visible on that node"
@@ -58,7 +58,7 @@ def test_old_ranks_stop_only_after_every_nodes_check_and_image_pull(two: recordi
         check = two.named(f"precheck-{node}-check")
         assert " STOP=0;" in check.inputs["create"]
         for other in nodes:
-            assert two.depends_on(stop, two.named(f"precheck-{other}")), (node, other)
+            assert two.depends_on(stop, two.named(f"precheck-{other}-check")), (node, other)
             assert two.depends_on(stop, two.named(f"image-{other}")), (node, other)
             assert not two.depends_on(check, two.named(f"image-{other}")), (node, other)
 
@@ -145,11 +145,48 @@ def test_four_nodes_make_four_ranks_with_three_headless_workers() -> None:
         assert rec.depends_on(head, container(rec, f"spark-{i}"))
 
 
-def test_watchdog_is_per_node_and_optional() -> None:
-    on = run(config(2))
-    assert len(on.of_type("dsv41-exl3:watchdog:MemoryWatchdog")) == 2
+def watchdog_commands(rec: recording.Recorded) -> list[str]:
+    return sorted(c.name for c in rec.of_type(COMMAND) if c.name.startswith("watchdog-"))
+
+
+def test_watchdog_is_per_node_and_optional(two: recording.Recorded) -> None:
+    assert watchdog_commands(two) == [
+        "watchdog-key-spark-0-keygen",
+        "watchdog-key-spark-1-keygen",
+        "watchdog-spark-0-install",
+        "watchdog-spark-1-install",
+    ]
     off = run(config(2, watchdog={"enabled": False}))
-    assert off.of_type("dsv41-exl3:watchdog:MemoryWatchdog") == []
+    assert watchdog_commands(off) == []
+
+
+# Each per-node command that had a component of its own until issue 36, and that component's type.
+FLATTENED = {
+    "precheck-{}-check": ("dsv41-exl3:preflight:PreflightCheck", "precheck-{}"),
+    "preflight-{}-check": ("dsv41-exl3:preflight:Preflight", "preflight-{}"),
+    "watchdog-key-{}-keygen": ("dsv41-exl3:watchdog:WatchdogKey", "watchdog-key-{}"),
+    "watchdog-{}-install": ("dsv41-exl3:watchdog:MemoryWatchdog", "watchdog-{}"),
+}
+
+
+def test_commands_whose_component_was_merged_sit_under_the_root_with_aliases_to_both_old_parents(
+    two: recording.Recorded,
+) -> None:
+    """Removing a wiring-only component changes its child's URN; without an alias naming the old parent, in each
+    layout a deployed stack may hold, the next `up` would replace (re-run) the command (tests/integration/
+    test_program_upgrade.py proves the upgrade on the engine)."""
+    root = two.named("deployment")
+    assert not [r for r in two.registrations if r.typ in {t for t, _ in FLATTENED.values()}]
+    for node in ("spark-0", "spark-1"):
+        for command, (typ, old) in FLATTENED.items():
+            cmd = two.named(command.format(node))
+            assert cmd.parent == root.urn, f"{cmd.name} hangs off the root Deployment"
+            parents = {a["spec"]["parentUrn"] for a in cmd.aliases}
+            stack_urn = "urn:pulumi:test::dsv41-exl3::"  # recording.run's stack and project
+            assert parents == {
+                f"{stack_urn}dsv41-exl3:index:Deployment${typ}::{old.format(node)}",
+                f"{stack_urn}{typ}::{old.format(node)}",
+            }, cmd.aliases
 
 
 def test_unfilled_dev_stack_fails_before_any_resource_or_connection(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -42,8 +42,17 @@ class PreflightArgs:
     """The stop phase only: what must be done on every node before this node's old containers stop."""
 
 
+# The components each phase had until issue 36; their commands keep aliases to them (components/wiring.py).
+CHECK_COMPONENT = "dsv41-exl3:preflight:PreflightCheck"
+STOP_COMPONENT = "dsv41-exl3:preflight:Preflight"
+
+
 def _check_command(
-    name: str, spec: PreflightSpec, args: PreflightArgs, parent: pulumi.Resource, after: Sequence[pulumi.Resource]
+    name: str,
+    spec: PreflightSpec,
+    args: PreflightArgs,
+    opts: pulumi.ResourceOptions | None,
+    after: Sequence[pulumi.Resource],
 ) -> remote.Command:
     command = render_command(spec)  # holds no secret: the key travels only inside `connection`
     timeout = f"{spec.command_timeout_s + _DIAL_MARGIN_S}s"
@@ -57,29 +66,35 @@ def _check_command(
         delete=sh_command("true"),  # nothing to undo on the node
         triggers=args.rerun_on,
         add_previous_output_in_env=False,
-        opts=pulumi.ResourceOptions(
-            parent=parent,
-            depends_on=list(after),
-            custom_timeouts=pulumi.CustomTimeouts(create=timeout, update=timeout),
+        opts=pulumi.ResourceOptions.merge(
+            opts,
+            pulumi.ResourceOptions(
+                depends_on=list(after),
+                custom_timeouts=pulumi.CustomTimeouts(create=timeout, update=timeout),
+            ),
         ),
     )
 
 
-class PreflightCheck(pulumi.ComponentResource):
-    """The check phase on one node: every check; this stack's old containers keep serving."""
+class PreflightCheck:
+    """The check phase on one node: every check; this stack's old containers keep serving. One command named
+    `<name>-check`; `opts` places it (no component of its own: it would only add a registration per node)."""
 
+    command: remote.Command
     report: pulumi.Output[str]
     """One human line: what was measured and decided on the node."""
 
     def __init__(self, name: str, args: PreflightArgs, opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__("dsv41-exl3:preflight:PreflightCheck", name, None, opts)
         spec = replace(args.spec, stop=False)
-        self.command = _check_command(f"{name}-check", spec, args, self, ())
+        self.command = _check_command(f"{name}-check", spec, args, opts, ())
         self.report = self.command.stdout.apply(lambda out: format_report(parse_output(out, spec), spec))
-        self.register_outputs({"report": self.report})
 
 
-class Preflight(pulumi.ComponentResource):
+class Preflight:
+    """The stop phase on one node: one command named `<name>-check`, after `args.stop_after`."""
+
+    command: remote.Command
+    """What the next phases wait for: the node passed its stop phase."""
     gid_index: pulumi.Output[int | None]
     """RoCE v2 GID index resolved or checked on the node; None when check_rdma is False."""
     mem_available_gib: pulumi.Output[float]
@@ -88,9 +103,8 @@ class Preflight(pulumi.ComponentResource):
     """One human line: what was measured and decided on the node."""
 
     def __init__(self, name: str, args: PreflightArgs, opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__("dsv41-exl3:preflight:Preflight", name, None, opts)
         spec = replace(args.spec, stop=True)
-        self.command = _check_command(f"{name}-check", spec, args, self, args.stop_after)
+        self.command = _check_command(f"{name}-check", spec, args, opts, args.stop_after)
 
         # Refusals happen on the node (the command fails); this only reads what the node reported.
         def parse(stdout: str) -> PreflightResult:
@@ -100,10 +114,3 @@ class Preflight(pulumi.ComponentResource):
         self.gid_index = result.apply(lambda r: r.gid_index)
         self.mem_available_gib = result.apply(lambda r: r.mem_available_gib)
         self.report = result.apply(lambda r: format_report(r, spec))
-        self.register_outputs(
-            {
-                "gid_index": self.gid_index,
-                "mem_available_gib": self.mem_available_gib,
-                "report": self.report,
-            }
-        )

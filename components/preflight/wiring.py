@@ -13,7 +13,7 @@ import pulumi
 from components.access.wiring import Access
 from components.config import Node
 from components.image.wiring import Images
-from components.preflight.preflight import Preflight, PreflightArgs, PreflightCheck
+from components.preflight.preflight import CHECK_COMPONENT, STOP_COMPONENT, Preflight, PreflightArgs, PreflightCheck
 from components.preflight.spec import OwnAddress, PreflightSpec, container_shape
 from components.wiring import Wiring
 
@@ -64,7 +64,19 @@ def _args(w: Wiring, access: Access, n: Node, stop_after: Sequence[pulumi.Resour
 
 def wire_preflight(w: Wiring, access: Access, images: Images) -> Preflights:
     nodes = w.s.nodes
-    checks = {n.name: PreflightCheck(f"precheck-{n.name}", _args(w, access, n, ()), opts=w.opts()) for n in nodes}
-    stop_after = [*checks.values(), *images.values()]
-    passed = {n.name: Preflight(f"preflight-{n.name}", _args(w, access, n, stop_after), opts=w.opts()) for n in nodes}
+    checks = {
+        n.name: PreflightCheck(
+            f"precheck-{n.name}", _args(w, access, n, ()), opts=w.flattened(CHECK_COMPONENT, f"precheck-{n.name}")
+        )
+        for n in nodes
+    }
+    stop_after = [*(c.command for c in checks.values()), *images.values()]
+    passed = {
+        n.name: Preflight(
+            f"preflight-{n.name}",
+            _args(w, access, n, stop_after),
+            opts=w.flattened(STOP_COMPONENT, f"preflight-{n.name}"),
+        )
+        for n in nodes
+    }
     return Preflights(checks=checks, passed=passed)

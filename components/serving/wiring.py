@@ -41,7 +41,7 @@ def wire_serving(
                     model_source=weights.model_source[n.name],
                     engram_source=weights.engram_source[n.name],
                     mount_type="bind" if weights.mount_type[n.name] == "bind" else "volume",
-                    depends_on=[preflights.passed[n.name], weights.visible[n.name], images[n.name]],
+                    depends_on=[preflights.passed[n.name].command, weights.visible[n.name], images[n.name]],
                 )
                 for n in s.nodes
             ],

@@ -416,9 +416,17 @@ class MemoryWatchdogArgs:
         self.settings()  # validate now, at program time, with the node named in the message
 
 
-class MemoryWatchdog(pulumi.ComponentResource):
-    """Installs and runs the MemAvailable watchdog on one node."""
+# The components the install and the key had until issue 36; their commands keep aliases to them
+# (components/wiring.py).
+WATCHDOG_COMPONENT = "dsv41-exl3:watchdog:MemoryWatchdog"
+KEY_COMPONENT = "dsv41-exl3:watchdog:WatchdogKey"
 
+
+class MemoryWatchdog:
+    """Installs and runs the MemAvailable watchdog on one node: one command named `<name>-install`; `opts`
+    places it (no component of its own: it would only add a registration per node)."""
+
+    command: remote.Command
     status: pulumi.Output[str]
     """What the install reported (pid and log path)."""
     log_path: str
@@ -427,7 +435,6 @@ class MemoryWatchdog(pulumi.ComponentResource):
     """Where the watchdog script lives on the node."""
 
     def __init__(self, name: str, args: MemoryWatchdogArgs, opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__("dsv41-exl3:watchdog:MemoryWatchdog", name, None, opts)
         settings = args.settings()
         names = list(args.peer_public_keys)
         install: pulumi.Input[str] = render_install_command(settings)
@@ -437,7 +444,7 @@ class MemoryWatchdog(pulumi.ComponentResource):
             )
         # delete_before_replace: the old copy's delete must not run after the new copy started
         # (both share the node's pidfile).
-        self._command = remote.Command(
+        self.command = remote.Command(
             f"{name}-install",
             remote.CommandArgs(
                 connection=args.connection,
@@ -447,12 +454,11 @@ class MemoryWatchdog(pulumi.ComponentResource):
                 triggers=list(args.rerun_on),
                 add_previous_output_in_env=False,
             ),
-            pulumi.ResourceOptions(parent=self, delete_before_replace=True),
+            pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(delete_before_replace=True)),
         )
-        self.status = self._command.stdout
+        self.status = self.command.stdout
         self.log_path = settings.log_path
         self.script_path = settings.script_path
-        self.register_outputs({"status": self.status, "log_path": self.log_path, "script_path": self.script_path})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -463,18 +469,19 @@ class WatchdogKeyArgs:
     stack_prefix: str
 
 
-class WatchdogKey(pulumi.ComponentResource):
-    """This node's watchdog key pair, made on the node (the private key never leaves it)."""
+class WatchdogKey:
+    """This node's watchdog key pair, made on the node (the private key never leaves it): one command named
+    `<name>-keygen`; `opts` places it."""
 
+    command: remote.Command
     public_key: pulumi.Output[str]
     """`ssh-ed25519 AAAA...`: the peers authorize it to stop their serving containers, nothing else."""
 
     def __init__(self, name: str, args: WatchdogKeyArgs, opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__("dsv41-exl3:watchdog:WatchdogKey", name, None, opts)
         names = WatchdogNames(
             node_name=args.node_name, container_name=args.container_name, stack_prefix=args.stack_prefix
         )
-        command = remote.Command(
+        self.command = remote.Command(
             f"{name}-keygen",
             remote.CommandArgs(
                 connection=args.connection,
@@ -482,7 +489,6 @@ class WatchdogKey(pulumi.ComponentResource):
                 delete=render_key_remove_command(names),
                 add_previous_output_in_env=False,
             ),
-            pulumi.ResourceOptions(parent=self),
+            opts,
         )
-        self.public_key = command.stdout.apply(lambda out: parse_public_key(out, args.node_name))
-        self.register_outputs({"public_key": self.public_key})
+        self.public_key = self.command.stdout.apply(lambda out: parse_public_key(out, args.node_name))

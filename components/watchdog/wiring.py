@@ -7,7 +7,15 @@ import pulumi
 
 from components.access.wiring import Access
 from components.serving.serving import ServingCluster
-from components.watchdog.watchdog import MemoryWatchdog, MemoryWatchdogArgs, WatchdogKey, WatchdogKeyArgs, WatchdogPeer
+from components.watchdog.watchdog import (
+    KEY_COMPONENT,
+    WATCHDOG_COMPONENT,
+    MemoryWatchdog,
+    MemoryWatchdogArgs,
+    WatchdogKey,
+    WatchdogKeyArgs,
+    WatchdogPeer,
+)
 from components.wiring import Wiring
 
 
@@ -24,7 +32,7 @@ def wire_watchdog(w: Wiring, access: Access, serving: ServingCluster) -> None:
                 container_name=serving.container_names[n.name],
                 stack_prefix=w.prefix,
             ),
-            opts=w.opts(),
+            opts=w.flattened(KEY_COMPONENT, f"watchdog-key-{n.name}"),
         )
         for n in s.nodes
     }
@@ -47,5 +55,9 @@ def wire_watchdog(w: Wiring, access: Access, serving: ServingCluster) -> None:
                 ],
                 peer_public_keys={m.name: keys[m.name].public_key for m in peers},
             ),
-            opts=w.opts(pulumi.ResourceOptions(depends_on=[serving.containers[n.name]])),
+            opts=w.flattened(
+                WATCHDOG_COMPONENT,
+                f"watchdog-{n.name}",
+                pulumi.ResourceOptions(depends_on=[serving.containers[n.name]]),
+            ),
         )

@@ -25,7 +25,7 @@ def wire_weights(w: Wiring, access: Access, images: Images, preflights: Prefligh
             port=node.port,
             user=node.user,
             copy_root=s.copy_root_of(node) if copy_mode and node is not s.head else None,
-            ready=[preflights.passed[name]],
+            ready=[preflights.passed[name].command],
             docker_provider=access[name].docker_provider,
             image=images[name].image_id,
         )
@@ -50,5 +50,5 @@ def wire_weights(w: Wiring, access: Access, images: Images, preflights: Prefligh
             if copy_mode
             else None,
         ),
-        opts=w.opts(pulumi.ResourceOptions(depends_on=[preflights.passed[s.head.name]])),
+        opts=w.opts(pulumi.ResourceOptions(depends_on=[preflights.passed[s.head.name].command])),
     )

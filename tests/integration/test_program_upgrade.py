@@ -1,11 +1,14 @@
-"""A stack deployed by the program before its layers moved under one root `Deployment` upgrades in place.
+"""A stack deployed by an older program upgrades in place, from each layout a deployed stack may hold.
 
-The old program is this repository at the last commit where every layer hung off the stack; the stack is
-deployed with it, then previewed and updated with the program of this checkout. Aliases must carry every
-resource over: no deletion, and no replacement but the ranks'. Those are replaced once, by design, for two fields:
-what they mount at /engram-src (now the slim Engram directory staging builds) and their entrypoint (which now
-checks the node's MemAvailable before vLLM starts), both issue 34; nothing else about them, and nothing else,
-moves.
+Two layouts came before this one: every layer hung off the stack (OLD_LAYOUT, until issue 13), and every layer
+under one root `Deployment`, with a component of its own around each per-node command (PRE_MERGE, until issue
+36 merged those wiring-only components). A stack is deployed with the oldest program, previewed with this
+checkout's (the plan a user still on the oldest layout gets), updated with PRE_MERGE's, then previewed and
+updated with this checkout's. Aliases must carry every resource over: nothing deleted but the merged components
+(which hold nothing), and no replacement but the ranks' on the first upgrade. Those are replaced once, by design,
+for two fields: what they mount at /engram-src (now the slim Engram directory staging builds) and their
+entrypoint (which now checks the node's MemAvailable before vLLM starts), both issue 34; nothing else about them,
+and nothing else, moves. The second upgrade changes nothing on any node: every container keeps its id.
 """
 
 from __future__ import annotations
@@ -30,12 +33,16 @@ pytestmark = [pytest.mark.sim, pytest.mark.engine]
 
 # main before the layout move (issue 13): components flat, every layer a child of the stack.
 OLD_LAYOUT = "2fb3e01f0658cd341488060fc67b0f3ca43ddf00"
+# main before the wiring-only components were merged (issue 36): each per-node command under its own component.
+PRE_MERGE = "7f8b83edb43878e83ab7f247119955f3c5547b6a"
+# The components merged by issue 36, per node (each held one command, now under the root with aliases).
+MERGED = ("precheck-{}", "preflight-{}", "watchdog-key-{}", "watchdog-{}")
 # What an upgrade must never plan for a resource that existed.
 DESTRUCTIVE = {"replace", "create-replacement", "delete-replaced", "delete", "discard"}
 
 
-def old_program(dest: Path) -> Path:
-    """The program files at OLD_LAYOUT, with this checkout's venv (the dependencies did not change)."""
+def old_program(dest: Path, commit: str) -> Path:
+    """The program files at `commit`, with this checkout's venv (the dependencies did not change)."""
     archive = subprocess.run(
         [
             "git",
@@ -43,7 +50,7 @@ def old_program(dest: Path) -> Path:
             str(REPO),
             "archive",
             "--format=tar",
-            OLD_LAYOUT,
+            commit,
             "__main__.py",
             "components",
             "Pulumi.yaml",
@@ -66,6 +73,20 @@ def weights_root() -> Iterator[Path]:
     shutil.rmtree(root, ignore_errors=True)
 
 
+def stack_at(d: Deployment, program: Path) -> auto.Stack:
+    return auto.select_stack(
+        d.name,
+        work_dir=str(program),
+        opts=auto.LocalWorkspaceOptions(
+            work_dir=str(program), pulumi_command=auto.PulumiCommand(root=str(d.pulumi_root)), env_vars=d.env
+        ),
+    )
+
+
+def merged_components(d: Deployment) -> set[str]:
+    return {m.format(f"node-{n['index']}") for n in d.sim["nodes"] for m in MERGED}
+
+
 def container_ids(d: Deployment) -> dict[int, str]:
     return {
         n["index"]: docker_on(n["index"], "inspect", "--format", "{{.Id}}", d.container(n)).stdout.strip()
@@ -74,7 +95,7 @@ def container_ids(d: Deployment) -> dict[int, str]:
 
 
 @pytest.mark.timeout(1500)
-def test_a_stack_deployed_before_the_layout_move_upgrades_replacing_only_the_ranks(
+def test_a_stack_from_each_older_layout_upgrades_replacing_only_the_ranks_once(
     sim: dict[str, Any], program_env: dict[str, str], pulumi_root: Path, weights_root: Path, tmp_path: Path
 ) -> None:
     d = new_deployment(
@@ -87,32 +108,30 @@ def test_a_stack_deployed_before_the_layout_move_upgrades_replacing_only_the_ran
         master_port=29624,
     )
     try:
-        old_dir = old_program(tmp_path / "old")
+        old_dir = old_program(tmp_path / "old", OLD_LAYOUT)
         # The old program mounts the base repo's native index at /engram-src, which the recipe's loader (and the
         # stand-in) refuses; the stand-in of its day took shards 47/48 out of any index.
         d.write_config(d.with_env(SIM_ENGRAM_INDEX="any"))
         # The old program served openly with no `serve.apiKey`; this one generates a key, a change that
-        # replaces the ranks by design. This test is about the layout move: both programs get the same key.
+        # replaces the ranks by design. This test is about the layout moves: every program gets the same key.
         d.stack.set_config("dsv41-exl3:serve.apiKey", auto.ConfigValue(value="sk-upgrade-test", secret=True), path=True)
+        stack_text = (REPO / f"Pulumi.{d.name}.yaml").read_text()
+        pre_merge_dir = old_program(tmp_path / "pre-merge", PRE_MERGE)
+        (pre_merge_dir / f"Pulumi.{d.name}.yaml").write_text(stack_text)
         # The old program knows no `supervisor` or `observability` key (the sim's tests set both off; off is
         # the old behaviour).
-        stack_file = yaml.safe_load((REPO / f"Pulumi.{d.name}.yaml").read_text())
+        stack_file = yaml.safe_load(stack_text)
         for newer in ("supervisor", "observability"):
             del stack_file["config"][f"dsv41-exl3:{newer}"]
         (old_dir / f"Pulumi.{d.name}.yaml").write_text(yaml.safe_dump(stack_file))
-        old = auto.select_stack(
-            d.name,
-            work_dir=str(old_dir),
-            opts=auto.LocalWorkspaceOptions(
-                work_dir=str(old_dir), pulumi_command=auto.PulumiCommand(root=str(pulumi_root)), env_vars=d.env
-            ),
-        )
         lines: list[str] = []
-        assert_verified(d, old.up(on_output=lines.append, color="never").outputs)
+        assert_verified(d, stack_at(d, old_dir).up(on_output=lines.append, color="never").outputs)
         assert "dsv41-exl3:index:Deployment" not in "\n".join(lines), "the old program has no root component"
         before = container_ids(d)
         assert all(before.values()), before
+        merged = merged_components(d)
 
+        # From the oldest layout straight to this one: the plan a user who skipped PRE_MERGE gets.
         d.preview()
         ranks = {f"serving-node-{n['index']}" for n in d.sim["nodes"]}
         # The ranks' mount sources come from staging's outputs, unknown to a preview, so the preview can only say
@@ -125,24 +144,40 @@ def test_a_stack_deployed_before_the_layout_move_upgrades_replacing_only_the_ran
         # Each node's memory watchdog is reinstalled whenever its rank is replaced (docs/checks.md).
         with_ranks = ranks | {f"watchdog-node-{n['index']}-install" for n in d.sim["nodes"]}
         destructive = {
-            name: ops & DESTRUCTIVE for name, ops in d.ops.items() if ops & DESTRUCTIVE and name not in with_ranks
+            name: ops & DESTRUCTIVE
+            for name, ops in d.ops.items()
+            if ops & DESTRUCTIVE and name not in with_ranks and not (name in merged and ops == {"delete"})
         }
         assert not destructive, f"the upgrade would replace or delete: {destructive}\n" + "\n".join(d.lines[-60:])
+        deleted = {name for name, ops in d.ops.items() if "delete" in ops}
+        # The precheck phase came after OLD_LAYOUT: its component never existed there.
+        assert deleted == {m for m in merged if not m.startswith("precheck-")}, deleted
         created = sorted(name for name, ops in d.ops.items() if "create" in ops)
         # New since that layout: the root component, and each node's check phase of the two-phase preflight
         # (it runs with the ranks serving and stops nothing).
-        prechecks = [f"precheck-node-{n['index']}{part}" for n in d.sim["nodes"] for part in ("", "-check")]
+        prechecks = [f"precheck-node-{n['index']}-check" for n in d.sim["nodes"]]
         assert created == sorted(["deployment", *prechecks]), (
             f"only the root component and the prechecks are new, not {created}"
         )
 
-        assert_verified(d, d.up().outputs)
+        # The layout every stack deployed between issues 13 and 36 holds.
+        lines = []
+        assert_verified(d, stack_at(d, pre_merge_dir).up(on_output=lines.append, color="never").outputs)
         after = container_ids(d)
         assert all(after[i] and after[i] != before[i] for i in before), f"every rank replaced once: {before} {after}"
         head = d.sim["nodes"][0]
         mounts = docker_on(head["index"], "inspect", "--format", "{{json .Mounts}}", d.container(head))
         engram = {m["Destination"]: m["Source"] for m in json.loads(mounts.stdout)}["/engram-src"]
         assert engram == f"{weights_root.resolve()}/engram-vllm", engram
+
+        d.preview()
+        changed = {name: ops for name, ops in d.ops.items() if name not in merged}
+        assert not changed, f"from PRE_MERGE nothing but the merged components may change: {changed}\n" + "\n".join(
+            d.lines[-60:]
+        )
+        assert {name for name, ops in d.ops.items() if ops == {"delete"}} == merged, d.ops
+        assert_verified(d, d.up().outputs)
+        assert container_ids(d) == after, "the merge moved no rank"
         again = d.preview()
         assert again.change_summary.get("same") and not {k for k in again.change_summary if k != "same"}, (
             f"after the upgrade a preview is a no-op: {again.change_summary}"

@@ -40,6 +40,8 @@ class Registration:
     replacement_trigger: Any
     inputs: dict[str, Any]
     raw_inputs: dict[str, Any] = field(repr=False)
+    aliases: list[dict[str, Any]] = field(default_factory=list)
+    """Each alias as sent: `{"urn": ...}` or `{"spec": {"parentUrn": ...}}`."""
 
     def secret_paths(self) -> set[str]:
         """Top-level input keys whose value (or part of it) is marked secret on the wire."""
@@ -104,6 +106,7 @@ class RecordingMonitor(pmocks.MockMonitor):
                     ),
                     inputs=rpc.deserialize_properties(request.object),
                     raw_inputs=raw,
+                    aliases=[json_format.MessageToDict(a) for a in request.aliases],
                 )
             )
         return response
