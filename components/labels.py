@@ -18,6 +18,17 @@ import re
 MAX_PREFIX = 40
 
 STACK_LABEL = "dsv41-exl3.stack"
+# Where the head rank reads the endpoint's API key: a file bind-mounted read-only from the head (serving.py writes
+# it over ssh, 0600); the supervisor's leader reads it there too. `docker inspect` shows a container's env and
+# mounts, never a file's text.
+KEY_FILE = "/run/dsv41-exl3/api-key"
+
+
+def state_dir(prefix: str) -> str:
+    """A stack's state directory on a node, under the SSH user's home."""
+    return f".local/state/{prefix}"
+
+
 GENERATION_LABEL = "dsv41-exl3.generation"
 # The config-only part of the generation: known before anything runs, so the preflight can tell
 # "this node already serves what the update asks for" from "this node is about to be replaced".

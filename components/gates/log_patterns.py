@@ -191,6 +191,13 @@ FATAL_PATTERNS: tuple[FatalPattern, ...] = (
         "cache), or lower preflight.minMemAvailableGiB; then run `pulumi up` again",
     ),
     FatalPattern(
+        # Not vLLM's either: the head's entrypoint found no API key in its file (rank_entry.sh).
+        "api key file",
+        re.compile(r"rank not started on node .{1,200}?: (?:the API key file|\S+ is empty)"),
+        "was not started: the API key file the head reads its key from was missing or empty",
+        "run `pulumi up` again: it rewrites the key file on the head ({nodes}) before the rank starts",
+    ),
+    FatalPattern(
         "rendezvous",
         # torch's store timeout when a rank never joins: "DistStoreError: ... 1/2 clients joined".
         re.compile(r"DistStoreError|\b\d+/\d+ clients joined"),

@@ -16,6 +16,7 @@
 #   MIN_MEM_GIB    the same floor in GiB, as the preflight prints it
 #   FLOOR          what the floor is made of, naming the key (preflight.minMemAvailableGiB ...)
 #   OOM_SCORE_ADJ  the score written to /proc/self/oom_score_adj
+#   KEY_FILE       the head with an API key: the file holding it (mounted read-only); empty: no key
 # Arguments: vLLM's argv (`serve /model ...`).
 # Environment: DSV41_MEMINFO replaces /proc/meminfo (tests, and a simulated node's own figures).
 echo "$OOM_SCORE_ADJ" > /proc/self/oom_score_adj ||
@@ -48,6 +49,15 @@ if [ "$avail" -lt "$MIN_MEM_KIB" ]; then
  (MemTotal $(gib "$total") GiB) is below the floor of $MIN_MEM_GIB GiB ($FLOOR); fix: free memory on $NODE\
  (ps aux --sort=-rss | head; docker ps), drop its page cache (sync; echo 3 | sudo tee /proc/sys/vm/drop_caches),\
  or lower preflight.minMemAvailableGiB"
+fi
+if [ -n "$KEY_FILE" ]; then
+  # vLLM reads VLLM_API_KEY from its own environment; the container's configured env (docker inspect) never has it.
+  [ -r "$KEY_FILE" ] || fail "${LINENO:-}" "dsv41-exl3: rank not started on node $NODE: the API key file $KEY_FILE\
+ is not readable; fix: run pulumi up again (it rewrites the key file on the head)"
+  VLLM_API_KEY=$(cat "$KEY_FILE") || fail "${LINENO:-}" "dsv41-exl3: cannot read $KEY_FILE on node $NODE"
+  [ -n "$VLLM_API_KEY" ] || fail "${LINENO:-}" "dsv41-exl3: rank not started on node $NODE: $KEY_FILE is empty;\
+ fix: run pulumi up again (it rewrites the key file on the head)"
+  export VLLM_API_KEY
 fi
 echo "dsv41-exl3: node $NODE: MemAvailable $(gib "$avail") GiB of $(gib "$total") GiB, floor $MIN_MEM_GIB GiB: starting vLLM" >&2
 exec vllm "$@"

@@ -12,8 +12,9 @@ from typing import Literal
 
 import pulumi
 import pulumi_docker as docker
+from pulumi_command import remote
 
-from components import labels
+from components import labels, scripts
 from components.config import Node, Settings
 from components.serving import spec as serve_spec
 
@@ -40,14 +41,23 @@ class ServingClusterArgs:
     ranks: list[RankInputs]  # rank order: the head first
     replace_when: pulumi.Input[str] | None
     """Every rank is replaced when this changes (LiveRanks' id: a rank found not running)."""
+    head_connection: pulumi.Input[remote.ConnectionArgs]
+    """The head's SSH connection: the API key file is written there."""
+    state_dir: str
+    """The stack's state directory on a node, under the SSH user's home (`.local/state/<prefix>`)."""
 
 
-def _env(settings: Settings, node: Node, is_head: bool, gid: int | None) -> list[str]:
-    env = serve_spec.node_env(settings, node, gid)
-    if is_head and settings.serve.api_key is not None:
-        # By environment, never argv: `ps` and `docker inspect .Args` would show a flag.
-        env["VLLM_API_KEY"] = settings.serve.api_key.get_secret_value()
-    return serve_spec.env_list(env)
+KEY_NAME = "api-key"
+
+
+def _key_script(node: Node, state_dir: str, action: str) -> str:
+    values = {"ACTION": action, "NODE": node.name, "STATE_DIR": state_dir, "KEY_NAME": KEY_NAME}
+    return scripts.sh_command(scripts.render("serving/api_key.sh", values), timeout_s=30)
+
+
+def _env(settings: Settings, node: Node, gid: int | None) -> list[str]:
+    # No credential: the head's API key is a file (spec.KEY_FILE), so a preview shows each env change in clear.
+    return serve_spec.env_list(serve_spec.node_env(settings, node, gid))
 
 
 class ServingCluster(pulumi.ComponentResource):
@@ -67,9 +77,14 @@ class ServingCluster(pulumi.ComponentResource):
         s = args.settings
         self.containers = {}
         self.container_names = {}
+        self.key_file = self._key_file(name, args)
+        # The key file command's id is new exactly when the key is (its trigger): the key itself, or a hash of it,
+        # never enters a label.
+        key_version = self.key_file.id if self.key_file is not None else None
         # Every rank carries one generation label: a change that would replace any rank replaces all.
         generation = pulumi.Output.all(
-            *[pulumi.Output.all(r.image_id, r.gid_index, r.model_source, r.engram_source) for r in args.ranks]
+            *[pulumi.Output.all(r.image_id, r.gid_index, r.model_source, r.engram_source) for r in args.ranks],
+            key_version,
         ).apply(lambda per_node: serve_spec.runtime_generation(args.generation, list(per_node)))
         self.generation = generation
         workers = [(rank, r) for rank, r in enumerate(args.ranks) if rank > 0]
@@ -84,6 +99,29 @@ class ServingCluster(pulumi.ComponentResource):
                 "clusterGeneration": generation,
                 "tensorParallelSize": s.tensor_parallel_size,
             }
+        )
+
+    def _key_file(self, name: str, args: ServingClusterArgs) -> remote.Command | None:
+        """The endpoint's API key as a 0600 file on the head (stdin, never argv); None for an open endpoint."""
+        s = args.settings
+        if s.serve.api_key is None:
+            return None
+        key = pulumi.Output.secret(s.serve.api_key.get_secret_value())
+        head = s.head
+        return remote.Command(
+            f"{name}-{head.name}-api-key",
+            remote.CommandArgs(
+                connection=args.head_connection,
+                create=_key_script(head, args.state_dir, "write"),
+                update=_key_script(head, args.state_dir, "write"),
+                delete=_key_script(head, args.state_dir, "remove"),
+                stdin=key,
+                # A new key: a new command (and id), so every rank is replaced with the new file in place.
+                triggers=[key],
+                add_previous_output_in_env=False,
+            ),
+            # The old file's removal must come before the new key is written, not after.
+            pulumi.ResourceOptions(parent=self, delete_before_replace=True),
         )
 
     def _container(
@@ -118,14 +156,24 @@ class ServingCluster(pulumi.ComponentResource):
                 for vol, path in zip(caches, serve_spec.CACHE_VOLUMES.values(), strict=True)
             ],
         ]
-        envs = pulumi.Output.from_input(r.gid_index).apply(lambda gid: _env(s, node, rank == 0, gid))
-        if rank == 0 and s.serve.api_key is not None:
-            envs = pulumi.Output.secret(envs)
+        envs = pulumi.Output.from_input(r.gid_index).apply(lambda gid: _env(s, node, gid))
+        key_file = self.key_file if rank == 0 else None
+        if key_file is not None:
+            mounts.append(
+                docker.ContainerMountArgs(
+                    target=serve_spec.KEY_FILE,
+                    source=key_file.stdout.apply(lambda out: out.strip()),
+                    type="bind",
+                    read_only=True,
+                )
+            )
         container = docker.Container(
             f"{name}-{node.name}",
             name=cname,
             image=r.image_id,
-            entrypoints=serve_spec.container_entrypoint(s, node),
+            entrypoints=serve_spec.container_entrypoint(
+                s, node, key_file=serve_spec.KEY_FILE if key_file is not None else None
+            ),
             command=serve_spec.rank_command(s, rank),
             envs=envs,
             gpus=node.gpus or None,
@@ -160,7 +208,7 @@ class ServingCluster(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(
                 parent=self,
                 provider=r.provider,
-                depends_on=[*r.depends_on, *caches, *after],
+                depends_on=[*r.depends_on, *caches, *after, *([key_file] if key_file is not None else [])],
                 # Fixed names, and 128 GB of unified memory: the old rank must be gone first.
                 delete_before_replace=True,
                 replacement_trigger=args.replace_when,

@@ -13,12 +13,13 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from components import scripts
+from components import labels, scripts
 from components.config import LONG_PREFILL_HEADROOM_TOKENS, Node, Serve, Settings, declarations
 
 MODEL_MOUNT = "/model"
 ENGRAM_MOUNT = "/engram-src"
 # JIT caches survive restarts: they save the JIT part of a 20-25 minute cold boot.
+KEY_FILE = labels.KEY_FILE
 CACHE_VOLUMES = {"vllm": "/root/.cache/vllm", "triton": "/root/.triton", "tilelang": "/root/.tilelang"}
 
 # Vendor sampling for DeepSeek reasoning models (recipe section 4), set server-side.
@@ -118,9 +119,10 @@ def engine_ready_timeout_s(s: Settings) -> int:
     return s.gates.rendezvous_timeout_seconds + s.gates.ready_timeout_seconds + ENGINE_READY_MARGIN_S
 
 
-def container_entrypoint(s: Settings, node: Node) -> list[str]:
+def container_entrypoint(s: Settings, node: Node, *, key_file: str | None = None) -> list[str]:
     """The container's entrypoint (rank_entry.sh, rendered for `node`): sets oom_score_adj, refuses to start below
-    `preflight.minMemAvailableGiB`, then execs `vllm` with the command as argv.
+    `preflight.minMemAvailableGiB`, exports the API key read from `key_file` (the head, when the endpoint has
+    one), then execs `vllm` with the command as argv.
 
     The floor is the key's alone, on every node: the preflight adds the observability layer's ~0.1 GiB on the head
     (its containers start after the ranks loaded), but a rank's container spec must not depend on that layer, or
@@ -134,6 +136,7 @@ def container_entrypoint(s: Settings, node: Node) -> list[str]:
             "MIN_MEM_GIB": f"{floor_gib:g}",
             "FLOOR": f"preflight.minMemAvailableGiB {floor_gib:g}",
             "OOM_SCORE_ADJ": OOM_SCORE_ADJ,
+            "KEY_FILE": key_file or "",
         },
     )
     return ["/bin/sh", "-c", script, "vllm"]
@@ -273,8 +276,9 @@ def cluster_generation(s: Settings) -> str:
         "env": sorted(s.serve.extra_env.items()),
         "commonEnv": sorted(common_env(s).items()),
         "weights": [s.weights.root, s.weights.model_repo, s.weights.engram_repo, s.weights.revision],
-        # The head alone would be replaced by a new key; a worker left behind would hang at rendezvous.
-        "apiKey": hashlib.sha256(s.serve.api_key.get_secret_value().encode()).hexdigest() if s.serve.api_key else None,
+        # Whether the endpoint has a key (never the key, nor a hash of it: the generation is a label and a metric).
+        # A new key replaces every rank through the key file's command (serving.py), not through this.
+        "apiKey": s.serve.api_key is not None,
     }
     # The container's shape (container.*) is left out: a change replaces every rank under the same generation,
     # and the preflight stops the old ranks of another shape first (preflight.sh).

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pulumi
 
+from components import labels
 from components.access.wiring import Access
 from components.gates.live_ranks import LiveRanks
 from components.image.wiring import Images
@@ -31,6 +32,8 @@ def wire_serving(
             settings=s,
             stack=w.stack,
             replace_when=live.id,
+            head_connection=access[s.head.name].connection,
+            state_dir=labels.state_dir(w.prefix),
             generation=w.generation,
             ranks=[
                 RankInputs(

@@ -37,6 +37,7 @@ from typing import Any
 import components.verify.client as verify_client  # the package forwards unknown names to verifier.py (pulumi)
 from components.gates.decisions import ModelsEndpoint
 from components.gates.observations import GateFailure, RankSpec
+from components.labels import KEY_FILE
 from components.supervisor import boot, policy
 from components.supervisor.agent_api import listen, make_handler
 from components.supervisor.agent_config import AgentConfig, AgentNode, LeaderConfig
@@ -169,7 +170,13 @@ class Leader:
         return views
 
     def api_key(self) -> str | None:
-        head = self.docker.inspect(self.lead.nodes[0].container) or {}
+        """The key the head rank serves with: the file it reads it from (never its env, which `docker inspect`
+        shows); a head container from before the key moved to a file still has it in its env."""
+        container = self.lead.nodes[0].container
+        text = self.docker.read_file(container, KEY_FILE)
+        if text:
+            return text.decode().strip() or None
+        head = self.docker.inspect(container) or {}
         for item in head.get("Config", {}).get("Env") or []:
             if item.startswith("VLLM_API_KEY="):
                 return str(item.split("=", 1)[1])

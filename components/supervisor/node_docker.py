@@ -5,8 +5,10 @@ back after a reboot."""
 from __future__ import annotations
 
 import http.client
+import io
 import json
 import socket
+import tarfile
 import time
 import urllib.parse
 from collections.abc import Callable
@@ -61,6 +63,20 @@ class Docker:
             raise OSError(f"docker inspect {name}: HTTP {status} {body[:200]!r}")
         data: dict[str, Any] = json.loads(body)
         return data
+
+    def read_file(self, name: str, path: str, limit: int = 65536) -> bytes | None:
+        """One small file's bytes as the container sees it (docker's archive API, a running or stopped container);
+        None when the container or the file is not there."""
+        query = urllib.parse.urlencode({"path": path})
+        status, body = self._call("GET", f"/containers/{urllib.parse.quote(name)}/archive?{query}", limit=limit + 4096)
+        if status == 404:
+            return None
+        if status != 200:
+            raise OSError(f"docker cp {name}:{path}: HTTP {status} {body[:200]!r}")
+        with tarfile.open(fileobj=io.BytesIO(body)) as tar:
+            member = next((m for m in tar.getmembers() if m.isfile()), None)
+            extracted = tar.extractfile(member) if member is not None else None
+            return extracted.read(limit) if extracted is not None else None
 
     def logs(self, name: str, since: str) -> bytes:
         """The container's stdout and stderr since `since` (unix seconds), timestamped, as docker frames them."""

@@ -122,7 +122,7 @@ class WatchdogNames:
     @property
     def state_dir(self) -> str:
         """This stack's state directory (pidfile, key, log) on the node, relative to the SSH user's home."""
-        return f".local/state/{self.stack_prefix}"
+        return labels.state_dir(self.stack_prefix)
 
     @property
     def share_dir(self) -> str:

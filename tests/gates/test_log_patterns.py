@@ -97,6 +97,11 @@ class TestPatterns:
 # vLLM's own wording of each fatal line (v1/core/kv_cache_utils.py, v1/worker/utils.py, torch, NCCL), with the
 # prefixes a rank adds; one per table entry.
 FATAL_LINES = {
+    # Not vLLM's: the head's entrypoint when its key file is gone (rank_entry.sh).
+    "api key file": (
+        "components/serving/rank_entry.sh: dsv41-exl3: rank not started on node spark-a: the API key file "
+        "/run/dsv41-exl3/api-key is not readable; fix: run pulumi up again (it rewrites the key file on the head)"
+    ),
     # Not vLLM's: the rank's entrypoint (components/serving/rank_entry.sh), as dash prints it under `sh -c`.
     "memory before start": (
         "components/serving/rank_entry.sh: dsv41-exl3: rank not started on node spark-a: MemAvailable 80.12 GiB "

@@ -173,14 +173,17 @@ def test_secrets_appear_nowhere_in_plain_text(fresh: Deployment) -> None:
         sampler.join()
     assert_verified(fresh, up.outputs)
     exported = fresh.cli("stack", "export").stdout
-    worker = fresh.sim["nodes"][1]
+    head, worker = fresh.sim["nodes"][0], fresh.sim["nodes"][1]
     inspect = docker_on(worker["index"], "inspect", fresh.container(worker)).stdout
+    # The head reads its key from a file: its inspect (env, args, mounts) must not show it (issue 35).
+    head_inspect = docker_on(head["index"], "inspect", fresh.container(head)).stdout
     places = {
         "stack export": exported,
         "preview --diff": preview.stdout + preview.stderr,
         "up output and verbose log": "\n".join(fresh.lines) + up.stderr,
         "argv of this machine's processes": "\n".join(argv),
         "worker container inspect": inspect,
+        "head container inspect": head_inspect,
         "Pulumi.<stack>.yaml": (REPO / f"Pulumi.{fresh.name}.yaml").read_text(),
     }
     for where, text in places.items():

@@ -89,6 +89,8 @@ def preview_of(d: Deployment, config: dict[str, Any]) -> Any:
 def test_preview_of_a_serve_change_replaces_every_rank_and_reruns_the_gates_only(deployed: Deployment) -> None:
     cfg = json.loads(json.dumps(deployed.config))
     cfg["serve"]["maxNumSeqs"] = 1
+    # An env change shows in clear on the head too: its env holds no key any more, so it is not one secret (35).
+    cfg["serve"]["extraEnv"]["SIM_PREVIEW_MARK"] = "shown"
     preview = preview_of(deployed, cfg)
     out = "\n".join(deployed.lines)
     containers = [f"serving-node-{n['index']}" for n in deployed.sim["nodes"]]
@@ -104,6 +106,11 @@ def test_preview_of_a_serve_change_replaces_every_rank_and_reruns_the_gates_only
     allowed |= {f"watchdog-node-{n['index']}-install" for n in deployed.sim["nodes"]}
     assert set(ops) <= allowed, f"nothing else may change: {[(n, ops[n]) for n in set(ops) - allowed]}\n{out}"
     assert '"2" => "1"' in out, "the diff shows the changed flag value (--max-num-seqs 2 -> 1)"
+    head = f"serving-node-{deployed.sim['nodes'][0]['index']}"
+    head_diff = out[out.index(f"::{head}]") :]
+    assert "SIM_PREVIEW_MARK=shown" in head_diff.split("::serving-node-")[0], (
+        f"the head's diff names the new env value:\n{out}"
+    )
     assert preview.change_summary.get("replace", 0) >= len(containers)
 
 

@@ -37,6 +37,17 @@ OLD_LAYOUT = "2fb3e01f0658cd341488060fc67b0f3ca43ddf00"
 PRE_MERGE = "7f8b83edb43878e83ab7f247119955f3c5547b6a"
 # The components merged by issue 36, per node (each held one command, now under the root with aliases).
 MERGED = ("precheck-{}", "preflight-{}", "watchdog-key-{}", "watchdog-{}")
+# What the ranks' inputs may differ in, in either upgrade: the entrypoint (a MemAvailable check, issue 34; the key
+# read from its file, issue 35), the mounts (the slim Engram directory, issue 34; the key file), the env (no key
+# any more) and the labels (the generation: it no longer holds a hash of the key).
+RANK_FIELDS = {"entrypoints", "mounts", "envs", "labels"}
+
+
+def key_file_command(d: Deployment) -> str:
+    """The head's API key file command (issue 35), new in this layout."""
+    return f"serving-node-{d.sim['nodes'][0]['index']}-api-key"
+
+
 # What an upgrade must never plan for a resource that existed.
 DESTRUCTIVE = {"replace", "create-replacement", "delete-replaced", "delete", "discard"}
 
@@ -83,8 +94,36 @@ def stack_at(d: Deployment, program: Path) -> auto.Stack:
     )
 
 
-def merged_components(d: Deployment) -> set[str]:
-    return {m.format(f"node-{n['index']}") for n in d.sim["nodes"] for m in MERGED}
+def merged_components(d: Deployment, *, since_old_layout: bool) -> set[str]:
+    """The merged components a stack of that layout holds (the precheck phase came after OLD_LAYOUT)."""
+    return {
+        m.format(f"node-{n['index']}")
+        for n in d.sim["nodes"]
+        for m in MERGED
+        if not (since_old_layout and m.startswith("precheck-"))
+    }
+
+
+def assert_carried_over(d: Deployment, ranks: set[str], merged: set[str]) -> None:
+    """The last preview's plan: every resource the program still declares matched its old URN through an alias
+    (a resource whose alias is missing is planned as a create plus a delete); nothing is deleted but the merged
+    components, which hold nothing; nothing is replaced but the ranks and what re-runs with them."""
+    unmatched = sorted(name for name, ops in d.ops.items() if {"create", "delete"} <= ops)
+    assert not unmatched, f"no alias matched their old URN: {unmatched}\n" + "\n".join(d.lines[-60:])
+    deleted = {name for name, ops in d.ops.items() if ops == {"delete"}}
+    assert deleted == merged, f"only the merged components go: {sorted(deleted ^ merged)}"
+    # Re-run whenever the ranks are replaced (docs/checks.md): each node's checks and its memory watchdog.
+    with_ranks = ranks | {
+        f"{kind}-node-{n['index']}-{part}"
+        for n in d.sim["nodes"]
+        for kind, part in (("precheck", "check"), ("preflight", "check"), ("watchdog", "install"))
+    }
+    destructive = {
+        name: ops & DESTRUCTIVE
+        for name, ops in d.ops.items()
+        if ops & DESTRUCTIVE and name not in with_ranks and name not in merged
+    }
+    assert not destructive, f"the upgrade would replace or delete: {destructive}\n" + "\n".join(d.lines[-60:])
 
 
 def container_ids(d: Deployment) -> dict[int, str]:
@@ -129,35 +168,23 @@ def test_a_stack_from_each_older_layout_upgrades_replacing_only_the_ranks_once(
         assert "dsv41-exl3:index:Deployment" not in "\n".join(lines), "the old program has no root component"
         before = container_ids(d)
         assert all(before.values()), before
-        merged = merged_components(d)
 
         # From the oldest layout straight to this one: the plan a user who skipped PRE_MERGE gets.
         d.preview()
         ranks = {f"serving-node-{n['index']}" for n in d.sim["nodes"]}
         # The ranks' mount sources come from staging's outputs, unknown to a preview, so the preview can only say
-        # `update` where the up replaces them (asserted below); only those two fields may differ.
+        # `update` where the up replaces them (asserted below); only these fields may differ.
         for rank in sorted(ranks):
-            assert d.fields.get(rank) and d.fields[rank] <= {"entrypoints", "mounts"}, (
-                f"{rank}: only its entrypoint and mounts may differ, not {d.fields.get(rank)}\n"
-                + "\n".join(d.lines[-60:])
+            assert d.fields.get(rank) and d.fields[rank] <= RANK_FIELDS, (
+                f"{rank}: only {sorted(RANK_FIELDS)} may differ, not {d.fields.get(rank)}\n" + "\n".join(d.lines[-60:])
             )
-        # Each node's memory watchdog is reinstalled whenever its rank is replaced (docs/checks.md).
-        with_ranks = ranks | {f"watchdog-node-{n['index']}-install" for n in d.sim["nodes"]}
-        destructive = {
-            name: ops & DESTRUCTIVE
-            for name, ops in d.ops.items()
-            if ops & DESTRUCTIVE and name not in with_ranks and not (name in merged and ops == {"delete"})
-        }
-        assert not destructive, f"the upgrade would replace or delete: {destructive}\n" + "\n".join(d.lines[-60:])
-        deleted = {name for name, ops in d.ops.items() if "delete" in ops}
-        # The precheck phase came after OLD_LAYOUT: its component never existed there.
-        assert deleted == {m for m in merged if not m.startswith("precheck-")}, deleted
+        assert_carried_over(d, ranks, merged_components(d, since_old_layout=True))
         created = sorted(name for name, ops in d.ops.items() if "create" in ops)
-        # New since that layout: the root component, and each node's check phase of the two-phase preflight
-        # (it runs with the ranks serving and stops nothing).
+        # New since that layout: the root component, each node's check phase of the two-phase preflight (it runs
+        # with the ranks serving and stops nothing), and the head's API key file (issue 35).
         prechecks = [f"precheck-node-{n['index']}-check" for n in d.sim["nodes"]]
-        assert created == sorted(["deployment", *prechecks]), (
-            f"only the root component and the prechecks are new, not {created}"
+        assert created == sorted(["deployment", *prechecks, key_file_command(d)]), (
+            f"only the root component, the prechecks and the key file are new, not {created}"
         )
 
         # The layout every stack deployed between issues 13 and 36 holds.
@@ -171,13 +198,16 @@ def test_a_stack_from_each_older_layout_upgrades_replacing_only_the_ranks_once(
         assert engram == f"{weights_root.resolve()}/engram-vllm", engram
 
         d.preview()
-        changed = {name: ops for name, ops in d.ops.items() if name not in merged}
-        assert not changed, f"from PRE_MERGE nothing but the merged components may change: {changed}\n" + "\n".join(
-            d.lines[-60:]
-        )
-        assert {name for name, ops in d.ops.items() if ops == {"delete"}} == merged, d.ops
+        assert_carried_over(d, ranks, merged_components(d, since_old_layout=False))
+        created = sorted(name for name, ops in d.ops.items() if "create" in ops)
+        assert created == [key_file_command(d)], f"only the key file is new since PRE_MERGE, not {created}"
         assert_verified(d, d.up().outputs)
-        assert container_ids(d) == after, "the merge moved no rank"
+        final = container_ids(d)
+        # Once more, by design: the head's key moved from its env to a file (issue 35), which every rank's
+        # generation follows.
+        assert all(final[i] and final[i] != after[i] for i in after), f"every rank replaced: {after} {final}"
+        env = docker_on(head["index"], "inspect", "--format", "{{json .Config.Env}}", d.container(head)).stdout
+        assert "sk-upgrade-test" not in env, "the key left the head's configured env"
         again = d.preview()
         assert again.change_summary.get("same") and not {k for k in again.change_summary if k != "same"}, (
             f"after the upgrade a preview is a no-op: {again.change_summary}"

@@ -70,12 +70,19 @@ def head_env(rec: Any) -> dict[str, str]:
     return dict(e.split("=", 1) for e in (envs["value"] if isinstance(envs, dict) else envs))
 
 
+def head_key(rec: Any) -> str | None:
+    """The key the head serves with: what the program writes to its key file (serving.py), on stdin."""
+    writer = next((r for r in rec.registrations if r.name == "serving-spark-0-api-key"), None)
+    return None if writer is None else str(writer.inputs["stdin"]["value"])
+
+
 def test_the_deployed_head_requires_the_generated_key_and_exports_it_as_a_secret() -> None:
     raw = graph.config()
     del raw["serve"]["apiKey"]
     rec = graph.run(raw)
-    key = head_env(rec)["VLLM_API_KEY"]
-    assert key.startswith("sk-")
+    key = head_key(rec)
+    assert key is not None and key.startswith("sk-")
+    assert "VLLM_API_KEY" not in head_env(rec)
     assert rec.outputs["apiKey"] == key
     assert "apiKey" in rec.secret_outputs
     # The gates, LiveRanks and the verifier send the same key.
@@ -88,13 +95,13 @@ def test_none_deploys_an_open_head_with_no_key_output() -> None:
     raw = graph.config()
     raw["serve"]["apiKey"] = "none"
     rec = graph.run(raw)
-    assert "VLLM_API_KEY" not in head_env(rec)
+    assert "VLLM_API_KEY" not in head_env(rec) and head_key(rec) is None
     assert "apiKey" not in rec.outputs
 
 
 def test_an_explicit_key_is_the_one_exported() -> None:
     rec = graph.run(graph.config())
-    assert head_env(rec)["VLLM_API_KEY"] == "sk-deploy-secret"
+    assert head_key(rec) == "sk-deploy-secret"
     assert rec.outputs["apiKey"] == "sk-deploy-secret"
 
 

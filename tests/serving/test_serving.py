@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pulumi_docker as docker
+from pulumi_command import remote
 
 from components.config import Settings, parse
 from components.labels import CONFIG_LABEL, GENERATION_LABEL, RANK_LABEL, STACK_LABEL
@@ -42,14 +44,28 @@ def build(s: Settings, *, gid: Any = 3) -> dict[str, Any]:
             )
         )
     cluster = ServingCluster(
-        "serving", ServingClusterArgs(settings=s, stack="dev", generation="g1", ranks=ranks, replace_when="live-1")
+        "serving",
+        ServingClusterArgs(
+            settings=s,
+            stack="dev",
+            generation="g1",
+            ranks=ranks,
+            replace_when="live-1",
+            head_connection=remote.ConnectionArgs(host=s.head.host, user=s.head.user),
+            state_dir=".local/state/dsv41-exl3-dev",
+        ),
     )
     return {"ids": cluster.container_ids, "generation": cluster.generation}
 
 
 def run(raw: dict[str, Any], **kw: Any) -> recording.Recorded:
     s = parse(raw).settings
-    return recording.run(lambda: build(s, **kw))
+    return recording.run(lambda: build(s, **kw), {"command:remote:Command": key_command})
+
+
+def key_command(args: Any) -> dict[str, Any]:
+    """The key file command as a node answers it: the file's path on stdout."""
+    return {"stdout": "/home/me/.local/state/dsv41-exl3-dev/api-key\n", **key_command_ids(args)}
 
 
 def test_every_worker_container_precedes_the_head_and_never_the_reverse() -> None:
@@ -128,16 +144,66 @@ def test_each_rank_has_its_own_env_and_the_unresolved_gid_is_omitted() -> None:
     assert "NCCL_IB_GID_INDEX" not in env0 and "NCCL_IB_GID_INDEX" not in env1
 
 
-def test_api_key_reaches_only_the_head_by_secret_env_never_argv() -> None:
+def key_command_ids(args: Any) -> dict[str, Any]:
+    """The command provider's behaviour that matters here: a new id exactly when the triggers (the key) change."""
+    if args.name.endswith("-api-key"):
+        return {"__id": f"key-{hash(json.dumps(args.inputs['triggers'], sort_keys=True, default=str))}"}
+    return {}
+
+
+def test_api_key_reaches_only_the_head_through_a_file_never_env_argv_or_a_label() -> None:
     raw = nodes(2)
     raw["serve"] = {"apiKey": "sk-topsecret"}
     rec = run(raw)
     head, worker = rec.named("serving-spark-0"), rec.named("serving-spark-1")
-    assert "envs" in head.secret_paths(), "the head's env holds the key: it must be a secret input"
-    assert "VLLM_API_KEY=sk-topsecret" in head.inputs["envs"]["value"]
-    assert not any("sk-topsecret" in e for e in worker.inputs["envs"])
+    writer = rec.named("serving-spark-0-api-key")
+    # On stdin, as a secret; the command text, argv and the triggers' plain text never hold it.
+    assert writer.inputs["stdin"] == {**writer.inputs["stdin"], "value": "sk-topsecret"}
+    assert {"stdin", "triggers"} <= writer.secret_paths()
+    for field in ("create", "update", "delete"):
+        assert "sk-topsecret" not in writer.inputs[field]
+    assert writer.delete_before_replace, "the old file is removed before the new key is written, not after"
+    # The head's env is plain again (a preview shows each change) and holds no key; nothing of a rank does.
+    assert "envs" not in head.secret_paths()
     for c in (head, worker):
-        assert not any("sk-topsecret" in a for a in c.inputs["command"])
+        assert "sk-topsecret" not in json.dumps(c.raw_inputs), c.name
+    mounts = {m["target"]: m for m in head.inputs["mounts"]}
+    assert mounts[serve_spec.KEY_FILE] == {
+        "target": serve_spec.KEY_FILE,
+        "source": "/home/me/.local/state/dsv41-exl3-dev/api-key",  # the path the command printed
+        "type": "bind",
+        "readOnly": True,
+    }
+    assert serve_spec.KEY_FILE not in {m["target"] for m in worker.inputs["mounts"]}
+    assert writer.urn in head.dependencies, "the file is written before the head starts"
+    assert "KEY_FILE=/run/dsv41-exl3/api-key" in head.inputs["entrypoints"][2].replace("'", "")
+    assert "KEY_FILE=" in worker.inputs["entrypoints"][2] and "/run/dsv41-exl3" not in worker.inputs["entrypoints"][2]
+
+
+def test_a_new_api_key_replaces_every_rank_and_the_same_key_none() -> None:
+    """The key changes the key file command's id (its trigger), which every rank's generation label carries: a
+    head replaced alone would leave a worker hanging at rendezvous."""
+
+    def generations(key: str) -> list[str]:
+        raw = nodes(2)
+        raw["serve"] = {"apiKey": key}
+        s = parse(raw).settings
+        rec = recording.run(lambda: build(s), {"command:remote:Command": key_command})
+        return [{x["label"]: x["value"] for x in c.inputs["labels"]}[GENERATION_LABEL] for c in rec.of_type(CONTAINER)]
+
+    first, same, other = generations("sk-first-key-0123"), generations("sk-first-key-0123"), generations("sk-other")
+    assert first == same and len(set(first)) == 1
+    assert all(a != b for a, b in zip(first, other, strict=True)), "every rank gets the new generation"
+
+
+def test_an_open_endpoint_writes_no_key_file() -> None:
+    raw = nodes(2)
+    raw["serve"] = {"apiKey": "none"}
+    s = parse(raw).settings
+    s = s.model_copy(update={"serve": s.serve.model_copy(update={"api_key": None})})
+    rec = recording.run(lambda: build(s))
+    assert not [r for r in rec.registrations if r.name.endswith("-api-key")]
+    assert serve_spec.KEY_FILE not in {m["target"] for m in rec.named("serving-spark-0").inputs["mounts"]}
 
 
 def test_all_ranks_carry_the_same_generation_label() -> None:

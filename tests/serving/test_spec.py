@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -110,19 +111,23 @@ def test_generation_changes_with_anything_ranks_agree_on_and_not_otherwise() -> 
     assert serve_spec.cluster_generation(settings(gates={"stallSeconds": 30})) == base
 
 
-def test_rotating_the_api_key_is_a_new_generation_but_nothing_rendered_reveals_it() -> None:
+def test_the_config_generation_holds_no_key_and_no_hash_of_it() -> None:
+    """The generation is a label and a metric label: a hash of the key there is an offline check for a weak key.
+    A new key replaces every rank through the key file's command instead (test_serving)."""
     key = "sk-rotate-0123456789abcdef"
     s = settings(serve={"apiKey": key})
     a = serve_spec.cluster_generation(s)
-    b = serve_spec.cluster_generation(settings(serve={"apiKey": "sk-rotate-other"}))
-    assert a != b, "a head replaced alone leaves the worker hanging at rendezvous"
-    assert len(a) == 16 and a != serve_spec.cluster_generation(settings())
-    # The key reaches the container by environment only: never argv, labels or the generation's inputs.
+    assert a == serve_spec.cluster_generation(settings(serve={"apiKey": "sk-rotate-other"}))
+    assert a != serve_spec.cluster_generation(
+        settings(serve={"apiKey": "none"}).model_copy(update={"serve": s.serve.model_copy(update={"api_key": None})})
+    ), "whether the endpoint has a key is agreed on: it changes what the head serves"
+    digest = hashlib.sha256(key.encode()).hexdigest()
     rendered = json.dumps(
         [serve_spec.rank_command(s, r) for r in (0, 1)]
         + [labels.container_labels("dev", a, a, 0), serve_spec.node_env(s, s.head, 3)]
+        + [serve_spec.container_entrypoint(s, n, key_file=serve_spec.KEY_FILE) for n in s.nodes]
     )
-    assert key not in rendered
+    assert key not in rendered and digest[:16] not in rendered and digest[:16] != a
 
 
 def test_per_node_values_win_over_extra_env_even_past_validation() -> None:
@@ -245,12 +250,12 @@ def fake_meminfo(path: Path, *, available_kib: int, total_kib: int = 124_781_000
     return path
 
 
-def fake_vllm(tmp_path: Path) -> Path:
-    """A `vllm` on PATH that says it ran, with its oom score and argv."""
+def fake_vllm(tmp_path: Path, also: str = "") -> Path:
+    """A `vllm` on PATH that says it ran, with its oom score and argv (and runs `also` first)."""
     bindir = tmp_path / "bin"
     bindir.mkdir(exist_ok=True)
     fake = bindir / "vllm"
-    fake.write_text('#!/bin/sh\necho "oom=$(cat /proc/self/oom_score_adj) pid=$$ args=$*"\n')
+    fake.write_text(f'#!/bin/sh\n{also}\necho "oom=$(cat /proc/self/oom_score_adj) pid=$$ args=$*"\n')
     fake.chmod(0o755)
     return bindir
 
@@ -263,6 +268,7 @@ def start(
     *,
     shell: str = "/bin/sh",
     entry: list[str] | None = None,
+    vllm: str = "",
 ) -> subprocess.CompletedProcess[str]:
     """The rank's container start: its entrypoint with its command, /proc/meminfo replaced by `meminfo`."""
     entry = entry or serve_spec.container_entrypoint(s, s.nodes[node_index])
@@ -273,7 +279,7 @@ def start(
         timeout=10,
         check=False,
         env={
-            "PATH": f"{fake_vllm(tmp_path)}:{os.environ['PATH']}",
+            "PATH": f"{fake_vllm(tmp_path, vllm)}:{os.environ['PATH']}",
             "DSV41_MEMINFO": str(meminfo),
         },
     )
@@ -434,3 +440,29 @@ def test_switched_off_settings_leave_their_flags_out_and_keep_the_order() -> Non
     dropped |= {"--enable-auto-tool-choice", "--cudagraph-capture-sizes", "--speculative-config"}
     kept = [f for f in RECIPE_MODEL_FLAGS[: RECIPE_MODEL_FLAGS.index("--cudagraph-capture-sizes")] if f not in dropped]
     assert flags == [*kept, "--enforce-eager"]
+
+
+def test_the_head_exports_the_api_key_from_its_file_and_refuses_to_start_without_it(tmp_path: Path) -> None:
+    """The key reaches vLLM's own environment from the mounted file, never through the container's configured env
+    (`docker inspect` shows that). A missing or empty file stops the head with a line the gates fail on at once."""
+    s = settings()
+    key_file = tmp_path / "api-key"
+    entry = serve_spec.container_entrypoint(s, s.head, key_file=str(key_file))
+    meminfo = fake_meminfo(tmp_path / "meminfo", available_kib=118 * GIB_KIB)
+    key_file.write_text("sk-from-the-file\n")
+    done = start(tmp_path, s, 0, meminfo, entry=entry, vllm='echo "key=$VLLM_API_KEY"')
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("key=sk-from-the-file\n"), done.stdout
+    assert "sk-from-the-file" not in " ".join(entry), "the key is read at start, not rendered into the entrypoint"
+    for broken in ("missing", "empty"):
+        if broken == "missing":
+            key_file.unlink()
+        else:
+            key_file.write_text("")
+        refused = start(tmp_path, s, 0, meminfo, entry=entry, vllm='echo "key=$VLLM_API_KEY"')
+        assert refused.returncode == 1 and refused.stdout == "", (broken, refused.stdout)
+        fatal = fatal_of(refused.stderr.strip().splitlines()[-1])
+        assert fatal is not None and fatal.name == "api key file", (broken, refused.stderr)
+    # A worker, or an open endpoint, has no key file: nothing is exported.
+    worker = start(tmp_path, s, 1, meminfo, vllm='echo "key=${VLLM_API_KEY-unset}"')
+    assert worker.stdout.startswith("key=unset\n"), worker.stdout

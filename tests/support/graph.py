@@ -28,6 +28,8 @@ def fake_stdout(args: pulumi.runtime.MockResourceArgs) -> dict[str, Any]:
                 {"node": node, "mem_available_gib": 115.0, "gid_index": GIDS[node], "stopped": [], "findings": []}
             )
         }
+    if args.name.endswith("-api-key"):
+        return {"stdout": "/home/me/.local/state/dsv41-exl3-test/api-key\n"}
     if args.name.endswith("-keygen"):
         key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFake" + args.name.replace("-", "")
         return {"stdout": f"DSV41_WATCHDOG_PUBKEY {key}"}
