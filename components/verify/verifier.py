@@ -8,6 +8,7 @@ module in the provider process.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -16,7 +17,8 @@ from typing import Any
 import pulumi
 import pulumi.dynamic
 
-from components.dynamic import StateOnlyProvider, as_set, log_progress, plain, secret_or_none
+from components.contract import Contract, secret
+from components.dynamic import StateOnlyProvider, as_set, log_progress, props_of, read_props, secret_outputs
 from components.verify.client import (
     GUARD_MARGIN_S,
     Progress,
@@ -27,20 +29,6 @@ from components.verify.client import (
 )
 from components.verify.verdict import DECODE_PROBE_PROMPTS, VERIFY_EXPECTED, Failed
 
-INPUT_KEYS = (
-    "endpoint",
-    "model",
-    "api_key",
-    "timeout_s",
-    "retry_window_s",
-    "min_decode_tokens_per_second",
-    "warmup_timeout_s",
-    "expected_answer",
-    "rerun_on",
-)
-# The command that rolls the stack back, named at the end of a failed verification's message. Not an input
-# the diff compares: a new program version that adds it, or a renamed stack, re-verifies nothing.
-ROLLBACK_KEY = "rollback_command"
 OUTPUT_KEYS = ("answer", "logprobs", "latency_s", "verified_at", "decode_tokens_per_second")
 
 
@@ -48,69 +36,64 @@ class VerificationFailed(Exception):
     """Raised from create/update; Pulumi shows the message under the resource."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class VerifierInputs:
-    """The provider's view of the inputs: plain, validated values."""
+# ---------------------------------------------------------------------------------------------
+# The boundary: what the program sends and the provider reads back (components/contract.py)
 
-    endpoint: str
-    model: str
-    api_key: str | None
+
+@dataclass(frozen=True, kw_only=True)
+class VerifierArgs(Contract):
+    """Inputs of Verifier. `rerun_on`: the ids of every serving container, so a replaced container (head or
+    worker) triggers a fresh verification. Each field is a property of the resource by its name (the state of a
+    deployed stack keeps these names). No defaults: the settings come from components/config."""
+
+    endpoint: pulumi.Input[str]
+    model: pulumi.Input[str]
+    api_key: pulumi.Input[str] | None = secret()
     timeout_s: float
+    """Each judged request's bound."""
     retry_window_s: float
+    """How long connection refused and 503 are retried while the API starts."""
     min_decode_tokens_per_second: float | None
+    """None: no decode-speed probe."""
     warmup_timeout_s: float | None
+    """The first answered request may take this long after the start (JIT after a boot); the next is judged."""
     expected_answer: str
-    rerun_on: tuple[str, ...]
+    """What the judged answer must say (`gates.expectedAnswer`); empty: any answer with real logprobs."""
+    rerun_on: pulumi.Input[Sequence[pulumi.Input[str]]]
+    rollback_command: str
+    """Ends a failed verification's message (`dsv41-exl3 rollback --stack NAME`); empty: none. Not an input the
+    diff compares: a new program version that adds it, or a renamed stack, re-verifies nothing."""
 
     def __repr__(self) -> str:  # keep the key out of tracebacks
-        return f"VerifierInputs(endpoint={self.endpoint!r}, model={self.model!r}, rerun_on={self.rerun_on!r})"
+        return f"VerifierArgs(endpoint={self.endpoint!r}, model={self.model!r}, rerun_on={self.rerun_on!r})"
 
-    @classmethod
-    def from_props(cls, props: Mapping[str, Any]) -> VerifierInputs:
-        values = plain(INPUT_KEYS, props)
-        if not isinstance(values["endpoint"], str) or not isinstance(values["model"], str) or not values["model"]:
-            raise ValueError(
-                f"Verifier needs endpoint and model as strings, got endpoint={values['endpoint']!r} "
-                f"model={values['model']!r}"
-            )
-        rerun_on = values["rerun_on"] or []
-        if not isinstance(rerun_on, list | tuple):
-            raise ValueError(f"Verifier rerun_on must be a list of container ids, got {rerun_on!r}")
-        # The settings come from components/config through the program: none is invented here. Pulumi
-        # drops None inputs, so an optional one (no threshold, no warm-up) may be absent.
-        missing = [key for key in ("timeout_s", "retry_window_s") if values[key] is None]
-        if missing:
-            raise ValueError(f"Verifier needs {' and '.join(missing)}: the program sends every setting")
-        api_key = values["api_key"]
-        minimum = values["min_decode_tokens_per_second"]
-        warmup = values["warmup_timeout_s"]
-        return cls(
-            endpoint=normalize_endpoint(values["endpoint"]),
-            model=values["model"],
-            api_key=str(api_key) if api_key else None,
-            timeout_s=float(values["timeout_s"]),
-            retry_window_s=float(values["retry_window_s"]),
-            min_decode_tokens_per_second=float(minimum) if minimum is not None else None,
-            warmup_timeout_s=float(warmup) if warmup is not None else None,
-            # Absent in a state written before the setting existed: the recipe's answer then.
-            expected_answer=str(values["expected_answer"])
-            if values["expected_answer"] is not None
-            else VERIFY_EXPECTED,
-            rerun_on=tuple(str(item) for item in rerun_on),
+
+# What a diff compares, and what the outputs echo: every input but the rollback command.
+INPUT_KEYS = tuple(k for k in VerifierArgs.field_names() if k != "rollback_command")
+
+# What an absent property means: state written before `expected_answer` existed meant the recipe's answer, and
+# no `rerun_on` names no container.
+_ABSENT: dict[str, Any] = {"expected_answer": VERIFY_EXPECTED, "rerun_on": []}
+
+
+def read_inputs(props: Mapping[str, Any]) -> VerifierArgs:
+    """The provider's view of the inputs: the program's VerifierArgs back from the engine, checked, and plain as
+    the outputs keep them (the endpoint without a trailing slash, the key a string or None). An absent property
+    reads as `_ABSENT` says."""
+    given = {k: v for k, v in props.items() if v is not None}
+    args = read_props(VerifierArgs, {**_ABSENT, **given})
+    if not isinstance(args.endpoint, str) or not isinstance(args.model, str) or not args.model:
+        raise ValueError(
+            f"Verifier needs endpoint and model as strings, got endpoint={args.endpoint!r} model={args.model!r}"
         )
-
-    def to_props(self) -> dict[str, Any]:
-        return {
-            "endpoint": self.endpoint,
-            "model": self.model,
-            "api_key": self.api_key,
-            "timeout_s": self.timeout_s,
-            "retry_window_s": self.retry_window_s,
-            "min_decode_tokens_per_second": self.min_decode_tokens_per_second,
-            "warmup_timeout_s": self.warmup_timeout_s,
-            "expected_answer": self.expected_answer,
-            "rerun_on": list(self.rerun_on),
-        }
+    if not isinstance(args.rerun_on, list | tuple):
+        raise ValueError(f"Verifier rerun_on must be a list of container ids, got {args.rerun_on!r}")
+    return dataclasses.replace(
+        args,
+        endpoint=normalize_endpoint(args.endpoint),
+        api_key=str(args.api_key) if args.api_key else None,
+        rerun_on=tuple(str(item) for item in args.rerun_on),
+    )
 
 
 def _endpoint_as_compared(value: Any) -> Any:
@@ -121,8 +104,10 @@ def _endpoint_as_compared(value: Any) -> Any:
 NORMALIZE = {"endpoint": _endpoint_as_compared, "rerun_on": as_set}
 
 
-def run_verification(inputs: VerifierInputs, on_progress: Progress | None = None) -> dict[str, Any]:
+def run_verification(inputs: VerifierArgs, on_progress: Progress | None = None) -> dict[str, Any]:
     """Verify and return the resource's outputs, or raise VerificationFailed with the diagnosis."""
+    endpoint, model = str(inputs.endpoint), str(inputs.model)  # plain strings in the provider (read_inputs)
+    api_key = str(inputs.api_key) if inputs.api_key else None
     probe_prompts = len(DECODE_PROBE_PROMPTS) if inputs.min_decode_tokens_per_second is not None else 0
     budget = (
         worst_case_seconds(inputs.timeout_s, inputs.retry_window_s, probe_prompts, inputs.warmup_timeout_s or 0.0)
@@ -130,9 +115,9 @@ def run_verification(inputs: VerifierInputs, on_progress: Progress | None = None
     )
     outcome = run_bounded(
         lambda: verify_endpoint(
-            inputs.endpoint,
-            inputs.model,
-            inputs.api_key,
+            endpoint,
+            model,
+            api_key,
             timeout_s=inputs.timeout_s,
             retry_window_s=inputs.retry_window_s,
             min_decode_tokens_per_second=inputs.min_decode_tokens_per_second,
@@ -141,7 +126,7 @@ def run_verification(inputs: VerifierInputs, on_progress: Progress | None = None
             on_progress=on_progress,
         ),
         budget,
-        f"verification of {inputs.endpoint}",
+        f"verification of {endpoint}",
     )
     if isinstance(outcome, Failed):
         raise VerificationFailed(f"verification failed ({outcome.reason}): {outcome.message}")
@@ -162,41 +147,19 @@ class VerifierProvider(StateOnlyProvider):
     id_prefix = "verifier"
 
     def outputs(self, props: Mapping[str, Any]) -> dict[str, Any]:
-        inputs = VerifierInputs.from_props(props)
+        inputs = read_inputs(props)
+        echoed = {k: v for k, v in inputs.to_props().items() if k in INPUT_KEYS}
         try:
-            return {**inputs.to_props(), **run_verification(inputs, log_progress)}
+            return {**echoed, **run_verification(inputs, log_progress)}
         except VerificationFailed as failed:
-            raise VerificationFailed(with_rollback_hint(str(failed), props.get(ROLLBACK_KEY))) from None
+            raise VerificationFailed(with_rollback_hint(str(failed), inputs.rollback_command)) from None
 
 
-def with_rollback_hint(message: str, command: Any) -> str:
+def with_rollback_hint(message: str, command: str) -> str:
     """A failed verification's message, ending with the way back when the program gave one."""
-    if not isinstance(command, str) or not command:
+    if not command:
         return message
     return f"{message}. To go back to the last verified deployment: {command}"
-
-
-@dataclass(frozen=True, kw_only=True)
-class VerifierArgs:
-    """Inputs of Verifier. `rerun_on`: the ids of every serving container, so a replaced
-    container (head or worker) triggers a fresh verification."""
-
-    endpoint: pulumi.Input[str]
-    model: pulumi.Input[str]
-    rerun_on: pulumi.Input[Sequence[pulumi.Input[str]]]
-    api_key: pulumi.Input[str] | None
-    timeout_s: float
-    """Each judged request's bound."""
-    retry_window_s: float
-    """How long connection refused and 503 are retried while the API starts."""
-    min_decode_tokens_per_second: float | None
-    """None: no decode-speed probe."""
-    warmup_timeout_s: float | None
-    """The first answered request may take this long after the start (JIT after a boot); the next is judged."""
-    expected_answer: str
-    """What the judged answer must say (`gates.expectedAnswer`); empty: any answer with real logprobs."""
-    rollback_command: str
-    """Ends a failed verification's message (`dsv41-exl3 rollback --stack NAME`); empty: none."""
 
 
 class Verifier(pulumi.dynamic.Resource, module="verify", name="Verifier"):
@@ -214,18 +177,6 @@ class Verifier(pulumi.dynamic.Resource, module="verify", name="Verifier"):
     """Median decode speed from the probe, or None when no threshold was set."""
 
     def __init__(self, name: str, args: VerifierArgs, opts: pulumi.ResourceOptions | None = None) -> None:
-        props: dict[str, Any] = {
-            "endpoint": args.endpoint,
-            "model": args.model,
-            "rerun_on": args.rerun_on,
-            "api_key": secret_or_none(args.api_key),
-            "timeout_s": args.timeout_s,
-            "retry_window_s": args.retry_window_s,
-            "min_decode_tokens_per_second": args.min_decode_tokens_per_second,
-            "warmup_timeout_s": args.warmup_timeout_s,
-            "expected_answer": args.expected_answer,
-            ROLLBACK_KEY: args.rollback_command,
-            **dict.fromkeys(OUTPUT_KEYS),
-        }
-        secret = pulumi.ResourceOptions(additional_secret_outputs=["api_key"])
+        props = {**props_of(args), **dict.fromkeys(OUTPUT_KEYS)}
+        secret = pulumi.ResourceOptions(additional_secret_outputs=secret_outputs(args))
         super().__init__(VerifierProvider(), name, props, pulumi.ResourceOptions.merge(secret, opts))

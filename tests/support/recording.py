@@ -25,6 +25,11 @@ SECRET_SIG = rpc._special_sig_key  # noqa: SLF001 - the wire marker of a secret 
 SECRET_VALUE = rpc._special_secret_sig  # noqa: SLF001
 
 
+def wire_secret(value: Any) -> dict[str, Any]:
+    """A secret value as the engine receives and stores it."""
+    return {SECRET_SIG: SECRET_VALUE, "value": value}
+
+
 @dataclass
 class Registration:
     typ: str
@@ -42,6 +47,12 @@ class Registration:
     raw_inputs: dict[str, Any] = field(repr=False)
     aliases: list[dict[str, Any]] = field(default_factory=list)
     """Each alias as sent: `{"urn": ...}` or `{"spec": {"parentUrn": ...}}`."""
+    additional_secret_outputs: list[str] = field(default_factory=list)
+    """The outputs the program asked the state to keep secret (`additionalSecretOutputs`), in its order."""
+
+    def stored(self) -> dict[str, Any]:
+        """The inputs as the engine keeps them: on the wire, secrets still marked, without the pickled provider."""
+        return {k: v for k, v in self.raw_inputs.items() if k != "__provider"}
 
     def secret_paths(self) -> set[str]:
         """Top-level input keys whose value (or part of it) is marked secret on the wire."""
@@ -107,6 +118,7 @@ class RecordingMonitor(pmocks.MockMonitor):
                     inputs=rpc.deserialize_properties(request.object),
                     raw_inputs=raw,
                     aliases=[json_format.MessageToDict(a) for a in request.aliases],
+                    additional_secret_outputs=list(request.additionalSecretOutputs),
                 )
             )
         return response

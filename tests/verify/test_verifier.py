@@ -9,10 +9,12 @@ from typing import Any
 import dill
 import pytest
 
-from components.dynamic import unwrap_secret
+from components.dynamic import props_of, unwrap_secret
 from components.verify import client
 from components.verify import verifier as verify
-from components.verify.verifier import VerificationFailed, VerifierProvider
+from components.verify.verdict import VERIFY_EXPECTED
+from components.verify.verifier import VerificationFailed, VerifierArgs, VerifierProvider
+from tests.support import recording
 from tests.support.fake_vllm import (
     GOOD_TOKENS,
     NAN_STREAM_ERROR,
@@ -42,6 +44,7 @@ def _props(url: str, **overrides: Any) -> dict[str, Any]:
         "retry_window_s": 0,
         "min_decode_tokens_per_second": None,
         "rerun_on": ["head-id-1", "worker-id-1"],
+        "rollback_command": "",
         "__provider": "pickled-provider-v1",
     }
     return {**props, **overrides}
@@ -60,6 +63,8 @@ def test_provider_create_verifies_and_returns_outputs() -> None:
     assert outs["verified_at"].endswith("Z") and "T" in outs["verified_at"]
     assert outs["rerun_on"] == ["head-id-1", "worker-id-1"] and outs["endpoint"] == server.url
     assert "__provider" not in outs
+    # The outputs a deployed stack holds: the compared inputs and the verdict; never the rollback command.
+    assert set(outs) == {*OLD_INPUT_KEYS, *verify.OUTPUT_KEYS}
 
 
 def test_provider_create_raises_the_one_line_diagnosis() -> None:
@@ -208,7 +213,7 @@ def test_verifier_resource_registers_inputs_and_a_pickled_provider() -> None:
 
 def test_verifier_resource_carries_the_warm_up_bound() -> None:
     props = _props("http://127.0.0.1:9/v1", warmup_timeout_s=300)
-    inputs = verify.VerifierInputs.from_props(props)
+    inputs = verify.read_inputs(props)
     assert inputs.warmup_timeout_s == 300.0 and inputs.to_props()["warmup_timeout_s"] == 300.0
     assert client.worst_case_seconds(120, 300, 0, 300) == 300 + 300 + 120 + client.HEALTH_TIMEOUT_S
 
@@ -217,5 +222,86 @@ def test_verifier_resource_carries_the_warm_up_bound() -> None:
 def test_a_missing_setting_is_an_error_not_a_default(key: str) -> None:
     props = _props("http://127.0.0.1:9/v1")
     del props[key]
-    with pytest.raises(ValueError, match=f"Verifier needs {key}"):
-        verify.VerifierInputs.from_props(props)
+    with pytest.raises(ValueError, match=f"VerifierArgs.{key} is missing"):
+        verify.read_inputs(props)
+
+
+# --- the properties a deployed stack holds ------------------------------------------------------------
+
+# The inputs the diff compared before VerifierArgs was a contract: a change of any re-verifies.
+OLD_INPUT_KEYS = (
+    "endpoint",
+    "model",
+    "api_key",
+    "timeout_s",
+    "retry_window_s",
+    "min_decode_tokens_per_second",
+    "warmup_timeout_s",
+    "expected_answer",
+    "rerun_on",
+)
+# The properties Verifier registered before VerifierArgs was a contract (built by hand in Verifier.__init__), for
+# the args of `_program_args`, as the engine stores them: None left out, numbers as floats, the key a secret.
+RECORDED = {
+    "endpoint": "http://10.0.0.1:8888/v1",
+    "model": "DeepSeek-v4.1-Flash-EXL3",
+    "rerun_on": ["serving-spark-0-id", "serving-spark-1-id"],
+    "api_key": recording.wire_secret("sk-deploy-secret"),
+    "timeout_s": 120.0,
+    "retry_window_s": 300.0,
+    "warmup_timeout_s": 300.0,
+    "expected_answer": "Paris",
+    "rollback_command": "dsv41-exl3 rollback --stack dev",
+}
+# Every key that old code put in the properties, None ones included (the outputs, and no decode threshold).
+RECORDED_KEYS = {*RECORDED, "min_decode_tokens_per_second", *verify.OUTPUT_KEYS}
+
+
+def _program_args() -> VerifierArgs:
+    """As components/verify/wiring.py builds them, for the default `gates` settings."""
+    import pulumi
+
+    return VerifierArgs(
+        endpoint="http://10.0.0.1:8888/v1",
+        model="DeepSeek-v4.1-Flash-EXL3",
+        rerun_on=pulumi.Output.from_input(["serving-spark-0-id", "serving-spark-1-id"]),
+        api_key=pulumi.Output.secret("sk-deploy-secret"),
+        timeout_s=min(client.DEFAULT_TIMEOUT_S, 300.0),
+        retry_window_s=300.0,
+        warmup_timeout_s=300.0,
+        min_decode_tokens_per_second=None,
+        expected_answer="Paris",
+        rollback_command="dsv41-exl3 rollback --stack dev",
+    )
+
+
+def test_the_properties_keep_the_shape_deployed_stacks_hold() -> None:
+    """A deployed stack's next `up` sees no diff: same keys, values and secrets as before the contract."""
+    assert {*props_of(_program_args()), *verify.OUTPUT_KEYS} == RECORDED_KEYS
+    assert verify.INPUT_KEYS == OLD_INPUT_KEYS
+    assert VerifierProvider.input_keys == OLD_INPUT_KEYS
+
+    def program() -> None:
+        verify.Verifier("verify", _program_args())
+
+    registered = recording.run(program).named("verify")
+    assert registered.stored() == RECORDED
+    assert registered.additional_secret_outputs == ["api_key"]
+
+
+def test_the_provider_reads_back_what_the_program_sent() -> None:
+    props = {**RECORDED, "api_key": "sk-deploy-secret", "__provider": "pickled"}
+    inputs = verify.read_inputs(props)
+    assert (inputs.endpoint, inputs.model) == (RECORDED["endpoint"], RECORDED["model"])
+    assert inputs.api_key == "sk-deploy-secret"
+    assert inputs.rerun_on == ("serving-spark-0-id", "serving-spark-1-id")
+    assert (inputs.timeout_s, inputs.retry_window_s, inputs.warmup_timeout_s) == (120.0, 300.0, 300.0)
+    assert inputs.min_decode_tokens_per_second is None, "absent: no decode threshold"
+    assert (inputs.expected_answer, inputs.rollback_command) == ("Paris", "dsv41-exl3 rollback --stack dev")
+    assert "sk-deploy-secret" not in repr(inputs), "the key stays out of tracebacks"
+
+
+def test_state_from_before_the_expected_answer_reads_the_recipes_answer() -> None:
+    props = _props("http://127.0.0.1:9/v1")
+    assert "expected_answer" not in props
+    assert verify.read_inputs(props).expected_answer == VERIFY_EXPECTED
