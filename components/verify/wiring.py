@@ -8,6 +8,7 @@ import pulumi
 from components.gates.wiring import wire_gates
 from components.rollback.history import rollback_command
 from components.serving.serving import ServingCluster
+from components.verify.client import DEFAULT_TIMEOUT_S
 from components.verify.verifier import Verifier, VerifierArgs
 from components.wiring import Wiring
 
@@ -28,7 +29,7 @@ def wire_verification(w: Wiring, serving: ServingCluster) -> Verifier:
             model=w.s.serve.served_model_name,
             rerun_on=serving.container_ids,
             api_key=w.api_key,
-            timeout_s=min(120.0, float(g.verify_timeout_seconds)),
+            timeout_s=min(DEFAULT_TIMEOUT_S, float(g.verify_timeout_seconds)),
             retry_window_s=float(g.verify_timeout_seconds),
             # The first request after a boot can spend minutes in JIT: warm up within the window, then judge.
             warmup_timeout_s=float(g.verify_timeout_seconds),
