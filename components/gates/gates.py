@@ -123,15 +123,6 @@ class ReadyGateArgs(RendezvousGateArgs):
 # Provider-side
 
 
-def ranks_from_prop(value: Any) -> list[RankSpec]:
-    """The `ranks` property as specs; every provider that watches ranks reads them this way."""
-    if not isinstance(value, list) or not value:
-        raise ValueError(
-            f"gate ranks must be a non-empty list of {{rank, node, host, port, user, container}}, got {value!r}"
-        )
-    return [RankSpec.from_props(r) for r in value]
-
-
 # What makes two values of an input the same: which containers and ranks, not their order.
 NORMALIZE = {"rerun_on": as_set, "ranks": as_rows}
 

@@ -48,8 +48,9 @@ import pulumi
 import pulumi.dynamic
 
 from components import scripts
-from components.dynamic import StateOnlyProvider, changed_inputs, props_of, secret_or_none, unwrap_secret
-from components.gates.gates import NORMALIZE, GateRank, rank_source, ranks_from_prop, ssh_of
+from components.contract import Contract, secret
+from components.dynamic import StateOnlyProvider, changed_inputs, props_of, read_props, secret_outputs
+from components.gates.gates import NORMALIZE, GateRank, rank_source, ssh_of
 from components.gates.observations import ContainerState, RankSpec, SourceError
 from components.http import ConnectionRefusedOrReset, DeadlineExceeded, exchange
 from components.redaction import redact
@@ -69,11 +70,6 @@ from components.verify.client import (
 )
 from components.verify.verdict import drift_probe_request
 
-INPUT_KEYS = ("ranks", "ssh", "endpoint", "model", "api_key")
-SECRET_KEYS = ["ssh", "api_key", "supervisor_token"]
-# Where the supervisor (when deployed) is asked for its own last probe: operational, not compared by a diff (a new
-# token or address is not a change to what runs).
-SUPERVISOR_KEYS = ("supervisor_url", "supervisor_token", "supervisor_fresh_s")
 SUPERVISOR_TIMEOUT_S = 5.0
 # The supervisor's own probe is trusted for this long past its probe interval (its next probe may run late by
 # about one probe's bound).
@@ -88,29 +84,58 @@ HEAD_PROGRAM = "gates/head_request.py"
 HEAD_MARGIN_S = 20.0
 
 
+# ---------------------------------------------------------------------------------------------
+# The boundary: what the program sends and the provider reads back (components/contract.py)
+
+
 @dataclass(frozen=True, kw_only=True)
-class LiveRanksArgs:
-    ranks: Sequence[GateRank]
+class LiveRanksArgs(Contract):
+    """Inputs of LiveRanks, each a property by its name (the state of a deployed stack keeps these names)."""
+
+    ranks: tuple[GateRank, ...]
     ssh: SshAccess
     endpoint: str
     """The OpenAI base URL the verifier checks (`.../v1`)."""
     model: str
-    api_key: pulumi.Input[str] | None
+    api_key: pulumi.Input[str] | None = secret()
     supervisor_url: str | None = None
     """The leading supervisor agent, asked for its last probe before this preview sends its own."""
-    supervisor_token: pulumi.Input[str] | None = None
-    supervisor_probe_s: float | None = None
+    supervisor_token: pulumi.Input[str] | None = secret(default=None)
+    supervisor_fresh_s: float | None = None
     """`supervisor.probeSeconds`: its last probe counts when at most this plus SUPERVISOR_SLACK_S old."""
+
+    def __post_init__(self) -> None:
+        if not self.ranks:
+            raise ValueError("live ranks need every rank, at least the head's (rank 0)")
+
+    def __repr__(self) -> str:  # keep the keys and the token out of tracebacks
+        nodes = [r.node for r in self.ranks]
+        return f"LiveRanksArgs(ranks={nodes!r}, endpoint={self.endpoint!r}, model={self.model!r})"
+
+
+# Where the supervisor (when deployed) is asked for its own last probe: operational, not compared by a diff (a new
+# token or address is not a change to what runs), not kept in the outputs.
+SUPERVISOR_KEYS = ("supervisor_url", "supervisor_token", "supervisor_fresh_s")
+# What a diff compares, and what the outputs echo: the rest.
+INPUT_KEYS = tuple(k for k in LiveRanksArgs.field_names() if k not in SUPERVISOR_KEYS)
+
+
+def args_of(props: Mapping[str, Any]) -> LiveRanksArgs:
+    """The inputs back from the engine, or from the state (`read`, a diff's olds). State written before a property
+    existed: `ssh` from its flat keys (`ssh_of`); no endpoint or model, nothing of its own to probe (`probe_target`);
+    no supervisor to ask (the outputs never keep one)."""
+    given = {k: v for k, v in props.items() if v is not None}
+    return read_props(LiveRanksArgs, {"endpoint": "", "model": "", **given, "ssh": ssh_of(props).to_props()})
 
 
 def supervisor_verdict(
-    props: Mapping[str, Any], fetch: Callable[[str, str], Any] | None = None, *, report: Callable[[str], None]
+    args: LiveRanksArgs, fetch: Callable[[str, str], Any] | None = None, *, report: Callable[[str], None]
 ) -> Probe | None:
     """The supervisor's own last probe, when it can stand in for this one: fresh (by the agent's clock: at most
     `probeSeconds` + SUPERVISOR_SLACK_S old), healthy, and the supervisor armed, not paused, not given up. A NaN
     or a hang after that probe is caught by the supervisor's next one, which heals it. Anything else: None, and
     LiveRanks probes itself. What the supervisor said is reported either way."""
-    url, token, fresh_s = (unwrap_secret(props.get(k)) for k in SUPERVISOR_KEYS)
+    url, token, fresh_s = args.supervisor_url, args.supervisor_token, args.supervisor_fresh_s
     if not url or not token or not fresh_s:
         return None
     try:
@@ -180,14 +205,12 @@ def down_text(node: str, status: str, head_node: str) -> str:
     return f"{node} is {status}"
 
 
-def probe_target(olds: Mapping[str, Any], news: Mapping[str, Any]) -> tuple[str, str, str | None] | None:
+def probe_target(deployed: LiveRanksArgs, configured: LiveRanksArgs) -> tuple[str, str, str | None] | None:
     """Endpoint, model and key of what is deployed (the state), else of the config (a stack from before)."""
-    props = olds if unwrap_secret(olds.get("endpoint")) else news
-    endpoint, model = unwrap_secret(props.get("endpoint")), unwrap_secret(props.get("model"))
-    if not endpoint or not model:
+    args = deployed if deployed.endpoint else configured
+    if not args.endpoint or not args.model:
         return None
-    key = unwrap_secret(props.get("api_key"))
-    return str(endpoint), str(model), str(key) if key else None
+    return args.endpoint, args.model, str(args.api_key) if args.api_key else None
 
 
 def head_probe(
@@ -318,44 +341,43 @@ class LiveRanksProvider(StateOnlyProvider):
         # The inputs only: created before the containers it watches, it observes on every diff and read.
         return {**{k: props.get(k) for k in INPUT_KEYS}, "observed": {}, "endpoint_observed": None}
 
-    def _observe(self, props: Mapping[str, Any]) -> dict[str, str]:
-        ranks = ranks_from_prop(unwrap_secret(props.get("ranks")))
-        return observe(ranks, rank_source(ranks, ssh_of(props)).state)
+    def _observe(self, args: LiveRanksArgs) -> dict[str, str]:
+        return observe(args.ranks, rank_source(args.ranks, args.ssh).state)
 
     def _probe(
-        self, observed: Mapping[str, str], olds: Mapping[str, Any], news: Mapping[str, Any]
+        self, observed: Mapping[str, str], deployed: LiveRanksArgs, news: LiveRanksArgs
     ) -> tuple[str, Probe] | None:
         """Only when every rank runs: a rank known down already decides, an unreachable node leaves it open."""
-        target = probe_target(olds, news)
+        target = probe_target(deployed, news)
         if target is None or any(status != "running" for status in observed.values()):
             return None
         trusted = supervisor_verdict(news, report=pulumi.log.info)
         if trusted is not None:
             return target[0], trusted
-        ranks = ranks_from_prop(unwrap_secret(news.get("ranks")))
-        head = min(ranks, key=lambda r: r.rank)
+        head = min(news.ranks, key=lambda r: r.rank)
         found = confirmed(
             probe(target),
-            lambda: head_probe(head, rank_source(ranks, ssh_of(news)).argv, target, timeout_s=PROBE_TIMEOUT_S),
+            lambda: head_probe(head, rank_source(news.ranks, news.ssh).argv, target, timeout_s=PROBE_TIMEOUT_S),
         )
         return target[0], found
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> pulumi.dynamic.DiffResult:
-        observed = self._observe(news)
+        args = args_of(news)
+        observed = self._observe(args)
         down = drifted(observed)
         for node, status in sorted(observed.items()):
             if status.startswith("unreachable"):
                 pulumi.log.warn(f"live ranks: node {node} {status}; cannot tell whether its rank runs")
         replace = pulumi.dynamic.DiffResult(changes=True, replaces=["observed"], delete_before_replace=True)
         if down:
-            head = ranks_from_prop(unwrap_secret(news.get("ranks")))[0].node
+            head = args.ranks[0].node
             pulumi.log.warn(
                 "live ranks: "
                 + ", ".join(down_text(n, observed[n], head) for n in down)
                 + ": every rank is replaced together and verified again"
             )
             return replace
-        probed = self._probe(observed, olds, news)
+        probed = self._probe(observed, args_of(olds), args)
         if probed is not None and probed[1].state == "drift":
             pulumi.log.warn(
                 f"live ranks: every rank runs, but {probed[0]} {probed[1].seen}: every rank is "
@@ -368,8 +390,9 @@ class LiveRanksProvider(StateOnlyProvider):
         return pulumi.dynamic.DiffResult(changes=bool(changed_inputs(INPUT_KEYS, olds, news, NORMALIZE)))
 
     def read(self, id_: str, props: dict[str, Any]) -> pulumi.dynamic.ReadResult:
-        observed = self._observe(props)
-        probed = self._probe(observed, props, props)
+        stored = args_of(props)
+        observed = self._observe(stored)
+        probed = self._probe(observed, stored, stored)
         seen = probed[1].seen if probed is not None else "not probed: not every rank runs"
         return pulumi.dynamic.ReadResult(id_=id_, outs={**props, "observed": observed, "endpoint_observed": seen})
 
@@ -384,17 +407,6 @@ class LiveRanks(pulumi.dynamic.Resource, module="drift", name="LiveRanks"):
     """What the endpoint answered the 1-token probe when last read (by `pulumi refresh`)."""
 
     def __init__(self, name: str, args: LiveRanksArgs, opts: pulumi.ResourceOptions | None = None) -> None:
-        props: dict[str, Any] = {
-            "ranks": [r.to_props() for r in args.ranks],
-            "ssh": props_of(args.ssh),
-            "endpoint": args.endpoint,
-            "model": args.model,
-            "api_key": secret_or_none(args.api_key),
-            "supervisor_url": args.supervisor_url,
-            "supervisor_token": secret_or_none(args.supervisor_token),
-            "supervisor_fresh_s": args.supervisor_probe_s,
-            "observed": None,
-            "endpoint_observed": None,
-        }
-        secret = pulumi.ResourceOptions(additional_secret_outputs=list(SECRET_KEYS))
+        props = {**props_of(args), "observed": None, "endpoint_observed": None}
+        secret = pulumi.ResourceOptions(additional_secret_outputs=secret_outputs(args))
         super().__init__(LiveRanksProvider(), name, props, pulumi.ResourceOptions.merge(secret, opts))

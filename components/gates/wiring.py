@@ -59,7 +59,7 @@ def wire_live_ranks(w: Wiring, supervisor_url: str | None, supervisor_token: str
             # The supervisor's fresh healthy probe stands in for the preview's own (LiveRanks' docstring).
             supervisor_url=supervisor_url if supervisor_token else None,
             supervisor_token=pulumi.Output.secret(supervisor_token) if supervisor_token else None,
-            supervisor_probe_s=float(s.supervisor.probe_seconds) if supervisor_token else None,
+            supervisor_fresh_s=float(s.supervisor.probe_seconds) if supervisor_token else None,
         ),
         opts=w.opts(),
     )

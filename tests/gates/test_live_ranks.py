@@ -17,6 +17,7 @@ from components.gates.observations import ContainerState, SourceError
 from components.gates.poll_source import SshRankSource
 from components.ssh import SshAccess
 from components.verify import client as verify
+from tests.support import recording
 from tests.support.fake_ssh import install_fake_ssh
 from tests.support.fake_vllm import (
     ENGINE_DEAD_BODY,
@@ -512,7 +513,130 @@ def test_anything_but_a_fresh_healthy_armed_supervisor_leaves_the_probe_to_the_p
 
 def test_an_unreachable_supervisor_is_reported_and_the_preview_probes() -> None:
     said: list[str] = []
-    props = {"supervisor_url": "http://127.0.0.1:9", "supervisor_token": TOKEN, "supervisor_fresh_s": 60.0}
-    assert live_ranks.supervisor_verdict(props, report=said.append) is None
+    props = {**PROPS, "supervisor_url": "http://127.0.0.1:9", "supervisor_token": TOKEN, "supervisor_fresh_s": 60.0}
+    assert live_ranks.supervisor_verdict(live_ranks.args_of(props), report=said.append) is None
     assert len(said) == 1 and "did not answer" in said[0] and TOKEN not in said[0]
-    assert live_ranks.supervisor_verdict({}, report=said.append) is None and len(said) == 1, "no supervisor: no ask"
+    no_supervisor = live_ranks.args_of(PROPS)
+    assert live_ranks.supervisor_verdict(no_supervisor, report=said.append) is None and len(said) == 1, "no ask"
+
+
+# ---------------------------------------------------------------------------------------------
+# The properties a deployed stack holds.
+
+# The inputs the diff compared before LiveRanksArgs was a contract.
+OLD_INPUT_KEYS = ("ranks", "ssh", "endpoint", "model", "api_key")
+# The ranks as the program wires them (components/gates/wiring.py gate_ranks) for two Sparks under `share: nfs`.
+PROGRAM_RANKS = (
+    GateRank(rank=0, node="spark-0", host="10.0.0.1", user="me", container="dsv41-exl3-dev-spark-0"),
+    GateRank(
+        rank=1,
+        node="spark-1",
+        host="10.0.0.2",
+        port=2222,
+        user="me",
+        container="dsv41-exl3-dev-spark-1",
+        fabric_interface="enp1s0f0np0",
+        nfs_server="192.168.100.1",
+    ),
+)
+SSH_KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nabc\n-----END OPENSSH PRIVATE KEY-----"
+# The properties LiveRanks registered before LiveRanksArgs was a contract (built by hand in LiveRanks.__init__), for
+# the args of `program_args`, as the engine stores them: None left out at the top (kept inside `ssh`), numbers as
+# floats, credentials secret.
+RECORDED = {
+    "ranks": [
+        {
+            "rank": 0.0,
+            "node": "spark-0",
+            "host": "10.0.0.1",
+            "port": 22.0,
+            "user": "me",
+            "container": "dsv41-exl3-dev-spark-0",
+            "fabric_interface": "",
+            "nfs_server": "",
+        },
+        {
+            "rank": 1.0,
+            "node": "spark-1",
+            "host": "10.0.0.2",
+            "port": 2222.0,
+            "user": "me",
+            "container": "dsv41-exl3-dev-spark-1",
+            "fabric_interface": "enp1s0f0np0",
+            "nfs_server": "192.168.100.1",
+        },
+    ],
+    "ssh": {"private_key": recording.wire_secret(SSH_KEY), "agent_socket": None, "known_hosts_file": "/home/me/kh"},
+    "endpoint": "http://10.0.0.1:8888/v1",
+    "model": "DeepSeek-v4.1-Flash-EXL3",
+    "api_key": recording.wire_secret("sk-deploy-secret"),
+    "supervisor_url": "http://10.0.0.1:8781",
+    "supervisor_token": recording.wire_secret(TOKEN),
+    "supervisor_fresh_s": 60.0,
+}
+# Every key that old code put in the properties, None ones included.
+RECORDED_KEYS = {*RECORDED, "observed", "endpoint_observed"}
+RECORDED_SECRET_OUTPUTS = ["ssh", "api_key", "supervisor_token"]
+
+
+def program_args(supervisor: bool = True) -> live_ranks.LiveRanksArgs:
+    """As components/gates/wiring.py builds them: the stack's ssh section, the serving API key, the supervisor."""
+    import pulumi
+
+    token = TOKEN if supervisor else None
+    return live_ranks.LiveRanksArgs(
+        ranks=PROGRAM_RANKS,
+        ssh=SshAccess(private_key=pulumi.Output.secret(SSH_KEY), known_hosts_file="/home/me/kh"),
+        endpoint="http://10.0.0.1:8888/v1",
+        model="DeepSeek-v4.1-Flash-EXL3",
+        api_key=pulumi.Output.secret("sk-deploy-secret"),
+        supervisor_url="http://10.0.0.1:8781" if token else None,
+        supervisor_token=pulumi.Output.secret(token) if token else None,
+        supervisor_fresh_s=60.0 if token else None,
+    )
+
+
+def test_the_properties_keep_the_shape_deployed_stacks_hold() -> None:
+    """A deployed stack's next `up` sees no diff: same keys, nesting, values and secrets as before the contract."""
+    from components.dynamic import props_of
+
+    assert {*props_of(program_args()), "observed", "endpoint_observed"} == RECORDED_KEYS
+    assert live_ranks.INPUT_KEYS == OLD_INPUT_KEYS == live_ranks.LiveRanksProvider.input_keys
+
+    def program() -> None:
+        live_ranks.LiveRanks("live-ranks", program_args())
+        live_ranks.LiveRanks("live-ranks-alone", program_args(supervisor=False))
+
+    rec = recording.run(program)
+    assert rec.named("live-ranks").stored() == RECORDED
+    alone = {k: v for k, v in RECORDED.items() if not k.startswith("supervisor_")}
+    assert rec.named("live-ranks-alone").stored() == alone, "no supervisor: none of its keys"
+    for name in ("live-ranks", "live-ranks-alone"):
+        assert rec.named(name).additional_secret_outputs == RECORDED_SECRET_OUTPUTS
+
+
+def test_the_provider_reads_back_what_the_program_sent() -> None:
+    props = {**RECORDED, "ssh": {**RECORDED["ssh"], "private_key": SSH_KEY}, "__provider": "pickled"}
+    args = live_ranks.args_of({**props, "api_key": "sk-deploy-secret", "supervisor_token": TOKEN})
+    assert args.ranks == PROGRAM_RANKS
+    assert args.ssh == SshAccess(private_key=SSH_KEY, known_hosts_file="/home/me/kh")
+    assert (args.endpoint, args.model, args.api_key) == (RECORDED["endpoint"], RECORDED["model"], "sk-deploy-secret")
+    assert (args.supervisor_url, args.supervisor_token, args.supervisor_fresh_s) == ("http://10.0.0.1:8781", TOKEN, 60)
+    assert not any(secret in repr(args) for secret in (SSH_KEY, "sk-deploy-secret", TOKEN)), repr(args)
+
+
+def test_state_from_before_the_ssh_object_and_the_probe_is_still_read(world: dict[int, Any]) -> None:
+    """A stack deployed before `ssh` was one object and before LiveRanks probed: flat ssh keys, no endpoint."""
+    old = {"ranks": PROPS["ranks"], "ssh_private_key": "KEY", "ssh_agent_socket": "/run/agent", "observed": {}}
+    args = live_ranks.args_of(old)
+    assert args.ssh == SshAccess(private_key="KEY", agent_socket="/run/agent")
+    assert (args.endpoint, args.model, args.api_key, args.supervisor_url) == ("", "", None, None)
+    assert live_ranks.LiveRanksProvider().read("live-1", old).outs["observed"] == {
+        "head": "running",
+        "worker": "running",
+    }
+    with FakeVllm(Reply(body=chat_body(good_items()).encode())) as configured:
+        news = probed(configured)
+        diff = live_ranks.LiveRanksProvider().diff("live-1", old, news)
+        assert len(configured.completion_requests()) == 1, "nothing deployed to probe: the config's endpoint is"
+    assert diff.changes and not diff.replaces, "the new properties are stored in place"
