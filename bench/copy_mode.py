@@ -33,14 +33,16 @@ def time_copy_check(props: dict[str, Any]) -> float:
     """What a second up adds for the copy: the WorkerCopy diff's check (one ssh session, record and stat only),
     as the provider runs it in a fresh process (cold ssh master)."""
     from components import ssh
+    from components.dynamic import read_props
     from components.weights import worker_copy
 
+    args = read_props(worker_copy.WorkerCopyArgs, props)
     began = time.monotonic()
-    stale = worker_copy.check_copy(props)
+    stale = worker_copy.check_copy(args)
     elapsed = time.monotonic() - began
     if stale:
         raise RuntimeError(f"the copy check found {stale} on a verified copy")
-    with_master = ssh.control_path(worker_copy._target(props, "worker"))  # noqa: SLF001 - the provider's own target
+    with_master = ssh.control_path(args.worker_target())
     subprocess.run(["ssh", "-O", "exit", "-o", f"ControlPath={with_master}", "x"], capture_output=True, check=False)
     return elapsed
 

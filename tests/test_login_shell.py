@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from components import scripts
 from components.config import parse
 from components.deployment import deploy
+from components.dynamic import read_props
 from components.gates import stream_source
 from components.ssh import SshTarget, ssh_argv
 from components.weights import manifest as wm
@@ -269,4 +270,4 @@ def test_a_workers_copy_runs_end_to_end_through_the_login_shell(
     outs = wc.run_copy(props, log=lambda _m: None)
     assert outs["copied_files"] == len(files) and outs["root"] == str((tmp_path / "copy").resolve())
     assert {p: (tmp_path / "copy" / p).read_bytes() for p in files} == files
-    assert wc.check_copy(props) == {}, "the copy check reads the copy as verified"
+    assert wc.check_copy(read_props(wc.WorkerCopyArgs, props)) == {}, "the copy check reads the copy as verified"

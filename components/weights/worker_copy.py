@@ -33,35 +33,13 @@ from typing import IO, Any
 import pulumi
 import pulumi.dynamic
 
-from components.dynamic import changed_inputs, log_progress, plain, secret_or_none, unwrap_secret
+from components.contract import Contract, secret
+from components.dynamic import changed_inputs, log_progress, plain, props_of, read_props, secret_outputs
 from components.ssh import SshAccess, SshTarget, ssh_argv
 from components.weights import local_copy as lc
 from components.weights import manifest as wm
 from components.weights.copy_source import HEARTBEAT_S
 
-# What decides the copy's content: a change re-runs it (images, streams and credentials do not).
-COPY_INPUT_KEYS = ("worker", "worker_host", "worker_port", "head_root", "copy_root", "files", "sha256")
-# Where the copy is: a change is a new copy (a new resource id), never an update.
-WHERE_KEYS = ("worker", "worker_host", "worker_port", "copy_root")
-INPUT_KEYS = (
-    *COPY_INPUT_KEYS,
-    "worker_user",
-    "worker_fabric_ip",
-    "head",
-    "head_host",
-    "head_port",
-    "head_user",
-    "head_fabric_ip",
-    "head_image",
-    "worker_image",
-    "streams",
-    "timeout_s",
-    "stack_prefix",
-    "ssh_private_key",
-    "ssh_agent_socket",
-    "ssh_known_hosts_file",
-)
-SECRET_KEYS = ["ssh_private_key"]
 SOURCE_START_TIMEOUT_S = 120.0
 CHECK_TIMEOUT_S = 30.0
 _PROGRESS_INTERVAL_S = 10.0
@@ -71,11 +49,26 @@ class CopyFailed(Exception):
     """The copy did not complete; the message names the worker and what the node said."""
 
 
+# ---------------------------------------------------------------------------------------------
+# The boundary: what the program sends and the provider reads back (components/contract.py)
+
+
 @dataclass(frozen=True, kw_only=True)
-class WorkerCopyArgs:
+class WorkerCopyArgs(Contract):
+    """Inputs of WorkerCopy, each a property by its name and flat (the state of a deployed stack keeps these
+    names: a copy runs again when its inputs change)."""
+
+    # What decides the copy's content (COPY_INPUT_KEYS).
     worker: str
     worker_host: str
     worker_port: int
+    head_root: pulumi.Input[str]
+    """The head's weights root, absolute (the staging output)."""
+    copy_root: str
+    """The copy root on this worker, `{node}` already resolved."""
+    files: pulumi.Input[Mapping[str, int]]
+    sha256: pulumi.Input[Mapping[str, str]]
+    # How both ends are reached and how the copy runs.
     worker_user: str
     worker_fabric_ip: str
     head: str
@@ -83,34 +76,50 @@ class WorkerCopyArgs:
     head_port: int
     head_user: str
     head_fabric_ip: str
-    ssh: SshAccess
-    head_root: pulumi.Input[str]
-    """The head's weights root, absolute (the staging output)."""
     head_image: pulumi.Input[str]
     """The serving image on the head (runs the source)."""
     worker_image: pulumi.Input[str]
     """The serving image on this worker (runs the copier): its id, so the copy waits for the pull."""
-    copy_root: str
-    """The copy root on this worker, `{node}` already resolved."""
-    files: pulumi.Input[Mapping[str, int]]
-    sha256: pulumi.Input[Mapping[str, str]]
     streams: int
     timeout_s: int
     stack_prefix: str
+    # The stack's `ssh` section (components/ssh.py SshAccess), flat as the state of a deployed copy holds it.
+    ssh_private_key: pulumi.Input[str] | None = secret()
+    ssh_agent_socket: str | None
+    ssh_known_hosts_file: str | None
+
+    def __repr__(self) -> str:  # keep the key out of tracebacks
+        return f"WorkerCopyArgs(worker={self.worker!r}, head={self.head!r}, copy_root={self.copy_root!r})"
+
+    def manifest(self) -> tuple[Mapping[str, int], Mapping[str, str]]:
+        """`files` and `sha256` as the provider reads them: plain objects, path -> size and path -> digest."""
+        files, sha256 = self.files, self.sha256
+        if not isinstance(files, Mapping) or not isinstance(sha256, Mapping):
+            raise ValueError(
+                f"WorkerCopy needs files and sha256 as objects, got {type(files).__name__} and {type(sha256).__name__}"
+            )
+        return files, sha256
+
+    def ssh(self) -> SshAccess:
+        return SshAccess(
+            private_key=self.ssh_private_key,
+            agent_socket=self.ssh_agent_socket,
+            known_hosts_file=self.ssh_known_hosts_file,
+        )
+
+    def head_target(self) -> SshTarget:
+        return self.ssh().target(self.head_host, self.head_port, self.head_user)
+
+    def worker_target(self) -> SshTarget:
+        return self.ssh().target(self.worker_host, self.worker_port, self.worker_user)
 
 
-def _target(props: Mapping[str, Any], which: str) -> SshTarget:
-    key = unwrap_secret(props.get("ssh_private_key"))
-    agent = props.get("ssh_agent_socket")
-    known = props.get("ssh_known_hosts_file")
-    return SshTarget(
-        host=str(props[f"{which}_host"]),
-        port=int(props[f"{which}_port"]),
-        user=str(props[f"{which}_user"]),
-        private_key=str(key) if key else None,
-        agent_socket=str(agent) if agent else None,
-        known_hosts_file=str(known) if known else None,
-    )
+# Every input: a change of any is stored (an update), and what the outputs echo.
+INPUT_KEYS = WorkerCopyArgs.field_names()
+# What decides the copy's content: a change re-runs it (images, streams and credentials do not).
+COPY_INPUT_KEYS = ("worker", "worker_host", "worker_port", "head_root", "copy_root", "files", "sha256")
+# Where the copy is: a change is a new copy (a new resource id), never an update.
+WHERE_KEYS = ("worker", "worker_host", "worker_port", "copy_root")
 
 
 def _drain(stream: IO[str], lines: queue.Queue[str | None]) -> None:
@@ -126,17 +135,16 @@ def _tail(lines: list[str], n: int = 8) -> str:
 class _Source:
     """The head's source for one copy: started, read until it listens, stopped by closing its stdin."""
 
-    def __init__(self, props: Mapping[str, Any], token: str) -> None:
-        worker = str(props["worker"])
+    def __init__(self, args: WorkerCopyArgs, token: str) -> None:
         command = lc.render_source_command(
-            abs_root=str(props["head_root"]),
-            bind=str(props["head_fabric_ip"]),
-            image=str(props["head_image"]),
-            container=lc.source_container(str(props["stack_prefix"]), worker),
+            abs_root=str(args.head_root),
+            bind=args.head_fabric_ip,
+            image=str(args.head_image),
+            container=lc.source_container(args.stack_prefix, args.worker),
         )
-        self.head = str(props["head"])
+        self.head = args.head
         self.proc = subprocess.Popen(
-            ssh_argv(_target(props, "head"), command),
+            ssh_argv(args.head_target(), command),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -149,9 +157,9 @@ class _Source:
         ).start()
         config = {
             "token": token,
-            "allow": [str(props["worker_fabric_ip"])],
+            "allow": [args.worker_fabric_ip],
             "dirs": list(wm.SERVED_DIRS),
-            "max_lifetime_s": int(props["timeout_s"]) + 600,
+            "max_lifetime_s": args.timeout_s + 600,
         }
         self.proc.stdin.write(json.dumps(config) + "\n")
         self.proc.stdin.flush()
@@ -213,26 +221,27 @@ class _Source:
 
 def run_copy(props: Mapping[str, Any], log: Any = log_progress) -> dict[str, Any]:
     """Copy what the worker lacks; return the outputs (inputs echoed plus the report)."""
-    worker = str(props["worker"])
+    args = read_props(WorkerCopyArgs, props)
+    worker = args.worker
     token = secrets.token_urlsafe(32)
     began = time.monotonic()
-    source = _Source(props, token)
+    source = _Source(args, token)
     try:
         ready = source.wait_listening()
         command = lc.render_copy_command(
             node=worker,
-            copy_root=str(props["copy_root"]),
-            source=f"http://{props['head_fabric_ip']}:{ready.port}",
+            copy_root=args.copy_root,
+            source=f"http://{args.head_fabric_ip}:{ready.port}",
             source_ident=ready.ident,
-            bind=str(props["worker_fabric_ip"]),
-            image=str(props["worker_image"]),
-            container=lc.copier_container(str(props["stack_prefix"])),
-            streams=int(props["streams"]),
-            expected=lc.expected_json(unwrap_secret(props["files"]), unwrap_secret(props["sha256"])),
-            timeout_s=int(props["timeout_s"]),
+            bind=args.worker_fabric_ip,
+            image=str(args.worker_image),
+            container=lc.copier_container(args.stack_prefix),
+            streams=args.streams,
+            expected=lc.expected_json(*args.manifest()),
+            timeout_s=args.timeout_s,
         )
         proc = subprocess.Popen(
-            ssh_argv(_target(props, "worker"), command),
+            ssh_argv(args.worker_target(), command),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -251,7 +260,7 @@ def run_copy(props: Mapping[str, Any], log: Any = log_progress) -> dict[str, Any
             if now - last_progress >= _PROGRESS_INTERVAL_S or "copying" in line:
                 log(f"weights copy: {line.rstrip().removeprefix('copy_weights: ')}")
                 last_progress = now
-        proc.wait(timeout=int(props["timeout_s"]) + 120)
+        proc.wait(timeout=args.timeout_s + 120)
         time.sleep(0.05)
         if proc.returncode != 0:
             raise CopyFailed(f"the weights copy to {worker} failed ({proc.returncode}):\n    {_tail(errors)}")
@@ -279,13 +288,12 @@ def run_copy(props: Mapping[str, Any], log: Any = log_progress) -> dict[str, Any
     }
 
 
-def check_copy(props: Mapping[str, Any]) -> dict[str, str]:
+def check_copy(args: WorkerCopyArgs) -> dict[str, str]:
     """{path: why} for every file of the worker's copy that is not the verified one (copy_check.sh)."""
-    command = lc.render_copy_check(
-        copy_root=str(props["copy_root"]), files=unwrap_secret(props["files"]), sha256=unwrap_secret(props["sha256"])
-    )
+    files, sha256 = args.manifest()
+    command = lc.render_copy_check(copy_root=args.copy_root, files=files, sha256=sha256)
     done = subprocess.run(
-        ssh_argv(_target(props, "worker"), command),
+        ssh_argv(args.worker_target(), command),
         capture_output=True,
         text=True,
         timeout=CHECK_TIMEOUT_S,
@@ -310,16 +318,17 @@ class WorkerCopyProvider(pulumi.dynamic.ResourceProvider):
         moved = sorted(set(changed) & set(WHERE_KEYS))
         if changed:
             return pulumi.dynamic.DiffResult(changes=True, replaces=moved, delete_before_replace=False)
+        args = read_props(WorkerCopyArgs, news)
         try:
-            stale = check_copy(news)
+            stale = check_copy(args)
         except (CopyFailed, subprocess.TimeoutExpired, OSError, ValueError) as err:
-            pulumi.log.warn(f"weights copy: cannot check the copy on {news.get('worker')} ({err}); left as it is")
+            pulumi.log.warn(f"weights copy: cannot check the copy on {args.worker} ({err}); left as it is")
             stale = {}
         if stale:
             shown = ", ".join(f"{p} ({why})" for p, why in sorted(stale.items())[:5])
             more = f" and {len(stale) - 5} more" if len(stale) > 5 else ""
             pulumi.log.warn(
-                f"weights copy: on {news.get('worker')}, {len(stale)} file(s) are not the verified "
+                f"weights copy: on {args.worker}, {len(stale)} file(s) are not the verified "
                 f"ones: {shown}{more}; `pulumi up` copies them again"
             )
             return pulumi.dynamic.DiffResult(changes=True, replaces=[], delete_before_replace=False)
@@ -327,8 +336,9 @@ class WorkerCopyProvider(pulumi.dynamic.ResourceProvider):
 
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> pulumi.dynamic.UpdateResult:
         if not changed_inputs(COPY_INPUT_KEYS, olds, news):
+            args = read_props(WorkerCopyArgs, news)
             try:
-                if not check_copy(news):
+                if not check_copy(args):
                     # Only how it is reached changed: the copy is the verified one, nothing to move.
                     return pulumi.dynamic.UpdateResult(outs={**olds, **plain(INPUT_KEYS, news)})
             except (CopyFailed, subprocess.TimeoutExpired, OSError, ValueError):
@@ -351,30 +361,8 @@ class WorkerCopy(pulumi.dynamic.Resource, module="weights", name="WorkerCopy"):
     verified_at: pulumi.Output[str]
 
     def __init__(self, name: str, args: WorkerCopyArgs, opts: pulumi.ResourceOptions | None = None) -> None:
-        props: dict[str, Any] = {
-            "worker": args.worker,
-            "worker_host": args.worker_host,
-            "worker_port": args.worker_port,
-            "worker_user": args.worker_user,
-            "worker_fabric_ip": args.worker_fabric_ip,
-            "head": args.head,
-            "head_host": args.head_host,
-            "head_port": args.head_port,
-            "head_user": args.head_user,
-            "head_fabric_ip": args.head_fabric_ip,
-            # Flat, as state written before SshAccess holds them: a copy re-runs on a change of its inputs.
-            "ssh_private_key": secret_or_none(args.ssh.private_key),
-            "ssh_agent_socket": args.ssh.agent_socket,
-            "ssh_known_hosts_file": args.ssh.known_hosts_file,
-            "head_root": args.head_root,
-            "head_image": args.head_image,
-            "worker_image": args.worker_image,
-            "copy_root": args.copy_root,
-            "files": args.files,
-            "sha256": args.sha256,
-            "streams": args.streams,
-            "timeout_s": args.timeout_s,
-            "stack_prefix": args.stack_prefix,
+        props = {
+            **props_of(args),
             "root": None,
             "copied_files": None,
             "copied_bytes": None,
@@ -382,5 +370,5 @@ class WorkerCopy(pulumi.dynamic.Resource, module="weights", name="WorkerCopy"):
             "elapsed_s": None,
             "verified_at": None,
         }
-        secret = pulumi.ResourceOptions(additional_secret_outputs=list(SECRET_KEYS))
+        secret = pulumi.ResourceOptions(additional_secret_outputs=secret_outputs(args))
         super().__init__(WorkerCopyProvider(), name, props, pulumi.ResourceOptions.merge(secret, opts))

@@ -10,8 +10,10 @@ from typing import Any
 
 import pytest
 
+from components.dynamic import read_props
 from components.weights import worker_copy as wc
 from components.weights.copy_weights import REPORT_MARKER
+from tests.support import recording
 
 FAKE_SSH = r"""#!/bin/sh
 # The remote command is the last argument; argv and stdin are recorded per call.
@@ -188,3 +190,132 @@ def test_the_id_is_the_absolute_copy_root(ssh_dir: Path) -> None:
 def test_delete_keeps_the_copy(ssh_dir: Path) -> None:
     wc.WorkerCopyProvider().delete("copy-1", props())
     assert not (ssh_dir / "n").exists(), "destroy opens no ssh: the worker's copy stays"
+
+
+# --- the properties a deployed copy holds ----------------------------------------------------------------
+
+# Every input before WorkerCopyArgs was a contract (a change of any is stored; the copy runs again on a change of
+# COPY_INPUT_KEYS).
+OLD_INPUT_KEYS = (
+    "worker",
+    "worker_host",
+    "worker_port",
+    "head_root",
+    "copy_root",
+    "files",
+    "sha256",
+    "worker_user",
+    "worker_fabric_ip",
+    "head",
+    "head_host",
+    "head_port",
+    "head_user",
+    "head_fabric_ip",
+    "head_image",
+    "worker_image",
+    "streams",
+    "timeout_s",
+    "stack_prefix",
+    "ssh_private_key",
+    "ssh_agent_socket",
+    "ssh_known_hosts_file",
+)
+# The properties WorkerCopy registered before WorkerCopyArgs was a contract (built by hand in WorkerCopy.__init__),
+# for the args of `program_args`, as the engine stores them: flat, None left out, numbers as floats, the key secret.
+RECORDED = {
+    "worker": "spark-1",
+    "worker_host": "10.0.0.2",
+    "worker_port": 22.0,
+    "worker_user": "me",
+    "worker_fabric_ip": "192.168.100.2",
+    "head": "spark-0",
+    "head_host": "10.0.0.1",
+    "head_port": 2222.0,
+    "head_user": "me",
+    "head_fabric_ip": "192.168.100.1",
+    "ssh_private_key": recording.wire_secret(KEY),
+    "ssh_known_hosts_file": "/home/me/kh",
+    "head_root": "/home/me/dsv41-exl3",
+    "head_image": "sha256:" + "1" * 64,
+    "worker_image": "sha256:" + "2" * 64,
+    "copy_root": "/nvme/spark-1/dsv41",
+    "files": {"model/a": 5.0, "model/b": 7.0},
+    "sha256": {"model/a": "a" * 64, "model/b": "b" * 64},
+    "streams": 4.0,
+    "timeout_s": 3600.0,
+    "stack_prefix": "dsv41-exl3-dev",
+}
+# Every key that old code put in the properties, None ones included (the outputs, and no agent socket).
+RECORDED_KEYS = {*RECORDED, "ssh_agent_socket", "root", "copied_files", "copied_bytes", "copy_seconds"}
+RECORDED_KEYS |= {"elapsed_s", "verified_at"}
+
+
+def program_args() -> wc.WorkerCopyArgs:
+    """As components/weights/weight_store.py builds them: staging's outputs, the stack's `ssh` section flat."""
+    import pulumi
+
+    from components.ssh import SshAccess
+
+    ssh = SshAccess(private_key=pulumi.Output.secret(KEY), known_hosts_file="/home/me/kh")
+    return wc.WorkerCopyArgs(
+        worker="spark-1",
+        worker_host="10.0.0.2",
+        worker_port=22,
+        worker_user="me",
+        worker_fabric_ip="192.168.100.2",
+        head="spark-0",
+        head_host="10.0.0.1",
+        head_port=2222,
+        head_user="me",
+        head_fabric_ip="192.168.100.1",
+        ssh_private_key=ssh.private_key,
+        ssh_agent_socket=ssh.agent_socket,
+        ssh_known_hosts_file=ssh.known_hosts_file,
+        head_root=pulumi.Output.from_input("/home/me/dsv41-exl3"),
+        head_image="sha256:" + "1" * 64,
+        worker_image=pulumi.Output.from_input("sha256:" + "2" * 64),
+        copy_root="/nvme/spark-1/dsv41",
+        files=pulumi.Output.from_input({"model/a": 5, "model/b": 7}),
+        sha256=pulumi.Output.from_input({"model/a": "a" * 64, "model/b": "b" * 64}),
+        streams=4,
+        timeout_s=3600,
+        stack_prefix="dsv41-exl3-dev",
+    )
+
+
+def test_the_properties_keep_the_shape_deployed_copies_hold() -> None:
+    """A deployed stack's next `up` copies nothing again: same flat keys, values and secret as before the contract."""
+    from components.dynamic import props_of
+
+    args = program_args()
+    assert {*props_of(args), "root", "copied_files", "copied_bytes", "copy_seconds", "elapsed_s", "verified_at"} == (
+        RECORDED_KEYS
+    )
+    assert wc.INPUT_KEYS == OLD_INPUT_KEYS
+    assert set(wc.COPY_INPUT_KEYS) | set(wc.WHERE_KEYS) <= set(wc.INPUT_KEYS)
+
+    def program() -> None:
+        wc.WorkerCopy("weights-copy-spark-1", program_args())
+
+    registered = recording.run(program).named("weights-copy-spark-1")
+    assert registered.stored() == RECORDED
+    assert registered.additional_secret_outputs == ["ssh_private_key"]
+
+
+def test_the_provider_reads_back_what_the_program_sent() -> None:
+    args = read_props(wc.WorkerCopyArgs, {**RECORDED, "ssh_private_key": KEY, "__provider": "pickled"})
+    assert (args.worker_port, args.head_port, args.streams, args.timeout_s) == (22, 2222, 4, 3600)
+    assert args.manifest() == (RECORDED["files"], RECORDED["sha256"])
+    head, worker = args.head_target(), args.worker_target()
+    assert (head.host, head.port, head.user, worker.host, worker.port) == ("10.0.0.1", 2222, "me", "10.0.0.2", 22)
+    assert head.private_key == KEY and head.known_hosts_file == "/home/me/kh" and head.agent_socket is None
+    assert "SECRETKEYMATERIAL" not in repr(args), "the key stays out of tracebacks"
+
+
+def test_no_key_and_no_agent_socket_are_absent_and_read_as_none(ssh_dir: Path) -> None:
+    """The engine leaves None properties out: a stack on its agent alone sends no key."""
+    given = {k: v for k, v in props().items() if v is not None}
+    del given["ssh_private_key"]
+    target = read_props(wc.WorkerCopyArgs, given).worker_target()
+    assert (target.private_key, target.agent_socket, target.known_hosts_file) == (None, None, None)
+    assert wc.run_copy(given, log=lambda _m: None)["ssh_private_key"] is None
