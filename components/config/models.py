@@ -19,6 +19,7 @@ from pydantic.alias_generators import to_camel
 
 from components import capacity
 from components.config.declare import setting
+from components.verify.verdict import VERIFY_EXPECTED
 
 NAMESPACE = "dsv41-exl3"
 RECIPE_IMAGE = "ghcr.io/miaai-lab/deepseek-v4.1-flash-exl3-2x-dgx-sparks:2.9bpw"
@@ -542,7 +543,7 @@ class Gates(_Model):
     # The word the answer to the recipe's question must hold (any case, as a whole word). Empty: any answer
     # with real logprobs passes, for a model that cannot know it (the sim's random-weight model).
     expected_answer: str = setting(
-        "Paris",
+        VERIFY_EXPECTED,
         "the word the verifier's answer must hold (any case, a whole word); empty: any answer with real "
         "logprobs passes",
     )
