@@ -429,11 +429,13 @@ class Serve(_Model):
         None,
         "the key every request must carry. Unset: the program generates one, stable across updates, exported as "
         f"the secret output `apiKey`; `{OPEN_ENDPOINT}`: serve without a key (warned at every preview). On the head, "
-        "by env (never argv): the one secret left in a container's environment, so `docker inspect` of the head's "
-        "rank shows it; vLLM reads the key only from `--api-key` (argv, visible to every process) or this "
-        "variable. The HF token and the copy token reach their programs on stdin",
+        "from a file, never argv or the container's env: the program writes it over ssh (on stdin) to "
+        "`~/.local/state/<stack prefix>/api-key` on the head (0600), the rank mounts it read-only at "
+        "`/run/dsv41-exl3/api-key` and its entrypoint exports it to vLLM's own process, so `docker inspect` shows "
+        "the mount's path, not the key, and the head's env is plain (an update's diff shows each change). A new "
+        "key replaces every rank. The HF token and the copy token reach their programs on stdin",
         env="VLLM_API_KEY",
-        note="it is passed by environment, never argv",
+        note="vLLM's own process gets it from the key file, never argv or the container's env",
         shown="(generated)",
     )
 
