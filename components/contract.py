@@ -2,11 +2,12 @@
 from its fields, used on both sides.
 
 The boundaries: a dynamic provider's properties (the program writes them, the provider process reads them back
-from the engine) and the supervisor agent's config file (written by the program, read in a container). Adding a
+from the engine), the supervisor agent's config file (written by the program, read in a container) and the first
+stdin line of the worker copy's two programs (components/weights/copy_config.py). Adding a
 setting is one field in its declaration and one line where the program maps config onto it; nothing builds or
 reads these by string keys.
 
-Standard library only: this module is shipped into the supervisor's container with the agent.
+Standard library only: this module is shipped into containers with the programs that import it.
 """
 
 from __future__ import annotations
@@ -127,9 +128,19 @@ class Contract:
     def to_json(self) -> str:
         return json.dumps(self.to_props(), indent=1, sort_keys=True)
 
+    def to_line(self) -> str:
+        """`to_json` on one line: the first line of a program's stdin (`from_json` reads either)."""
+        return json.dumps(self.to_props(), sort_keys=True, separators=(",", ":"))
+
     @classmethod
     def from_json(cls, text: str) -> Self:
-        return cls.from_props(json.loads(text))
+        try:
+            data = json.loads(text)
+        except ValueError as error:
+            raise ContractError(f"{cls.__name__} is not JSON: {error}") from None
+        if not isinstance(data, Mapping):
+            raise ContractError(f"{cls.__name__} must be an object, got {type(data).__name__}")
+        return cls.from_props(data)
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
