@@ -4,6 +4,7 @@ state, the per-preview copy check timed on its own, the copier's throughput on l
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -17,7 +18,6 @@ from typing import Any
 
 from bench import report
 from bench.analysis import fmt_runs
-from bench.harness import REPO
 from bench.report import SPECS
 from sim.deploy import Deployment
 
@@ -48,12 +48,12 @@ def time_copy_check(props: dict[str, Any]) -> float:
 
 
 def copy_loopback(runs: int, size_mib: int = 1024, files: int = 8, streams: int = 4) -> list[float]:
-    """The copier's throughput against the head's source, both as processes on loopback (the scripts the
+    """The copier's throughput against the head's source, both as processes on loopback (the zip applications the
     containers run, with this machine's python), a fresh destination each run: MiB/s."""
     from components.weights import local_copy as lc
     from components.weights import manifest as wm
+    from components.weights.copy_config import Limits, SourceConfig
 
-    here = REPO / "components" / "weights"
     rates = []
     with tempfile.TemporaryDirectory(prefix="dsv41-bench-copy-", dir="/var/tmp") as tmp:
         head = Path(tmp) / "head"
@@ -67,19 +67,23 @@ def copy_loopback(runs: int, size_mib: int = 1024, files: int = 8, streams: int 
                     f.write(chunk)
             sizes[rel] = (size_mib // files) << 20
             digests[rel] = hashlib.sha256(chunk * (size_mib // files)).hexdigest()
-        (Path(tmp) / "expected.json").write_text(lc.expected_json(sizes, digests))
+        copier = lc.copier_config(token="bench", files=sizes, sha256=digests)
+        programs = {"source": lc.source_program_text(), "copier": lc.copier_program_text()}
+        for name, text in programs.items():
+            (Path(tmp) / f"{name}.pyz").write_bytes(base64.b64decode(text))
         for run in range(runs):
             source = subprocess.Popen(
-                [sys.executable, str(here / "copy_source.py"), "--root", str(head), "--bind", "127.0.0.1"],
+                [sys.executable, "-I", str(Path(tmp) / "source.pyz"), "--root", str(head), "--bind", "127.0.0.1"],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 text=True,
             )
             assert source.stdin and source.stdout
             # No heartbeats here: the source must not take the bench's silence for a lost session.
-            source.stdin.write(
-                json.dumps({"token": "bench", "allow": ["127.0.0.1"], "dirs": [wm.MODEL_DIR], "silence_s": 3600}) + "\n"
+            config = SourceConfig(
+                token="bench", allow=("127.0.0.1",), dirs=(wm.MODEL_DIR,), limits=Limits(silence_s=3600)
             )
+            source.stdin.write(config.to_line() + "\n")
             source.stdin.flush()
             ready = lc.parse_source_line(source.stdout.readline(), {})
             assert ready is not None
@@ -89,7 +93,8 @@ def copy_loopback(runs: int, size_mib: int = 1024, files: int = 8, streams: int 
             done = subprocess.run(
                 [
                     sys.executable,
-                    str(here / "copy_weights.py"),
+                    "-I",
+                    str(Path(tmp) / "copier.pyz"),
                     "--node",
                     "bench",
                     "--source",
@@ -100,12 +105,10 @@ def copy_loopback(runs: int, size_mib: int = 1024, files: int = 8, streams: int 
                     str(dest),
                     "--host-dest",
                     str(dest),
-                    "--expected",
-                    str(Path(tmp) / "expected.json"),
                     "--streams",
                     str(streams),
                 ],
-                input='{"token": "bench"}\n',
+                input=copier.to_line() + "\n",
                 capture_output=True,
                 text=True,
                 timeout=600,
@@ -140,8 +143,8 @@ def analyse_copy(
         "copy_loopback_mib_s": report.measured(
             SPECS["copy_loopback_mib_s"],
             loopback,
-            "copy_source.py and copy_weights.py as processes on 127.0.0.1 (the scripts the throwaway containers "
-            "run, with this machine's python), 8 files of 128 MiB, 4 streams, a fresh destination each run: "
+            "copy_source.py and copy_weights.py as processes on 127.0.0.1 (the zip applications the throwaway "
+            "containers run, with this machine's python), 8 files of 128 MiB, 4 streams, a fresh destination each run: "
             "hashing (sha256) and fsync included. Bounded here by 2 cores hashing and the disk; on a Spark the "
             "fabric and the worker's NVMe set it.",
         ),

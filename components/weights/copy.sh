@@ -1,8 +1,9 @@
 #!/bin/sh
 # Fills this worker's local copy of the weights from the head's source (weights.share: copy): runs
 # copy_weights.py in a throwaway container of the serving image with the copy root mounted read-write, on
-# the host network (it connects from the worker's fabric address). stdin: the copier's token line (never
-# argv), then copy_weights.py itself.
+# the host network (it connects from the worker's fabric address). stdin: the copier's config line (its token
+# among it: never argv, never a file), then the copier (one line of base64: a zip application of copy_weights.py
+# and the files its imports name, local_copy.copier_program_text), decoded here to copy_weights.pyz.
 # Header values (local_copy.render_copy_command):
 #   NODE          this worker's name, for messages
 #   COPY_ROOT     the copy root as configured: absolute, or `~` / `~/...` (expanded here, on the worker)
@@ -11,13 +12,12 @@
 #   SOURCE        http://<head fabric ip>:<port> of the head's source
 #   SOURCE_IDENT  machine-id:dev:inode of the head's weights root
 #   BIND          this worker's fabric address
-#   IMAGE         the image that runs copy_weights.py (this worker's serving image)
+#   IMAGE         the image whose python3 runs the copier (this worker's serving image)
 #   CONTAINER     this stack's copier container name
 #   STREAMS       parallel streams
-#   EXPECTED      (one line of JSON) {files: {path: size}, sha256: {path: hex}} as staging verified them
 #   TIMEOUT_S     bound on the whole copy, seconds
 set -eu
-IFS= read -r token_line || fail "${LINENO:-}" "no copy token on stdin"
+IFS= read -r config || fail "${LINENO:-}" "no copier config on stdin"
 case "$COPY_ROOT" in
   "~") root="$HOME" ;;
   \~/*) root="$HOME/${COPY_ROOT#\~/}" ;;
@@ -43,20 +43,21 @@ on_exit() {
   [ "$st" -eq 0 ] || [ -n "${DSV41_FAILED:-}" ] || echo "$DSV41_SCRIPT: exited $st" >&2
 }
 trap on_exit EXIT
-cat > "$stage/copy_weights.py"
-printf '%s\n' "$EXPECTED" > "$stage/expected.json"
+command -v base64 >/dev/null 2>&1 || fail "${LINENO:-}" "base64 (coreutils) is missing on this node"
+base64 -d > "$stage/copy_weights.pyz" || fail "${LINENO:-}" "could not decode the copier read from stdin"
 chmod 0755 "$stage"
 docker rm -f "$CONTAINER" >/dev/null 2>&1 || true
 rc=0
-printf '%s\n' "$token_line" | timeout --kill-after=30 "$TIMEOUT_S" docker run --rm -i --name "$CONTAINER" \
+printf '%s\n' "$config" | timeout --kill-after=30 "$TIMEOUT_S" docker run --rm -i --name "$CONTAINER" \
   --network host --user "$(id -u):$(id -g)" -v "$root":/copy -v "$stage":/stage:ro --entrypoint python3 "$IMAGE" \
-  /stage/copy_weights.py --node "$NODE" --source "$SOURCE" --bind "$BIND" --dest /copy --host-dest "$root" \
-  --expected /stage/expected.json --streams "$STREAMS" --dest-ident "$ident" --source-ident "$SOURCE_IDENT" || rc=$?
+  /stage/copy_weights.pyz --node "$NODE" --source "$SOURCE" --bind "$BIND" --dest /copy --host-dest "$root" \
+  --streams "$STREAMS" --dest-ident "$ident" --source-ident "$SOURCE_IDENT" || rc=$?
+config=""
 if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
   docker rm -f "$CONTAINER" >/dev/null 2>&1 || true
   fail "${LINENO:-}" "the weights copy to $NODE timed out after ${TIMEOUT_S}s; run \`pulumi up\` again (it resumes)" "$rc"
 fi
-# Any other failure is copy_weights.py's (or docker's), explained on stderr already: its status, no report.
+# Any other failure is the copier's (or docker's), explained on stderr already: its status, no report.
 rm -rf "$stage"
 trap - EXIT
 exit "$rc"

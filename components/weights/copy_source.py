@@ -1,8 +1,10 @@
 """Serve the head's staged weights to one worker's copier: runs ON THE HEAD, in a throwaway container.
 
-Self-contained (stdlib only): `source.sh` writes this file's text into a temporary directory and runs it with
-the serving image's python3, the weights root mounted read-only at --root. It listens on the head's fabric
-address (port chosen by the kernel, printed on stdout) and serves only files under the staged directories.
+Stdlib only, shipped as one zip application of this module and the files its imports name (copy_config.py, the
+contract: `local_copy.source_program_text`, from `shipped.module_files`); `source.sh` decodes it into a temporary
+directory and runs it with the serving image's python3, the weights root mounted read-only at --root. It listens
+on the head's fabric address (port chosen by the kernel, printed on stdout) and serves only files under the
+staged directories.
 
 What it bounds, since anything on the fabric can connect:
 - the client's address is checked when the connection is accepted, before a thread starts or a byte is read:
@@ -17,10 +19,9 @@ heartbeat line every HEARTBEAT_S. EOF (the copy is done, or the deployer or its 
 without a byte (the deployer's machine or its network vanished, which the head's sshd may not notice for hours)
 stops the server, and docker removes the container. No daemon is left on the head.
 
-stdin, first line (JSON): {"token": "...", "allow": ["<worker fabric ip>"], "dirs": ["model", "engram-vllm"],
-"max_lifetime_s": N} (tests may add "max_connections", "request_timeout_s", "io_timeout_s", "silence_s").
-Then heartbeats. stdout: `DSV41_COPY_SOURCE_LISTENING <port>` once listening (source.sh prints the root's
-identity before).
+stdin, first line: the source's config (copy_config.SourceConfig, one line of JSON: the token, the worker's
+address, the directories served, the lifetime and the limits). Then heartbeats. stdout:
+`DSV41_COPY_SOURCE_LISTENING <port>` once listening (source.sh prints the root's identity before).
 
 GET /files/<relative path> with `Range: bytes=<start>-` resumes a partial copy; the reply is sent with
 sendfile, so the head's CPU is not the bottleneck of a fabric copy. When the source stops, every file it sent is
@@ -33,7 +34,6 @@ from __future__ import annotations
 import argparse
 import hmac
 import io
-import json
 import os
 import select
 import socket
@@ -41,41 +41,23 @@ import sys
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+from components.contract import ContractError
+from components.weights.copy_config import Limits, SourceConfig
 
 LISTENING_MARKER = "DSV41_COPY_SOURCE_LISTENING"
 # The deployer writes one heartbeat line this often while it holds the source's stdin (worker_copy.py).
 HEARTBEAT_S = 5.0
 
 
-@dataclass(frozen=True)
-class Limits:
-    """What one client may hold. max_connections exceeds weights.copyStreams' maximum (64): a copy never waits."""
-
-    max_connections: int = 72
-    request_timeout_s: float = 10.0
-    io_timeout_s: float = 60.0
-    silence_s: float = 40.0  # 8 missed heartbeats: the session is gone, stop within a minute of its loss
-
-    @staticmethod
-    def from_config(config: dict[str, Any]) -> Limits:
-        d = Limits()
-        return Limits(
-            max_connections=int(config.get("max_connections") or d.max_connections),
-            request_timeout_s=float(config.get("request_timeout_s") or d.request_timeout_s),
-            io_timeout_s=float(config.get("io_timeout_s") or d.io_timeout_s),
-            silence_s=float(config.get("silence_s") or d.silence_s),
-        )
-
-
 class Source:
     """What the handler may serve, and to whom."""
 
-    def __init__(self, root: Path, dirs: list[str], allow: list[str], token: str) -> None:
+    def __init__(self, root: Path, dirs: Sequence[str], allow: Sequence[str], token: str) -> None:
         self.root = root.resolve()
         self.dirs = set(dirs)
         self.allow = set(allow)
@@ -303,15 +285,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bind", required=True, help="the head's fabric address")
     args = parser.parse_args(argv)
     stdin = sys.stdin.fileno()
-    config = json.loads(read_line(stdin) or "{}")
-    if not config.get("token") or not config.get("allow"):
-        print("copy_source: error: stdin's first line must carry the token and the workers' addresses", file=sys.stderr)
+    try:
+        config = SourceConfig.from_json(read_line(stdin))
+    except ContractError as err:
+        print(
+            f"copy_source: error: stdin's first line must carry the token and the workers' addresses ({err})",
+            file=sys.stderr,
+        )
         return 2
-    source = Source(Path(args.root), list(config.get("dirs") or []), list(config["allow"]), str(config["token"]))
-    limits = Limits.from_config(config)
+    source = Source(Path(args.root), config.dirs, config.allow, config.token)
+    limits = config.limits
     server = CopySourceServer((args.bind, 0), source, limits)
     threading.Thread(target=lifeline, args=(stdin, limits.silence_s, server.shutdown), daemon=True).start()
-    limit = threading.Timer(float(config.get("max_lifetime_s") or 86400), server.shutdown)
+    limit = threading.Timer(config.max_lifetime_s, server.shutdown)
     limit.daemon = True
     limit.start()
     print(f"{LISTENING_MARKER} {server.server_address[1]}", flush=True)

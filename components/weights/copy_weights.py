@@ -1,8 +1,9 @@
 """Fill one worker's local copy of the weights from the head: runs ON THE WORKER, in a throwaway container.
 
-Self-contained (stdlib only): `copy.sh` ships this file's text and runs it with the serving image's python3,
-the worker's copy root mounted at --dest. The expected files come from the deployer (what the head's staging
-verified against the hub: size and sha256 per file), never from the head's say-so.
+Stdlib only, shipped as one zip application of this module and the files its imports name (copy_config.py, the
+contract: `local_copy.copier_program_text`, from `shipped.module_files`); `copy.sh` decodes it and runs it with the
+serving image's python3, the worker's copy root mounted at --dest. The expected files come from the deployer (what
+the head's staging verified against the hub: size and sha256 per file), never from the head's say-so.
 
 Per file, largest first, in --streams parallel streams:
 - kept without reading when the record (`dsv41-weights-copy.tsv` at the copy root) says it was verified
@@ -22,7 +23,8 @@ Then every expected file's pages (copied now or kept) are dropped from the worke
 then `POSIX_FADV_DONTNEED`; no root needed, only these files): the GB10 driver allocates the rank's memory from
 free memory and does not reclaim page cache, and the rank starts right after the copy.
 
-stdin, first line (JSON): {"token": "..."}. Progress and errors on stderr (an error is one line starting with
+stdin, first line: the copier's config (copy_config.CopierConfig, one line of JSON: the token and the expected
+files). Progress and errors on stderr (an error is one line starting with
 "copy_weights: error:"); success prints `DSV41_COPY_REPORT {...}` on stdout.
 """
 
@@ -40,9 +42,11 @@ import threading
 import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
+
+from components.contract import ContractError
+from components.weights.copy_config import CopierConfig, ExpectedFile
 
 REPORT_MARKER = "DSV41_COPY_REPORT"
 RECORD_FILE = "dsv41-weights-copy.tsv"
@@ -57,13 +61,6 @@ _BUSY_PAUSE_S = 0.5
 
 class CopyError(Exception):
     """A failure the operator can act on; the message names the node, the file and the fix."""
-
-
-@dataclass(frozen=True)
-class Expected:
-    path: str
-    size: int
-    sha256: str
 
 
 def mtime_text(st: os.stat_result) -> str:
@@ -140,7 +137,7 @@ class Copier:
     def _where(self, rel: str) -> str:
         return f"{self.host_dest}/{rel} on {self.node}"
 
-    def current(self, e: Expected) -> bool:
+    def current(self, e: ExpectedFile) -> bool:
         """True when the file in place is the expected one (by the record, else by hashing it once)."""
         path = self.dest / e.path
         try:
@@ -184,7 +181,7 @@ class Copier:
                 conn.close()
             time.sleep(_BUSY_PAUSE_S)
 
-    def fetch(self, e: Expected) -> int:
+    def fetch(self, e: ExpectedFile) -> int:
         """Copy one file from the head; returns the bytes received."""
         path = self.dest / e.path
         partial = path.with_name(path.name + PARTIAL_SUFFIX)
@@ -236,7 +233,7 @@ class Copier:
         self.record.set(e.path, e.sha256, path.stat())
         return received
 
-    def link_verified(self, todo: list[Expected]) -> list[str]:
+    def link_verified(self, todo: list[ExpectedFile]) -> list[str]:
         """The files of `todo` another verified file of this copy holds: hardlinked from it (renamed into place,
         recorded), not fetched. Returns their paths; a link that cannot be made is left to the fetch."""
         donors: dict[tuple[str, int], Path] = {}
@@ -268,7 +265,7 @@ class Copier:
             )
         return linked
 
-    def run(self, expected: list[Expected], streams: int) -> dict[str, object]:
+    def run(self, expected: list[ExpectedFile], streams: int) -> dict[str, object]:
         began = time.monotonic()
         wanted = {e.path for e in expected}
         todo = [e for e in sorted(expected, key=lambda e: -e.size) if not self.current(e)]
@@ -359,15 +356,6 @@ def drop_page_cache(paths: list[Path]) -> tuple[dict[str, int], list[str]]:
     return {"files": files, "bytes": size, "failed": len(failed)}, failed
 
 
-def load_expected(path: Path) -> list[Expected]:
-    raw = json.loads(path.read_text())
-    files, digests = raw["files"], raw["sha256"]
-    missing = sorted(set(files) - set(digests))
-    if missing:
-        raise CopyError(f"no sha256 recorded by staging for {missing[:3]}: re-stage the weights before copying")
-    return [Expected(path=str(p), size=int(files[p]), sha256=str(digests[p])) for p in sorted(files)]
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--node", required=True)
@@ -375,7 +363,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bind", required=True, help="this worker's fabric address (the copy uses the fabric)")
     parser.add_argument("--dest", required=True, help="the copy root as mounted in this container")
     parser.add_argument("--host-dest", required=True, help="the copy root on the worker, for messages")
-    parser.add_argument("--expected", required=True, help="JSON {files: {path: size}, sha256: {path: hex}}")
     parser.add_argument("--streams", type=int, default=4)
     parser.add_argument("--dest-ident", default="", help="machine-id:dev:inode of the copy root on the worker")
     parser.add_argument("--source-ident", default="", help="the same of the weights root on the head")
@@ -387,18 +374,21 @@ def main(argv: list[str] | None = None) -> int:
                 "filesystem): set weights.copyRoot to a directory of its own on each worker, e.g. "
                 "`/var/lib/dsv41-exl3/{node}`"
             )
-        token = json.loads(sys.stdin.readline() or "{}").get("token")
-        if not token:
-            raise CopyError("stdin's first line carried no copy token")
+        try:
+            config = CopierConfig.from_json(sys.stdin.readline())
+        except ContractError as err:
+            raise CopyError(
+                f"stdin's first line is not the copier's config (the token, the expected files): {err}"
+            ) from None
         copier = Copier(
             node=args.node,
             source=args.source,
             bind=args.bind,
-            token=str(token),
+            token=config.token,
             dest=Path(args.dest),
             host_dest=args.host_dest,
         )
-        report = copier.run(load_expected(Path(args.expected)), args.streams)
+        report = copier.run(list(config.expected), args.streams)
     except CopyError as err:
         print(f"copy_weights: error: {err}", file=sys.stderr)
         return 1

@@ -1,11 +1,14 @@
 """Each worker's own copy of the weights (`weights.share: copy`): pure logic, no resources.
 
 - the scripts run on the nodes (source.sh on the head, copy.sh and copy_check.sh on a worker, beside this
-  file, with copy_source.py and copy_weights.py they ship), rendered with `components.scripts`;
-- what the copier expects (the head's staging output: size and sha256 per file);
+  file), rendered with `components.scripts`, and the programs they run: copy_source.py and copy_weights.py, each
+  shipped as one zip application of the files its imports name (`shipped.zipapp`);
+- each program's config (copy_config.py), the first line of its stdin: whom the source serves, and what the
+  copier expects (the head's staging output: size and sha256 per file);
 - parsing what the scripts report back.
 
-The token that pairs one worker's copier with the head's source is made per run and travels on stdin only.
+The token that pairs one worker's copier with the head's source is made per run and travels on stdin only, in
+each program's config line.
 """
 
 from __future__ import annotations
@@ -14,10 +17,10 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
-from components import scripts
+from components import scripts, shipped
 from components.weights import manifest as wm
+from components.weights.copy_config import CopierConfig, ExpectedFile, SourceConfig
 from components.weights.copy_source import LISTENING_MARKER
 from components.weights.copy_weights import RECORD_FILE, REPORT_MARKER
 
@@ -41,24 +44,49 @@ def copier_container(stack_prefix: str) -> str:
     return f"{wm.stage_container(stack_prefix).removesuffix('-stage-weights')}-weights-copy"
 
 
-def _source(name: str) -> str:
-    return (Path(__file__).with_name(name)).read_text()
+# The programs run in the throwaway containers: each module and the files its imports name, one zip application.
+SOURCE_PROGRAM = "components.weights.copy_source"
+COPIER_PROGRAM = "components.weights.copy_weights"
+# The source outlives the copy's own bound by this much at most, whatever its stdin says.
+SOURCE_LIFETIME_MARGIN_S = 600
 
 
-def copier_script() -> str:
-    """copy_weights.py's text, shipped to the worker on stdin after the token line."""
-    return _source("copy_weights.py")
+def source_program_text() -> str:
+    """The head's source as one line of base64 (a zip application, the same bytes for the same files): source.sh
+    decodes it to copy_source.pyz."""
+    return shipped.zipapp_text(SOURCE_PROGRAM)
 
 
-def expected_json(files: Mapping[str, int], sha256: Mapping[str, str]) -> str:
+def copier_program_text() -> str:
+    """The worker's copier as one line of base64 (a zip application), shipped on stdin after its config line;
+    copy.sh decodes it to copy_weights.pyz."""
+    return shipped.zipapp_text(COPIER_PROGRAM)
+
+
+def source_config(*, token: str, worker_fabric_ip: str, timeout_s: int) -> SourceConfig:
+    """What the head's source serves for one copy: the staged directories a rank reads (never engram-src/), to
+    this worker's fabric address only, for the copy's bound and a margin at most."""
+    return SourceConfig(
+        token=token,
+        allow=(worker_fabric_ip,),
+        dirs=wm.SERVED_DIRS,
+        max_lifetime_s=timeout_s + SOURCE_LIFETIME_MARGIN_S,
+    )
+
+
+def copier_config(*, token: str, files: Mapping[str, int], sha256: Mapping[str, str]) -> CopierConfig:
     """What the copier must end with: every file given (the worker's rank reads `model/` and the slim Engram
     directory: manifest.served_files), its size and the sha256 staging verified."""
     missing = sorted(set(files) - set(sha256))
     if missing:
         raise ValueError(f"staging recorded no sha256 for {missing[:3]}: a copy could not be verified; re-stage")
-    return json.dumps(
-        {"files": dict(sorted(files.items())), "sha256": {p: sha256[p] for p in sorted(files)}}, separators=(",", ":")
-    )
+    expected = tuple(ExpectedFile(path=p, size=int(files[p]), sha256=sha256[p]) for p in sorted(files))
+    return CopierConfig(token=token, expected=expected)
+
+
+def copier_stdin(config: CopierConfig) -> str:
+    """What copy.sh reads: the copier's config line (the token among it), then the copier (one line of base64)."""
+    return f"{config.to_line()}\n{copier_program_text()}\n"
 
 
 def render_source_command(*, abs_root: str, bind: str, image: str, container: str) -> str:
@@ -72,7 +100,7 @@ def render_source_command(*, abs_root: str, bind: str, image: str, container: st
             "BIND": wm.validate_ip("head fabric_ip", bind),
             "IMAGE": image,
             "CONTAINER": container,
-            "SOURCE_PY": scripts.text_value(_source("copy_source.py")),
+            "SOURCE_PYZ": source_program_text(),
         },
     )
 
@@ -87,10 +115,10 @@ def render_copy_command(
     image: str,
     container: str,
     streams: int,
-    expected: str,
     timeout_s: int,
 ) -> str:
-    """copy.sh, rendered: run the copier in a throwaway container; the token and the script come on stdin."""
+    """copy.sh, rendered: run the copier in a throwaway container; its config (the token, the expected files) and
+    the program come on stdin (`copier_stdin`)."""
     if streams < 1 or timeout_s <= 0:
         raise ValueError(f"streams={streams} and timeout_s={timeout_s} must be positive")
     return scripts.render(
@@ -106,7 +134,6 @@ def render_copy_command(
             "IMAGE": image,
             "CONTAINER": container,
             "STREAMS": streams,
-            "EXPECTED": expected,
             "TIMEOUT_S": timeout_s,
         },
     )

@@ -19,7 +19,6 @@ that cannot be reached is reported, not treated as a change.
 from __future__ import annotations
 
 import contextlib
-import json
 import queue
 import secrets
 import subprocess
@@ -37,7 +36,6 @@ from components.contract import Contract, secret
 from components.dynamic import changed_inputs, log_progress, plain, props_of, read_props, secret_outputs
 from components.ssh import SshAccess, SshTarget, ssh_argv
 from components.weights import local_copy as lc
-from components.weights import manifest as wm
 from components.weights.copy_source import HEARTBEAT_S
 
 SOURCE_START_TIMEOUT_S = 120.0
@@ -155,13 +153,8 @@ class _Source:
         threading.Thread(
             target=lambda: self.stderr.extend(ln.rstrip() for ln in self.proc.stderr or ()), daemon=True
         ).start()
-        config = {
-            "token": token,
-            "allow": [args.worker_fabric_ip],
-            "dirs": list(wm.SERVED_DIRS),
-            "max_lifetime_s": args.timeout_s + 600,
-        }
-        self.proc.stdin.write(json.dumps(config) + "\n")
+        config = lc.source_config(token=token, worker_fabric_ip=args.worker_fabric_ip, timeout_s=args.timeout_s)
+        self.proc.stdin.write(config.to_line() + "\n")
         self.proc.stdin.flush()
         self._lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=_drain, args=(self.proc.stdout, self._lines), daemon=True).start()
@@ -225,6 +218,8 @@ def run_copy(props: Mapping[str, Any], log: Any = log_progress) -> dict[str, Any
     worker = args.worker
     token = secrets.token_urlsafe(32)
     began = time.monotonic()
+    files, sha256 = args.manifest()
+    config = lc.copier_config(token=token, files=files, sha256=sha256)  # before the source: refused, nothing runs
     source = _Source(args, token)
     try:
         ready = source.wait_listening()
@@ -237,7 +232,6 @@ def run_copy(props: Mapping[str, Any], log: Any = log_progress) -> dict[str, Any
             image=str(args.worker_image),
             container=lc.copier_container(args.stack_prefix),
             streams=args.streams,
-            expected=lc.expected_json(*args.manifest()),
             timeout_s=args.timeout_s,
         )
         proc = subprocess.Popen(
@@ -250,7 +244,7 @@ def run_copy(props: Mapping[str, Any], log: Any = log_progress) -> dict[str, Any
         assert proc.stdin and proc.stdout and proc.stderr
         out: list[str] = []
         threading.Thread(target=lambda: out.extend(proc.stdout or ()), daemon=True).start()
-        proc.stdin.write(f'{{"token": "{token}"}}\n' + lc.copier_script())
+        proc.stdin.write(lc.copier_stdin(config))
         proc.stdin.close()
         errors: list[str] = []
         last_progress = 0.0

@@ -1,9 +1,11 @@
 """Each worker's own copy (`weights.share: copy`): the head's source and the worker's copier run for real as
-processes on loopback (the venv's python standing in for the serving image's python3), the copy check runs
-with sh, and the rendered node scripts keep the token out of every command line."""
+processes on loopback, from the zip applications the program ships (the venv's python under `-I` standing in for
+the serving image's python3), each reading the config line the program builds; the copy check runs with sh, and
+the rendered node scripts keep the token out of every command line."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import http.client
 import json
@@ -15,20 +17,37 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from components import shipped
 from components.scripts import sh_command
 from components.weights import local_copy as lc
 from components.weights import manifest as wm
+from components.weights.copy_config import Limits, SourceConfig
 from components.weights.copy_weights import PARTIAL_SUFFIX, RECORD_FILE, REPORT_MARKER, read_record
 from tests.support.fake_docker import install_fake_docker
 from tests.support.page_cache import cached_files, resident_pages, warm
 from tests.support.scripts import header_value, run_sh
 
 PYTHON = sys.executable
-HERE = Path(lc.__file__).parent
 TOKEN = "copy-token-7f3a9c"
+# The two programs as shipped (zip applications), written once per module by `_programs`.
+PROGRAMS: dict[str, Path] = {}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _programs(tmp_path_factory: pytest.TempPathFactory) -> None:
+    where = tmp_path_factory.mktemp("programs")
+    for name, text in (("copy_source", lc.source_program_text()), ("copy_weights", lc.copier_program_text())):
+        (where / f"{name}.pyz").write_bytes(base64.b64decode(text))
+        PROGRAMS[name] = where / f"{name}.pyz"
+
+
+def program(name: str) -> list[str]:
+    """How a container runs it: python3 and the zip application; `-I`: nothing of this checkout on sys.path."""
+    return [PYTHON, "-I", str(PROGRAMS[name])]
 
 
 @dataclass
@@ -54,19 +73,18 @@ class Source:
         self.proc.wait(timeout=10)
 
 
-def start_source(
-    root: Path, allow: str = "127.0.0.1", dirs: tuple[str, ...] = wm.SERVED_DIRS, **limits: float
-) -> Source:
-    """copy_source.py as source.sh runs it, the config line on stdin (`limits`: copy_source.Limits' fields)."""
+def start_source(root: Path, allow: str = "127.0.0.1", dirs: tuple[str, ...] = wm.SERVED_DIRS, **limits: Any) -> Source:
+    """The source as source.sh runs it, its config line on stdin (`limits`: copy_config.Limits' fields)."""
     proc = subprocess.Popen(
-        [PYTHON, str(HERE / "copy_source.py"), "--root", str(root), "--bind", "127.0.0.1"],
+        [*program("copy_source"), "--root", str(root), "--bind", "127.0.0.1"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     assert proc.stdin and proc.stdout
-    proc.stdin.write(json.dumps({"token": TOKEN, "allow": [allow], "dirs": list(dirs), **limits}) + "\n")
+    config = SourceConfig(token=TOKEN, allow=(allow,), dirs=dirs, limits=Limits(**limits))
+    proc.stdin.write(config.to_line() + "\n")
     proc.stdin.flush()
     ready = lc.parse_source_line(proc.stdout.readline(), {})
     assert ready is not None
@@ -122,13 +140,11 @@ def copy(
     dirs: tuple[str, ...] = wm.SERVED_DIRS,
 ) -> tuple[subprocess.CompletedProcess[str], lc.CopyReport | None]:
     files, digests = expected_of(head, dirs)
-    expected = dest.parent / "expected.json"
-    expected.write_text(lc.expected_json(files, digests))
+    config = lc.copier_config(token=token, files=files, sha256=digests)
     dest.mkdir(parents=True, exist_ok=True)
     done = subprocess.run(
         [
-            PYTHON,
-            str(HERE / "copy_weights.py"),
+            *program("copy_weights"),
             "--node",
             "spark-1",
             "--source",
@@ -139,8 +155,6 @@ def copy(
             str(dest),
             "--host-dest",
             str(dest),
-            "--expected",
-            str(expected),
             "--streams",
             str(streams),
             "--dest-ident",
@@ -148,7 +162,7 @@ def copy(
             "--source-ident",
             idents[1],
         ],
-        input=json.dumps({"token": token}) + "\n",
+        input=config.to_line() + "\n",
         capture_output=True,
         text=True,
         timeout=60,
@@ -304,13 +318,11 @@ def test_a_head_file_that_changed_since_staging_fails_naming_it_and_installs_not
     files, digests = expected_of(head)
     name = f"{wm.MODEL_DIR}/config.json"
     (head / name).write_bytes(b'{"a": 2}\n')  # same size, other content than staging verified
-    expected = tmp_path / "expected.json"
-    expected.write_text(lc.expected_json(files, digests))
+    config = lc.copier_config(token=TOKEN, files=files, sha256=digests)
     dest.mkdir()
     done = subprocess.run(
         [
-            PYTHON,
-            str(HERE / "copy_weights.py"),
+            *program("copy_weights"),
             "--node",
             "spark-1",
             "--source",
@@ -321,10 +333,8 @@ def test_a_head_file_that_changed_since_staging_fails_naming_it_and_installs_not
             str(dest),
             "--host-dest",
             "/copy",
-            "--expected",
-            str(expected),
         ],
-        input=json.dumps({"token": TOKEN}) + "\n",
+        input=config.to_line() + "\n",
         capture_output=True,
         text=True,
         timeout=60,
@@ -452,7 +462,6 @@ def test_an_outsider_is_answered_before_it_sends_a_byte(source: Source) -> None:
 
 def test_the_connection_cap_leaves_room_for_the_most_streams_a_copy_opens() -> None:
     from components.config import Weights
-    from components.weights.copy_source import Limits
 
     most = next(m.le for m in Weights.model_fields["copy_streams"].metadata if hasattr(m, "le"))
     assert Limits().max_connections > most, "a copy at weights.copyStreams' maximum would wait for slots"
@@ -520,9 +529,8 @@ def test_source_sh_ends_with_the_source_when_the_deployer_falls_silent(head: Pat
         ["sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )
     assert proc.stdin and proc.stdout
-    proc.stdin.write(
-        json.dumps({"token": TOKEN, "allow": ["127.0.0.1"], "dirs": [wm.MODEL_DIR], "silence_s": 1}) + "\n"
-    )
+    config = SourceConfig(token=TOKEN, allow=("127.0.0.1",), dirs=(wm.MODEL_DIR,), limits=Limits(silence_s=1))
+    proc.stdin.write(config.to_line() + "\n")
     proc.stdin.flush()
     seen: dict[str, str] = {}
     while (ready := lc.parse_source_line(proc.stdout.readline(), seen)) is None:
@@ -592,15 +600,19 @@ def test_rendered_commands_name_their_containers_and_carry_the_scripts() -> None
         image="img",
         streams=4,
         container=lc.copier_container("dsv41-exl3-dev"),
-        expected=lc.expected_json({"model/a": 1}, {"model/a": "b" * 64}),
         timeout_s=600,
     )
     assert header_value(source, "CONTAINER") == "dsv41-exl3-dev-weights-source-spark-1"
-    assert header_value(source, "SOURCE_PY", as_text=True) == (HERE / "copy_source.py").read_text()
+    assert base64.b64decode(header_value(source, "SOURCE_PYZ"), validate=True) == shipped.zipapp(lc.SOURCE_PROGRAM)
     assert header_value(command, "COPY_ROOT") == "~/dsv41-exl3"
-    assert json.loads(header_value(command, "EXPECTED"))["sha256"] == {"model/a": "b" * 64}
+    config = lc.copier_config(token=TOKEN, files={"model/a": 1}, sha256={"model/a": "b" * 64})
+    assert [(e.path, e.size, e.sha256) for e in config.expected] == [("model/a", 1, "b" * 64)]
+    assert "b" * 64 not in command, "the expected files travel on stdin in the copier's config, not in the command"
+    config_line, program_line, end = lc.copier_stdin(config).split("\n")
+    assert json.loads(config_line)["token"] == TOKEN and end == ""
+    assert base64.b64decode(program_line, validate=True) == shipped.zipapp(lc.COPIER_PROGRAM)
     with pytest.raises(ValueError, match="no sha256"):
-        lc.expected_json({"model/a": 1}, {})
+        lc.copier_config(token=TOKEN, files={"model/a": 1}, sha256={})
 
 
 def test_copy_root_resolves_the_node_placeholder() -> None:

@@ -165,7 +165,6 @@ def test_staging_and_the_copy_refuse_a_root_resolving_to_a_path_docker_v_would_s
         image="img",
         container="c",
         streams=1,
-        expected="{}",
         timeout_s=60,
     )
     proc = sh(copy, env, stdin='{"token": "t"}\n')

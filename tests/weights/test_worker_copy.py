@@ -4,14 +4,18 @@ worker's copy check."""
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from components import shipped
 from components.dynamic import read_props
+from components.weights import local_copy as lc
 from components.weights import worker_copy as wc
+from components.weights.copy_config import CopierConfig, ExpectedFile, SourceConfig
 from components.weights.copy_weights import REPORT_MARKER
 from tests.support import recording
 
@@ -97,14 +101,22 @@ def test_a_copy_pairs_source_and_copier_with_a_token_sent_on_stdin_only(ssh_dir:
     logged: list[str] = []
     outs = wc.run_copy(props(), log=logged.append)
     (source_argv, source_stdin), (copy_argv, copy_stdin) = calls(ssh_dir)
-    token = json.loads(source_stdin.splitlines()[0])["token"]
-    assert len(token) >= 32 and json.loads(copy_stdin.splitlines()[0]) == {"token": token}
+    source = SourceConfig.from_json(source_stdin.splitlines()[0])
+    token = source.token
+    copier_line, program_line = copy_stdin.splitlines()
+    copier = CopierConfig.from_json(copier_line)
+    assert len(token) >= 32 and copier.token == token
+    assert copier.expected == (
+        ExpectedFile(path="model/a", size=5, sha256="a" * 64),
+        ExpectedFile(path="model/b", size=7, sha256="b" * 64),
+    )
+    assert base64.b64decode(program_line, validate=True) == shipped.zipapp(lc.COPIER_PROGRAM), "the copier, as a zip"
     for argv in (source_argv, copy_argv):
         assert token not in argv and "SECRETKEYMATERIAL" not in argv
     assert "root@" not in copy_argv and "me@10.0.0.2" in copy_argv and "me@10.0.0.1" in source_argv
     assert " SOURCE=http://192.168.100.1:40123;" in copy_argv and " SOURCE_IDENT=m:1:2;" in copy_argv
-    assert json.loads(source_stdin.splitlines()[0])["allow"] == ["192.168.100.2"]
-    assert json.loads(source_stdin.splitlines()[0])["dirs"] == ["model", "engram-vllm"], (
+    assert source.allow == ("192.168.100.2",) and source.max_lifetime_s == 600 + 600
+    assert source.dirs == ("model", "engram-vllm"), (
         "the source serves what a rank reads: model/ and the slim Engram directory, never engram-src/"
     )
     assert (ssh_dir / "source.stopped").exists(), "the source is stopped once the copy is done"
@@ -112,7 +124,7 @@ def test_a_copy_pairs_source_and_copier_with_a_token_sent_on_stdin_only(ssh_dir:
     assert any("1 of 2 files copied" in m for m in logged)
     # A second run makes another token: none is kept in the state or reused.
     wc.run_copy(props(), log=logged.append)
-    assert json.loads(calls(ssh_dir)[2][1].splitlines()[0])["token"] != token
+    assert SourceConfig.from_json(calls(ssh_dir)[2][1].splitlines()[0]).token != token
 
 
 def test_the_copy_says_what_it_dropped_from_the_workers_page_cache(ssh_dir: Path) -> None:
@@ -139,7 +151,7 @@ def test_the_deployer_sends_the_source_heartbeats_while_the_copy_runs(
     wc.run_copy(props(), log=lambda _m: None)
     (_, source_stdin), _ = calls(ssh_dir)
     config, *beats = source_stdin.split("\n")
-    assert json.loads(config)["allow"] == ["192.168.100.2"]
+    assert SourceConfig.from_json(config).allow == ("192.168.100.2",)
     assert len(beats) >= 5 and set(beats) == {""}, f"heartbeat lines after the config line: {source_stdin[-80:]!r}"
 
 
