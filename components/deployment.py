@@ -23,7 +23,7 @@ from components.image.wiring import verified_image_ids, wire_images
 from components.observability.wiring import wire_observability
 from components.preflight.wiring import wire_preflight
 from components.serving import spec as serve_spec
-from components.serving.api_key import with_endpoint_key
+from components.serving.api_key import endpoint_key
 from components.serving.wiring import wire_serving
 from components.ssh import KeyDirError, stack_dir
 from components.supervisor.supervisor import leader_url
@@ -53,8 +53,6 @@ class Deployment(pulumi.ComponentResource):
         # included, registers. `resolver`: the operator's getaddrinfo unless a test gives its own.
         addresses = resolve_nodes(loaded.settings, resolver)
         pins, keys_dir = pin_nodes(loaded.settings, stack)
-        # Never open by default: an unset `serve.apiKey` becomes the stack's generated key.
-        loaded = loaded.model_copy(update={"settings": with_endpoint_key(loaded.settings, stack, keys_dir)})
         super().__init__(ROOT_TYPE, name, None, opts)
         self.outputs = _wire(loaded, stack, addresses=addresses, pins=pins, keys_dir=keys_dir, root=self)
         self.register_outputs(self.outputs)
@@ -90,6 +88,8 @@ def _wire(
         generation=serve_spec.cluster_generation(s),
         ssh=ssh_access(s),
         bounds=gate_bounds(s),
+        # Never open by default: an unset `serve.apiKey` is the stack's generated key.
+        api_key=endpoint_key(s, root),
     )
     token = hold_update_lock(w, engine_alive)
     access = wire_access(w)

@@ -60,6 +60,8 @@ class Wiring:
     """How the program's own processes reach the nodes (the gates, live ranks, the worker copy)."""
     bounds: GateBounds
     """The bounds every boot waits by: the update's gates and the supervisor's restarts."""
+    api_key: pulumi.Output[str] | None
+    """The key every request must carry (serving/api_key.py), a secret; None: the endpoint is open."""
 
     @property
     def s(self) -> Settings:
@@ -74,11 +76,6 @@ class Wiring:
         """The OpenAI base URL the operator reaches: the head's address (`nodes[0].host` as this machine resolved
         it) and the API port."""
         return http_url(self.head_address, self.s.serve.port, "/v1")
-
-    @property
-    def api_key(self) -> pulumi.Output[str] | None:
-        key = self.s.serve.api_key
-        return pulumi.Output.secret(key.get_secret_value()) if key else None
 
     def opts(self, opts: pulumi.ResourceOptions | None = None) -> pulumi.ResourceOptions:
         return under(self.root, opts)

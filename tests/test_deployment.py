@@ -21,7 +21,7 @@ from tests.support.host_keys import fake_host_key
 from tests.support.scripts import header_value
 
 ROOT = Path(__file__).resolve().parents[1]
-SECRETS = ["-----BEGIN OPENSSH PRIVATE KEY-----", "sk-deploy-secret", "hf_token_secret"]
+SECRETS = ["-----BEGIN OPENSSH PRIVATE KEY-----", "sk-deploy-secret-0123456789abcde", "hf_token_secret"]
 
 
 @pytest.fixture(scope="module")

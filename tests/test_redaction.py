@@ -6,13 +6,13 @@ from components.redaction import redact
 
 L_ARGS_WITH_KEY = (
     "(APIServer pid=1) INFO 09-22 10:00:00 [utils.py:250] non-default args: {'model': '/model', "
-    "'api_key': 'sk-live-very-secret', 'port': 8888}"
+    "'api_key': 'sk-live-very-secret-0123456789ab', 'port': 8888}"
 )
 
 
 def test_redact_removes_known_values_and_key_shapes() -> None:
     out = redact(L_ARGS_WITH_KEY, key_shapes=True)
-    assert "sk-live-very-secret" not in out and "'api_key': '***'" in out
+    assert "sk-live-very-secret-0123456789ab" not in out and "'api_key': '***'" in out
     assert redact("token hf_abcdefghijklmnopqrstu here", key_shapes=True) == "token *** here"
     assert redact("curl -H 'Authorization: Bearer abc123'", key_shapes=True) == "curl -H 'Authorization: Bearer ***"
     assert redact("oops MYSECRET leaked", ["MYSECRET"], key_shapes=True) == "oops *** leaked"

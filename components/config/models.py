@@ -342,6 +342,8 @@ class Weights(_Model):
 
 OPEN_ENDPOINT = "none"
 """The `serve.apiKey` value that serves without a key."""
+MIN_API_KEY_CHARS = 32
+"""A user's `serve.apiKey` shorter than this is refused (a generated one has 51)."""
 
 
 class Serve(_Model):
@@ -427,8 +429,9 @@ class Serve(_Model):
     )
     api_key: SecretStr | None = setting(
         None,
-        "the key every request must carry. Unset: the program generates one, stable across updates, exported as "
-        f"the secret output `apiKey`; `{OPEN_ENDPOINT}`: serve without a key (warned at every preview). On the head, "
+        "the key every request must carry. Unset: a random key made by the first `pulumi up` and kept in the "
+        "stack's state (encrypted), stable across updates, exported as the secret output `apiKey`;"
+        f" `{OPEN_ENDPOINT}`: serve without a key (warned at every preview). On the head, "
         "from a file, never argv or the container's env: the program writes it over ssh (on stdin) to "
         "`~/.local/state/<stack prefix>/api-key` on the head (0600), the rank mounts it read-only at "
         "`/run/dsv41-exl3/api-key` and its entrypoint exports it to vLLM's own process, so `docker inspect` shows "
@@ -438,6 +441,25 @@ class Serve(_Model):
         note="vLLM's own process gets it from the key file, never argv or the container's env",
         shown="(generated)",
     )
+
+    @field_validator("api_key")
+    @classmethod
+    def _strong_key(cls, v: SecretStr | None) -> SecretStr | None:
+        # Clients send it in a header: whitespace would be cut or refused on the way, and a short key is a guess.
+        key = v.get_secret_value() if v is not None else None
+        if key is None or key == OPEN_ENDPOINT:
+            return v
+        if any(c.isspace() or not c.isprintable() for c in key):
+            raise ValueError(
+                "contains whitespace or a control character (often a trailing newline from a file): set the key "
+                "alone, e.g. `openssl rand -hex 24 | pulumi config set --secret --path serve.apiKey`"
+            )
+        if len(key) < MIN_API_KEY_CHARS:
+            raise ValueError(
+                f"is {len(key)} characters, under {MIN_API_KEY_CHARS}: use a random key, e.g. `openssl rand -hex 24 "
+                f"| pulumi config set --secret --path serve.apiKey`, or unset it for a generated one"
+            )
+        return v
 
     @field_validator("served_model_name")
     @classmethod
@@ -714,6 +736,12 @@ class Settings(_Model):
     @property
     def workers(self) -> list[Node]:
         return self.nodes[1:]
+
+    @property
+    def open_endpoint(self) -> bool:
+        """`serve.apiKey: none`: the endpoint serves without a key (unset is a generated key, never open)."""
+        key = self.serve.api_key
+        return key is not None and key.get_secret_value() == OPEN_ENDPOINT
 
     @property
     def observing(self) -> bool:

@@ -178,7 +178,7 @@ def rules(s: Settings) -> tuple[list[str], list[str]]:
             "`serve.enforceEager` is true: no CUDA graphs and no speculative decoding; expect 11-13 tok/s "
             "instead of ~23"
         )
-    if s.serve.api_key is not None and s.serve.api_key.get_secret_value() == OPEN_ENDPOINT:
+    if s.open_endpoint:
         warnings.append(
             f"`serve.apiKey` = {OPEN_ENDPOINT}: the endpoint serves anyone who reaches port {s.serve.port} of the "
             "head, without a key. Remove the setting to have the program generate one "

@@ -1,50 +1,69 @@
 """The key the endpoint requires: never open unless the stack says so.
 
-`serve.apiKey` unset: the program uses a generated key, stable across updates (a new key would replace every
-rank and lock every client out), exported as the secret output `apiKey`. `serve.apiKey: none`: the endpoint
-serves without a key, warned at every preview. Any other value is the user's key.
+`serve.apiKey` unset: a random key, made once by the stack's first `pulumi up` (`EndpointKey`), kept in the stack's
+state (encrypted there like every secret, the same at every later update and on every operator's machine that
+shares the state) and exported as the secret output `apiKey`. It is derived from nothing: another stack, another
+cluster or the same SSH key give another key. `serve.apiKey: none`: the endpoint serves without a key, warned at
+every preview. Any other value is the user's key.
 
-The generated key is derived from the stack's `ssh.privateKey` when the config has one, so a second operator's
-machine derives the same; otherwise it is kept in the stack's private key directory on this machine (0600).
+Stacks deployed before the key was random held one derived from the stack's SSH private key (or kept in a file on
+the operator's machine): their next `up` creates the `EndpointKey` (the preview lists it) and moves every client to
+the new `apiKey` output, once.
 """
 
 from __future__ import annotations
 
-import hashlib
 import secrets
-from pathlib import Path
+from typing import Any
 
-from pydantic import SecretStr
+import pulumi
+import pulumi.dynamic
 
-from components.config import OPEN_ENDPOINT, Settings
-from components.ssh import write_private
+from components.config import Settings
+from components.dynamic import new_id
 
-KEY_FILE = "api.key"
-
-
-def is_open(s: Settings) -> bool:
-    return s.serve.api_key is not None and s.serve.api_key.get_secret_value() == OPEN_ENDPOINT
+# `sk-` and 48 hex digits: 192 random bits.
+KEY_BYTES = 24
 
 
-def generated_key(s: Settings, stack: str, keys_dir: str) -> str:
-    """The stack's generated key: the same on every run."""
-    if s.ssh.private_key is not None:
-        material = s.ssh.private_key.get_secret_value().encode()
-        digest = hashlib.sha256(b"dsv41-exl3 api key\0" + stack.encode() + b"\0" + material).hexdigest()
-        return f"sk-{digest[:48]}"
-    path = Path(keys_dir) / KEY_FILE
-    if path.exists():
-        return path.read_text().strip()
-    key = f"sk-{secrets.token_hex(24)}"
-    write_private(Path(keys_dir), KEY_FILE, key)
-    return key
+def make_key() -> str:
+    return f"sk-{secrets.token_hex(KEY_BYTES)}"
 
 
-def with_endpoint_key(s: Settings, stack: str, keys_dir: str) -> Settings:
-    """The settings with `serve.apiKey` the key the endpoint requires (None: open, by the user's choice)."""
-    if is_open(s):
-        return s.model_copy(update={"serve": s.serve.model_copy(update={"api_key": None})})
+class EndpointKeyProvider(pulumi.dynamic.ResourceProvider):
+    """A random key made at create, kept as it is for the resource's life: no input changes it."""
+
+    def create(self, _props: dict[str, Any]) -> pulumi.dynamic.CreateResult:
+        return pulumi.dynamic.CreateResult(id_=new_id("endpoint-key"), outs={"key": make_key()})
+
+    def diff(self, _id: str, _olds: dict[str, Any], _news: dict[str, Any]) -> pulumi.dynamic.DiffResult:
+        return pulumi.dynamic.DiffResult(changes=False)
+
+    def update(self, _id: str, olds: dict[str, Any], _news: dict[str, Any]) -> pulumi.dynamic.UpdateResult:
+        return pulumi.dynamic.UpdateResult(outs={"key": olds["key"]})
+
+    def delete(self, _id: str, _props: dict[str, Any]) -> None:
+        """Nothing exists outside the state."""
+
+
+class EndpointKey(pulumi.dynamic.Resource, module="keys", name="EndpointKey"):
+    """The stack's generated API key (secret in the state and in every output)."""
+
+    key: pulumi.Output[str]
+
+    def __init__(self, name: str, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__(
+            EndpointKeyProvider(),
+            name,
+            {"key": None},
+            pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(additional_secret_outputs=["key"])),
+        )
+
+
+def endpoint_key(s: Settings, parent: pulumi.Resource) -> pulumi.Output[str] | None:
+    """The key every request must carry, as a secret; None for an open endpoint (the user's choice)."""
+    if s.open_endpoint:
+        return None
     if s.serve.api_key is not None:
-        return s
-    key = SecretStr(generated_key(s, stack, keys_dir))
-    return s.model_copy(update={"serve": s.serve.model_copy(update={"api_key": key})})
+        return pulumi.Output.secret(s.serve.api_key.get_secret_value())
+    return pulumi.Output.secret(EndpointKey("endpoint-key", pulumi.ResourceOptions(parent=parent)).key)

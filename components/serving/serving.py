@@ -45,6 +45,8 @@ class ServingClusterArgs:
     """The head's SSH connection: the API key file is written there."""
     state_dir: str
     """The stack's state directory on a node, under the SSH user's home (`.local/state/<prefix>`)."""
+    api_key: pulumi.Input[str] | None
+    """The key the head serves with, a secret; None: the endpoint is open."""
 
 
 KEY_NAME = "api-key"
@@ -103,11 +105,10 @@ class ServingCluster(pulumi.ComponentResource):
 
     def _key_file(self, name: str, args: ServingClusterArgs) -> remote.Command | None:
         """The endpoint's API key as a 0600 file on the head (stdin, never argv); None for an open endpoint."""
-        s = args.settings
-        if s.serve.api_key is None:
+        if args.api_key is None:
             return None
-        key = pulumi.Output.secret(s.serve.api_key.get_secret_value())
-        head = s.head
+        key = pulumi.Output.secret(args.api_key)
+        head = args.settings.head
         return remote.Command(
             f"{name}-{head.name}-api-key",
             remote.CommandArgs(

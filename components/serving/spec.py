@@ -278,7 +278,7 @@ def cluster_generation(s: Settings) -> str:
         "weights": [s.weights.root, s.weights.model_repo, s.weights.engram_repo, s.weights.revision],
         # Whether the endpoint has a key (never the key, nor a hash of it: the generation is a label and a metric).
         # A new key replaces every rank through the key file's command (serving.py), not through this.
-        "apiKey": s.serve.api_key is not None,
+        "apiKey": not s.open_endpoint,
     }
     # The container's shape (container.*) is left out: a change replaces every rank under the same generation,
     # and the preflight stops the old ranks of another shape first (preflight.sh).

@@ -34,6 +34,7 @@ def wire_serving(
             replace_when=live.id,
             head_connection=access[s.head.name].connection,
             state_dir=labels.state_dir(w.prefix),
+            api_key=w.api_key,
             generation=w.generation,
             ranks=[
                 RankInputs(

@@ -167,11 +167,11 @@ def test_enforce_eager_is_allowed_with_a_warning_about_speed() -> None:
 
 
 def test_plaintext_secrets_are_refused_and_never_echoed() -> None:
-    raw = two_sparks(serve={"apiKey": "sk-very-secret"})
+    raw = two_sparks(serve={"apiKey": "sk-very-secret-0123456789abcdef0"})
     text = "\n".join(problems_of(raw, plaintext_keys=frozenset({"serve", "ssh"})))
     assert "`serve.apiKey` is stored in plain text" in text and "--secret" in text
     assert "`ssh.privateKey` is stored in plain text" in text
-    assert "sk-very-secret" not in text and "OPENSSH" not in text
+    assert "sk-very-secret-0123456789abcdef0" not in text and "OPENSSH" not in text
 
 
 def test_secret_values_never_appear_in_validation_errors() -> None:
@@ -202,10 +202,10 @@ def test_a_key_given_as_the_whole_ssh_section_is_never_echoed(secret_keys: froze
 
 
 def test_a_token_given_as_a_whole_section_is_never_echoed() -> None:
-    raw = two_sparks(weights="hf_wholeSectionToken123", serve="sk-whole-section-key")
+    raw = two_sparks(weights="hf_wholeSectionToken123", serve="sk-whole-section-key-0123456789a")
     text = "\n".join(problems_of(raw, secret_keys=frozenset({"weights", "serve"})))
     assert "`weights`" in text and "`serve`" in text
-    assert "hf_wholeSectionToken123" not in text and "sk-whole-section-key" not in text
+    assert "hf_wholeSectionToken123" not in text and "sk-whole-section-key-0123456789a" not in text
 
 
 def test_text_of_a_secret_section_is_masked_wherever_it_is_echoed() -> None:
@@ -217,8 +217,8 @@ def test_text_of_a_secret_section_is_masked_wherever_it_is_echoed() -> None:
 
 
 def test_settings_repr_hides_secrets() -> None:
-    s = parse(two_sparks(serve={"apiKey": "sk-abc"})).settings
-    assert "sk-abc" not in repr(s) and "OPENSSH" not in repr(s)
+    s = parse(two_sparks(serve={"apiKey": "sk-abc-0123456789abcdef012345678"})).settings
+    assert "sk-abc-0123456789abcdef012345678" not in repr(s) and "OPENSSH" not in repr(s)
 
 
 def test_ssh_needs_a_key_or_an_agent() -> None:
@@ -508,6 +508,23 @@ def test_a_token_with_a_line_break_is_refused_without_echoing_it() -> None:
     (mine,) = [p for p in problems if p.startswith("`weights.hfToken`")]
     assert "contains a line break" in mine and "[secret]" in mine
     assert all(token not in p for p in problems)
+
+
+@pytest.mark.parametrize(
+    ("key", "says"),
+    [
+        ("sk-0123456789abcdef0123456789abcdef\n", "contains whitespace"),
+        ("sk-0123456789abcdef 0123456789abcdef", "contains whitespace"),
+        ("sk-short-0123456789", "is 19 characters, under 32"),
+    ],
+)
+def test_a_weak_or_mangled_api_key_is_refused_without_echoing_it(key: str, says: str) -> None:
+    problems = problems_of(two_sparks(serve={"apiKey": key}), secret_keys=frozenset({"serve"}))
+    (mine,) = [p for p in problems if p.startswith("`serve.apiKey`")]
+    assert says in mine and "[secret]" in mine and "pulumi config set --secret --path serve.apiKey" in mine, mine
+    assert all(key.strip() not in p for p in problems)
+    for fine in ("none", "sk-" + "a" * 29, "x" * 64):
+        parse(two_sparks(serve={"apiKey": fine}), secret_keys=frozenset({"serve"}))  # no ConfigError
 
 
 def test_an_ib_hca_that_is_no_device_name_is_refused_with_the_fix() -> None:

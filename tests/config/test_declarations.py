@@ -89,7 +89,7 @@ class TestOwnedNames:
             assert not unknown, f"sim/standin/vllm_standin.py FLAGS lacks {sorted(unknown)}"
 
     def test_every_variable_a_key_renders_is_owned(self) -> None:
-        s = settings(serve={"apiKey": "sk-test-key-0123"})
+        s = settings(serve={"apiKey": "sk-test-key-0123-0123456789abcde"})
         env = spec.node_env(s, s.head, 3)
         from_keys = set(env) - set(spec.NCCL_COMMON_ENV) - set(spec.LAUNCHER_ENV)
         # The API key is set on the head by the serving layer, which holds the secret.

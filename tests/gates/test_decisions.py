@@ -102,7 +102,7 @@ L_KV_WORKER = (
 )
 L_ARGS_WITH_KEY = (
     "(APIServer pid=1) INFO 09-22 10:00:00 [utils.py:250] non-default args: {'model': '/model', "
-    "'api_key': 'sk-live-very-secret', 'port': 8888}"
+    "'api_key': 'sk-live-very-secret-0123456789ab', 'port': 8888}"
 )
 
 
@@ -552,7 +552,7 @@ class TestReady:
                 Probe(LISTED),
                 "m",
             )
-        assert "sk-live-very-secret" not in str(err.value) and "OTHERSECRET9" not in str(err.value)
+        assert "sk-live-very-secret-0123456789ab" not in str(err.value) and "OTHERSECRET9" not in str(err.value)
         assert "non-default args" in str(err.value)
 
     def test_defaults_allow_a_36_minute_jit_boot_and_detect_exits_within_15_s(self) -> None:

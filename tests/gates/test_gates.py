@@ -34,7 +34,7 @@ from tests.support.imports import import_side_effects
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "DeepSeek-v4.1-Flash-EXL3"
-API_KEY = "sk-gate-test-0123456789"
+API_KEY = "sk-gate-test-0123456789-01234567"
 
 RANKS = [
     GateRank(rank=0, node="spark-a", host="127.0.0.2", port=2222, user="root", container="dsv41-rank0"),

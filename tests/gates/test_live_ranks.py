@@ -116,7 +116,7 @@ def test_state_from_before_the_ssh_object_reads_its_flat_keys() -> None:
 # Every rank runs, but does the endpoint still compute? One 1-token completion, the verifier's rules.
 
 MODEL = "fake-model"
-KEY = "sk-probe-secret-0123"
+KEY = "sk-probe-secret-0123-0123456789a"
 
 
 def probed(fake: FakeVllm, key: str | None = None) -> dict[str, Any]:
@@ -286,7 +286,7 @@ def test_no_probe_when_a_rank_is_down(world: dict[int, Any], warnings: list[str]
 def test_the_deployed_endpoint_is_probed_not_the_configured_one(world: dict[int, Any], warnings: list[str]) -> None:
     with FakeVllm(Reply(body=chat_body(good_items()).encode())) as deployed:
         olds = probed(deployed, KEY)
-        news = {**olds, "endpoint": f"http://127.0.0.1:{free_port()}/v1", "api_key": "sk-next"}
+        news = {**olds, "endpoint": f"http://127.0.0.1:{free_port()}/v1", "api_key": "sk-next-0123456789abcdef01234567"}
         diff = live_ranks.LiveRanksProvider().diff("live-1", olds, news)
         assert len(deployed.completion_requests()) == 1
     assert not diff.replaces and diff.changes, "the new endpoint is stored in place; the containers follow"
@@ -569,7 +569,7 @@ RECORDED = {
     "ssh": {"private_key": recording.wire_secret(SSH_KEY), "agent_socket": None, "known_hosts_file": "/home/me/kh"},
     "endpoint": "http://10.0.0.1:8888/v1",
     "model": "DeepSeek-v4.1-Flash-EXL3",
-    "api_key": recording.wire_secret("sk-deploy-secret"),
+    "api_key": recording.wire_secret("sk-deploy-secret-0123456789abcde"),
     "supervisor_url": "http://10.0.0.1:8781",
     "supervisor_token": recording.wire_secret(TOKEN),
     "supervisor_fresh_s": 60.0,
@@ -589,7 +589,7 @@ def program_args(supervisor: bool = True) -> live_ranks.LiveRanksArgs:
         ssh=SshAccess(private_key=pulumi.Output.secret(SSH_KEY), known_hosts_file="/home/me/kh"),
         endpoint="http://10.0.0.1:8888/v1",
         model="DeepSeek-v4.1-Flash-EXL3",
-        api_key=pulumi.Output.secret("sk-deploy-secret"),
+        api_key=pulumi.Output.secret("sk-deploy-secret-0123456789abcde"),
         supervisor_url="http://10.0.0.1:8781" if token else None,
         supervisor_token=pulumi.Output.secret(token) if token else None,
         supervisor_fresh_s=60.0 if token else None,
@@ -617,12 +617,16 @@ def test_the_properties_keep_the_shape_deployed_stacks_hold() -> None:
 
 def test_the_provider_reads_back_what_the_program_sent() -> None:
     props = {**RECORDED, "ssh": {**RECORDED["ssh"], "private_key": SSH_KEY}, "__provider": "pickled"}
-    args = live_ranks.args_of({**props, "api_key": "sk-deploy-secret", "supervisor_token": TOKEN})
+    args = live_ranks.args_of({**props, "api_key": "sk-deploy-secret-0123456789abcde", "supervisor_token": TOKEN})
     assert args.ranks == PROGRAM_RANKS
     assert args.ssh == SshAccess(private_key=SSH_KEY, known_hosts_file="/home/me/kh")
-    assert (args.endpoint, args.model, args.api_key) == (RECORDED["endpoint"], RECORDED["model"], "sk-deploy-secret")
+    assert (args.endpoint, args.model, args.api_key) == (
+        RECORDED["endpoint"],
+        RECORDED["model"],
+        "sk-deploy-secret-0123456789abcde",
+    )
     assert (args.supervisor_url, args.supervisor_token, args.supervisor_fresh_s) == ("http://10.0.0.1:8781", TOKEN, 60)
-    assert not any(secret in repr(args) for secret in (SSH_KEY, "sk-deploy-secret", TOKEN)), repr(args)
+    assert not any(secret in repr(args) for secret in (SSH_KEY, "sk-deploy-secret-0123456789abcde", TOKEN)), repr(args)
 
 
 def test_state_from_before_the_ssh_object_and_the_probe_is_still_read(world: dict[int, Any]) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import shutil
 import subprocess
 import tarfile
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 import yaml
 from program_support import REPO, Deployment, assert_verified, docker_on, new_deployment, remove_deployment
 from pulumi import automation as auto
@@ -151,12 +153,17 @@ def test_a_stack_from_each_older_layout_upgrades_replacing_only_the_ranks_once(
         # The old program mounts the base repo's native index at /engram-src, which the recipe's loader (and the
         # stand-in) refuses; the stand-in of its day took shards 47/48 out of any index.
         d.write_config(d.with_env(SIM_ENGRAM_INDEX="any"))
-        # The old program served openly with no `serve.apiKey`; this one generates a key, a change that
-        # replaces the ranks by design. This test is about the layout moves: every program gets the same key.
-        d.stack.set_config("dsv41-exl3:serve.apiKey", auto.ConfigValue(value="sk-upgrade-test", secret=True), path=True)
-        stack_text = (REPO / f"Pulumi.{d.name}.yaml").read_text()
+        # The old program served openly with no `serve.apiKey`; a later one generates a key. The oldest hop is
+        # about the layout: both programs get the same key. From PRE_MERGE on the key is unset: PRE_MERGE derives
+        # one from the SSH key, this program makes a random one once (issue 35).
         pre_merge_dir = old_program(tmp_path / "pre-merge", PRE_MERGE)
-        (pre_merge_dir / f"Pulumi.{d.name}.yaml").write_text(stack_text)
+        (pre_merge_dir / f"Pulumi.{d.name}.yaml").write_text((REPO / f"Pulumi.{d.name}.yaml").read_text())
+        d.stack.set_config(
+            "dsv41-exl3:serve.apiKey",
+            auto.ConfigValue(value="sk-upgrade-test-0123456789abcdef", secret=True),
+            path=True,
+        )
+        stack_text = (REPO / f"Pulumi.{d.name}.yaml").read_text()
         # The old program knows no `supervisor` or `observability` key (the sim's tests set both off; off is
         # the old behaviour).
         stack_file = yaml.safe_load(stack_text)
@@ -187,9 +194,12 @@ def test_a_stack_from_each_older_layout_upgrades_replacing_only_the_ranks_once(
             f"only the root component, the prechecks and the key file are new, not {created}"
         )
 
-        # The layout every stack deployed between issues 13 and 36 holds.
+        # The layout every stack deployed between issues 13 and 36 holds, with its derived key.
         lines = []
-        assert_verified(d, stack_at(d, pre_merge_dir).up(on_output=lines.append, color="never").outputs)
+        pre_merge = stack_at(d, pre_merge_dir).up(on_output=lines.append, color="never").outputs
+        assert_verified(d, pre_merge)
+        derived = str(pre_merge["apiKey"].value)
+        d.stack.remove_config("dsv41-exl3:serve.apiKey", path=True)
         after = container_ids(d)
         assert all(after[i] and after[i] != before[i] for i in before), f"every rank replaced once: {before} {after}"
         head = d.sim["nodes"][0]
@@ -200,14 +210,24 @@ def test_a_stack_from_each_older_layout_upgrades_replacing_only_the_ranks_once(
         d.preview()
         assert_carried_over(d, ranks, merged_components(d, since_old_layout=False))
         created = sorted(name for name, ops in d.ops.items() if "create" in ops)
-        assert created == [key_file_command(d)], f"only the key file is new since PRE_MERGE, not {created}"
-        assert_verified(d, d.up().outputs)
+        # The preview announces the one-time key change: a generated key to be made.
+        assert created == sorted(["endpoint-key", key_file_command(d)]), (
+            f"only the key file and the generated key are new since PRE_MERGE, not {created}"
+        )
+        upgraded = d.up().outputs
+        assert_verified(d, upgraded)
+        key = str(upgraded["apiKey"].value)
+        assert re.fullmatch(r"sk-[0-9a-f]{48}", key) and key != derived, "a random key replaces the derived one"
+        endpoint = str(upgraded["endpoint"].value)
+        for sent, status in ((derived, 401), (key, 200)):
+            answer = requests.get(f"{endpoint}/models", headers={"Authorization": f"Bearer {sent}"}, timeout=30)
+            assert answer.status_code == status, (sent == key, answer.status_code, answer.text[:200])
         final = container_ids(d)
         # Once more, by design: the head's key moved from its env to a file (issue 35), which every rank's
         # generation follows.
         assert all(final[i] and final[i] != after[i] for i in after), f"every rank replaced: {after} {final}"
         env = docker_on(head["index"], "inspect", "--format", "{{json .Config.Env}}", d.container(head)).stdout
-        assert "sk-upgrade-test" not in env, "the key left the head's configured env"
+        assert key not in env and "VLLM_API_KEY" not in env, "the key left the head's configured env"
         again = d.preview()
         assert again.change_summary.get("same") and not {k for k in again.change_summary if k != "same"}, (
             f"after the upgrade a preview is a no-op: {again.change_summary}"

@@ -2,66 +2,43 @@
 
 from __future__ import annotations
 
-import os
-import stat
-from pathlib import Path
+import re
 from typing import Any
 
 import pytest
 
 from components.config import ConfigError, parse
-from components.serving.api_key import KEY_FILE, generated_key, with_endpoint_key
+from components.serving.api_key import EndpointKeyProvider, make_key
 from tests.support import graph
 from tests.support.configs import two_sparks
+from tests.support.graph import ENDPOINT_KEY, GENERATED_KEY
 
 CONTAINER = "docker:index/container:Container"
 
 
-def settings(api_key: str | None = None, *, private_key: bool = True) -> Any:
-    raw = two_sparks()
-    if not private_key:
-        raw["ssh"] = {"agentSocket": "/run/agent.sock"}
-    if api_key is not None:
-        raw["serve"] = {"apiKey": api_key}
-    return parse(raw).settings
+def test_a_generated_key_is_random_made_once_and_kept_by_every_later_update() -> None:
+    """EndpointKey: 192 random bits at create; no input changes it, so every later update keeps it."""
+    provider = EndpointKeyProvider()
+    first, second = provider.create({"key": None}), provider.create({"key": None})
+    for made in (first, second):
+        assert re.fullmatch(r"sk-[0-9a-f]{48}", made.outs["key"]), made.outs
+    assert first.outs["key"] != second.outs["key"], "another stack gets another key"
+    assert provider.diff(first.id, first.outs, {"key": None}).changes is False
+    assert provider.update(first.id, first.outs, {"key": None}).outs == first.outs
 
 
-def keys_dir(tmp_path: Path) -> str:
-    path = tmp_path / "keys"
-    path.mkdir(parents=True)
-    path.chmod(0o700)
-    return str(path)
+def test_the_key_is_derived_from_nothing_the_program_holds() -> None:
+    """Two stacks with the same SSH key and stack name (another cluster) get different keys: nothing is hashed."""
+    keys = set()
+    for _ in range(2):
+        rec = graph.run(unset_key(graph.config()), fixtures={ENDPOINT_KEY: lambda _a: {"key": make_key()}})
+        keys.add(rec.outputs["apiKey"])
+    assert len(keys) == 2
 
 
-def test_an_unset_key_is_generated_from_the_stacks_ssh_key_the_same_on_every_run(tmp_path: Path) -> None:
-    first = with_endpoint_key(settings(), "dev", keys_dir(tmp_path)).serve.api_key
-    again = with_endpoint_key(settings(), "dev", keys_dir(tmp_path / "other-machine")).serve.api_key
-    assert first is not None and again is not None
-    key = first.get_secret_value()
-    assert key.startswith("sk-") and len(key) == 51
-    assert key == again.get_secret_value(), "a second operator's machine derives the same key"
-    other_stack = with_endpoint_key(settings(), "prod", keys_dir(tmp_path / "p")).serve.api_key
-    assert other_stack is not None and other_stack.get_secret_value() != key
-    assert "abc" not in key and "PRIVATE" not in key
-
-
-def test_without_an_ssh_key_the_generated_key_is_kept_private_in_the_stack_directory(tmp_path: Path) -> None:
-    directory = keys_dir(tmp_path)
-    key = generated_key(settings(private_key=False), "dev", directory)
-    path = Path(directory) / KEY_FILE
-    assert path.read_text() == key
-    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-    assert generated_key(settings(private_key=False), "dev", directory) == key
-    assert key != generated_key(settings(private_key=False), "dev", keys_dir(tmp_path / "fresh"))
-
-
-def test_a_users_key_is_kept_and_none_serves_openly_with_a_warning(tmp_path: Path) -> None:
-    mine = with_endpoint_key(settings("sk-mine"), "dev", keys_dir(tmp_path)).serve.api_key
-    assert mine is not None and mine.get_secret_value() == "sk-mine"
-    assert with_endpoint_key(settings("none"), "dev", keys_dir(tmp_path / "n")).serve.api_key is None
-    warnings = parse({**two_sparks(), "serve": {"apiKey": "none"}}).warnings
-    assert any("`serve.apiKey` = none" in w and "without a key" in w for w in warnings)
-    assert not any("apiKey" in w for w in parse(two_sparks()).warnings)
+def unset_key(raw: dict[str, Any]) -> dict[str, Any]:
+    del raw["serve"]["apiKey"]
+    return raw
 
 
 def head_env(rec: Any) -> dict[str, str]:
@@ -77,11 +54,11 @@ def head_key(rec: Any) -> str | None:
 
 
 def test_the_deployed_head_requires_the_generated_key_and_exports_it_as_a_secret() -> None:
-    raw = graph.config()
-    del raw["serve"]["apiKey"]
-    rec = graph.run(raw)
+    rec = graph.run(unset_key(graph.config()))
+    (made,) = rec.of_type(ENDPOINT_KEY)
+    assert made.additional_secret_outputs == ["key"], "the state keeps the key encrypted"
     key = head_key(rec)
-    assert key is not None and key.startswith("sk-")
+    assert key == GENERATED_KEY
     assert "VLLM_API_KEY" not in head_env(rec)
     assert rec.outputs["apiKey"] == key
     assert "apiKey" in rec.secret_outputs
@@ -91,22 +68,29 @@ def test_the_deployed_head_requires_the_generated_key_and_exports_it_as_a_secret
         assert resource.inputs["api_key"]["value"] == key, kind
 
 
-def test_none_deploys_an_open_head_with_no_key_output() -> None:
+def test_none_deploys_an_open_head_with_no_key_output_and_warns() -> None:
     raw = graph.config()
     raw["serve"]["apiKey"] = "none"
     rec = graph.run(raw)
     assert "VLLM_API_KEY" not in head_env(rec) and head_key(rec) is None
-    assert "apiKey" not in rec.outputs
+    assert "apiKey" not in rec.outputs and not rec.of_type(ENDPOINT_KEY)
+    warnings = parse({**two_sparks(), "serve": {"apiKey": "none"}}).warnings
+    assert any("`serve.apiKey` = none" in w and "without a key" in w for w in warnings)
+    assert not any("apiKey" in w for w in parse(two_sparks()).warnings)
 
 
 def test_an_explicit_key_is_the_one_exported() -> None:
     rec = graph.run(graph.config())
-    assert head_key(rec) == "sk-deploy-secret"
-    assert rec.outputs["apiKey"] == "sk-deploy-secret"
+    assert head_key(rec) == "sk-deploy-secret-0123456789abcde"
+    assert rec.outputs["apiKey"] == "sk-deploy-secret-0123456789abcde" and "apiKey" in rec.secret_outputs
+    assert not rec.of_type(ENDPOINT_KEY), "a user's key makes no generated one"
 
 
 def test_none_may_stay_in_plain_text_but_a_key_may_not() -> None:
     opted_out = parse({**two_sparks(), "serve": {"apiKey": "none"}}, plaintext_keys=frozenset({"serve"}))
     assert opted_out.settings.serve.api_key is not None
     with pytest.raises(ConfigError, match="`serve.apiKey` is stored in plain text"):
-        parse({**two_sparks(), "serve": {"apiKey": "sk-plain"}}, plaintext_keys=frozenset({"serve"}))
+        parse(
+            {**two_sparks(), "serve": {"apiKey": "sk-plain-0123456789abcdef0123456"}},
+            plaintext_keys=frozenset({"serve"}),
+        )

@@ -53,6 +53,7 @@ def build(s: Settings, *, gid: Any = 3) -> dict[str, Any]:
             replace_when="live-1",
             head_connection=remote.ConnectionArgs(host=s.head.host, user=s.head.user),
             state_dir=".local/state/dsv41-exl3-dev",
+            api_key=None if s.open_endpoint or s.serve.api_key is None else s.serve.api_key.get_secret_value(),
         ),
     )
     return {"ids": cluster.container_ids, "generation": cluster.generation}
@@ -153,20 +154,20 @@ def key_command_ids(args: Any) -> dict[str, Any]:
 
 def test_api_key_reaches_only_the_head_through_a_file_never_env_argv_or_a_label() -> None:
     raw = nodes(2)
-    raw["serve"] = {"apiKey": "sk-topsecret"}
+    raw["serve"] = {"apiKey": "sk-topsecret-0123456789abcdef012"}
     rec = run(raw)
     head, worker = rec.named("serving-spark-0"), rec.named("serving-spark-1")
     writer = rec.named("serving-spark-0-api-key")
     # On stdin, as a secret; the command text, argv and the triggers' plain text never hold it.
-    assert writer.inputs["stdin"] == {**writer.inputs["stdin"], "value": "sk-topsecret"}
+    assert writer.inputs["stdin"] == {**writer.inputs["stdin"], "value": "sk-topsecret-0123456789abcdef012"}
     assert {"stdin", "triggers"} <= writer.secret_paths()
     for field in ("create", "update", "delete"):
-        assert "sk-topsecret" not in writer.inputs[field]
+        assert "sk-topsecret-0123456789abcdef012" not in writer.inputs[field]
     assert writer.delete_before_replace, "the old file is removed before the new key is written, not after"
     # The head's env is plain again (a preview shows each change) and holds no key; nothing of a rank does.
     assert "envs" not in head.secret_paths()
     for c in (head, worker):
-        assert "sk-topsecret" not in json.dumps(c.raw_inputs), c.name
+        assert "sk-topsecret-0123456789abcdef012" not in json.dumps(c.raw_inputs), c.name
     mounts = {m["target"]: m for m in head.inputs["mounts"]}
     assert mounts[serve_spec.KEY_FILE] == {
         "target": serve_spec.KEY_FILE,
@@ -191,7 +192,11 @@ def test_a_new_api_key_replaces_every_rank_and_the_same_key_none() -> None:
         rec = recording.run(lambda: build(s), {"command:remote:Command": key_command})
         return [{x["label"]: x["value"] for x in c.inputs["labels"]}[GENERATION_LABEL] for c in rec.of_type(CONTAINER)]
 
-    first, same, other = generations("sk-first-key-0123"), generations("sk-first-key-0123"), generations("sk-other")
+    first, same, other = (
+        generations("sk-first-key-0123-0123456789abcd"),
+        generations("sk-first-key-0123-0123456789abcd"),
+        generations("sk-other-0123456789abcdef0123456"),
+    )
     assert first == same and len(set(first)) == 1
     assert all(a != b for a, b in zip(first, other, strict=True)), "every rank gets the new generation"
 
@@ -199,9 +204,7 @@ def test_a_new_api_key_replaces_every_rank_and_the_same_key_none() -> None:
 def test_an_open_endpoint_writes_no_key_file() -> None:
     raw = nodes(2)
     raw["serve"] = {"apiKey": "none"}
-    s = parse(raw).settings
-    s = s.model_copy(update={"serve": s.serve.model_copy(update={"api_key": None})})
-    rec = recording.run(lambda: build(s))
+    rec = run(raw)
     assert not [r for r in rec.registrations if r.name.endswith("-api-key")]
     assert serve_spec.KEY_FILE not in {m["target"] for m in rec.named("serving-spark-0").inputs["mounts"]}
 

@@ -67,9 +67,11 @@ def test_extra_args_are_appended() -> None:
 
 
 def test_api_key_never_rendered_into_argv() -> None:
-    s = settings(serve={"apiKey": "sk-secret"})
+    s = settings(serve={"apiKey": "sk-secret-0123456789abcdef012345"})
     for rank in (0, 1):
-        assert not any("sk-secret" in a or a == "--api-key" for a in serve_spec.rank_command(s, rank))
+        assert not any(
+            "sk-secret-0123456789abcdef012345" in a or a == "--api-key" for a in serve_spec.rank_command(s, rank)
+        )
 
 
 def test_per_node_env_uses_each_nodes_fabric_and_omits_unresolved_gid() -> None:
@@ -114,13 +116,14 @@ def test_generation_changes_with_anything_ranks_agree_on_and_not_otherwise() -> 
 def test_the_config_generation_holds_no_key_and_no_hash_of_it() -> None:
     """The generation is a label and a metric label: a hash of the key there is an offline check for a weak key.
     A new key replaces every rank through the key file's command instead (test_serving)."""
-    key = "sk-rotate-0123456789abcdef"
+    key = "sk-rotate-0123456789abcdef-01234"
     s = settings(serve={"apiKey": key})
     a = serve_spec.cluster_generation(s)
-    assert a == serve_spec.cluster_generation(settings(serve={"apiKey": "sk-rotate-other"}))
-    assert a != serve_spec.cluster_generation(
-        settings(serve={"apiKey": "none"}).model_copy(update={"serve": s.serve.model_copy(update={"api_key": None})})
-    ), "whether the endpoint has a key is agreed on: it changes what the head serves"
+    assert a == serve_spec.cluster_generation(settings(serve={"apiKey": "sk-rotate-other-0123456789abcdef"}))
+    assert a == serve_spec.cluster_generation(settings()), "a generated key is a key too"
+    assert a != serve_spec.cluster_generation(settings(serve={"apiKey": "none"})), (
+        "whether the endpoint has a key is agreed on: it changes what the head serves"
+    )
     digest = hashlib.sha256(key.encode()).hexdigest()
     rendered = json.dumps(
         [serve_spec.rank_command(s, r) for r in (0, 1)]
@@ -449,11 +452,13 @@ def test_the_head_exports_the_api_key_from_its_file_and_refuses_to_start_without
     key_file = tmp_path / "api-key"
     entry = serve_spec.container_entrypoint(s, s.head, key_file=str(key_file))
     meminfo = fake_meminfo(tmp_path / "meminfo", available_kib=118 * GIB_KIB)
-    key_file.write_text("sk-from-the-file\n")
+    key_file.write_text("sk-from-the-file-0123456789abcde\n")
     done = start(tmp_path, s, 0, meminfo, entry=entry, vllm='echo "key=$VLLM_API_KEY"')
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("key=sk-from-the-file\n"), done.stdout
-    assert "sk-from-the-file" not in " ".join(entry), "the key is read at start, not rendered into the entrypoint"
+    assert done.stdout.startswith("key=sk-from-the-file-0123456789abcde\n"), done.stdout
+    assert "sk-from-the-file-0123456789abcde" not in " ".join(entry), (
+        "the key is read at start, not rendered into the entrypoint"
+    )
     for broken in ("missing", "empty"):
         if broken == "missing":
             key_file.unlink()

@@ -52,7 +52,7 @@ from tests.support.bounds import bounds
 REPO = Path(__file__).resolve().parents[2]
 STANDIN_DIR = REPO / "sim" / "standin"
 ENTRYPOINT = STANDIN_DIR / "vllm"
-API_KEY = "sk-sim-standin-0123456789"
+API_KEY = "sk-sim-standin-0123456789-012345"
 LOOPBACK = "127.0.0.1"
 WORKER_IP = "127.0.0.2"  # the worker's "fabric IP": also loopback, so VLLM_HOST_IP binds for real
 LOAD_SECONDS = "0.4"

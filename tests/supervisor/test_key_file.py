@@ -82,17 +82,17 @@ def leader_key(sock: str, container: str) -> str | None:
 
 def test_the_key_comes_from_the_head_ranks_key_file(daemon: Any) -> None:
     sock, files, envs = daemon
-    files[("rank-head", KEY_FILE)] = b"sk-in-the-file\n"
+    files[("rank-head", KEY_FILE)] = b"sk-in-the-file-0123456789abcdef0\n"
     envs["rank-head"] = ["PATH=/usr/bin"]
-    assert Docker(sock).read_file("rank-head", KEY_FILE) == b"sk-in-the-file\n"
-    assert leader_key(sock, "rank-head") == "sk-in-the-file"
+    assert Docker(sock).read_file("rank-head", KEY_FILE) == b"sk-in-the-file-0123456789abcdef0\n"
+    assert leader_key(sock, "rank-head") == "sk-in-the-file-0123456789abcdef0"
 
 
 def test_an_older_head_with_the_key_in_its_env_still_works_and_no_key_is_none(daemon: Any) -> None:
     sock, _files, envs = daemon
-    envs["old-head"] = ["PATH=/usr/bin", "VLLM_API_KEY=sk-from-env"]
+    envs["old-head"] = ["PATH=/usr/bin", "VLLM_API_KEY=sk-from-env-0123456789abcdef0123"]
     assert Docker(sock).read_file("old-head", KEY_FILE) is None
-    assert leader_key(sock, "old-head") == "sk-from-env"
+    assert leader_key(sock, "old-head") == "sk-from-env-0123456789abcdef0123"
     envs["open-head"] = ["PATH=/usr/bin"]
     assert leader_key(sock, "open-head") is None
     assert leader_key(sock, "no-such-container") is None

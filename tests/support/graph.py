@@ -94,7 +94,15 @@ def copied_root(args: pulumi.runtime.MockResourceArgs) -> dict[str, Any]:
     return {"root": root, "__id": root}
 
 
-FIXTURES = {COMMAND: fake_stdout, WORKER_COPY: copied_root}
+ENDPOINT_KEY = "pulumi-python:dynamic/keys:EndpointKey"
+GENERATED_KEY = "sk-" + "0a" * 24  # what EndpointKey's create returns, in the mock
+
+
+def generated_key(_args: pulumi.runtime.MockResourceArgs) -> dict[str, Any]:
+    return {"key": GENERATED_KEY}
+
+
+FIXTURES = {COMMAND: fake_stdout, WORKER_COPY: copied_root, ENDPOINT_KEY: generated_key}
 GIDS = {f"spark-{i}": 3 + (i % 2) * 2 for i in range(8)}
 
 
@@ -107,10 +115,10 @@ def config(count: int = 2, **overrides: Any) -> dict[str, Any]:
     ]
     raw["weights"] = {"share": "bind", "hfToken": "hf_token_secret"}
     raw.setdefault("serve", {})
-    raw["serve"] = {**raw["serve"], "apiKey": "sk-deploy-secret"}
+    raw["serve"] = {**raw["serve"], "apiKey": "sk-deploy-secret-0123456789abcde"}
     return raw
 
 
-def run(raw: dict[str, Any]) -> recording.Recorded:
+def run(raw: dict[str, Any], fixtures: dict[str, Any] | None = None) -> recording.Recorded:
     loaded = parse(raw)
-    return recording.run(lambda: deploy(loaded, "dev"), FIXTURES)
+    return recording.run(lambda: deploy(loaded, "dev"), {**FIXTURES, **(fixtures or {})})

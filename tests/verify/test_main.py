@@ -77,8 +77,23 @@ def test_cli_failure_exits_1_with_one_line() -> None:
         (["--endpoint", "http://127.0.0.1:9/v1"], {}, "--model"),
         (["--endpoint", "http://127.0.0.1:9", "--model", MODEL], {}, "/v1"),
         (["--endpoint", "http://127.0.0.1:9/v1", "--model", MODEL, "--api-key-env", "UNSET_KEY_VAR_X"], {}, "not set"),
-        (["--endpoint", "http://127.0.0.1:9/v1", "--model", MODEL, "--api-key", "sk-live-77"], {}, "unrecognized"),
-        (["--endpoint", "http://127.0.0.1:9/v1", "--model", MODEL, "--api-key-env", "sk-live-77"], {}, "NAME"),
+        (
+            ["--endpoint", "http://127.0.0.1:9/v1", "--model", MODEL, "--api-key", "sk-live-77-0123456789abcdef01234"],
+            {},
+            "unrecognized",
+        ),
+        (
+            [
+                "--endpoint",
+                "http://127.0.0.1:9/v1",
+                "--model",
+                MODEL,
+                "--api-key-env",
+                "sk-live-77-0123456789abcdef01234",
+            ],
+            {},
+            "NAME",
+        ),
         (["--endpoint", "http://127.0.0.1:9/v1", "--model", MODEL, "--timeout", "0"], {}, "--timeout"),
     ],
     ids=[
@@ -95,7 +110,7 @@ def test_cli_usage_errors_exit_2_with_one_line(args: list[str], env: dict[str, s
     assert done.returncode == 2
     (line,) = _lines(done)
     assert line.startswith("usage error: ") and words in line
-    assert "sk-live-77" not in line, "a key typed on the command line is never echoed"
+    assert "sk-live-77-0123456789abcdef01234" not in line, "a key typed on the command line is never echoed"
 
 
 def test_cli_unreachable_endpoint_exits_1() -> None:

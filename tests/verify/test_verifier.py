@@ -246,7 +246,7 @@ RECORDED = {
     "endpoint": "http://10.0.0.1:8888/v1",
     "model": "DeepSeek-v4.1-Flash-EXL3",
     "rerun_on": ["serving-spark-0-id", "serving-spark-1-id"],
-    "api_key": recording.wire_secret("sk-deploy-secret"),
+    "api_key": recording.wire_secret("sk-deploy-secret-0123456789abcde"),
     "timeout_s": 120.0,
     "retry_window_s": 300.0,
     "warmup_timeout_s": 300.0,
@@ -265,7 +265,7 @@ def _program_args() -> VerifierArgs:
         endpoint="http://10.0.0.1:8888/v1",
         model="DeepSeek-v4.1-Flash-EXL3",
         rerun_on=pulumi.Output.from_input(["serving-spark-0-id", "serving-spark-1-id"]),
-        api_key=pulumi.Output.secret("sk-deploy-secret"),
+        api_key=pulumi.Output.secret("sk-deploy-secret-0123456789abcde"),
         timeout_s=min(client.DEFAULT_TIMEOUT_S, 300.0),
         retry_window_s=300.0,
         warmup_timeout_s=300.0,
@@ -290,15 +290,15 @@ def test_the_properties_keep_the_shape_deployed_stacks_hold() -> None:
 
 
 def test_the_provider_reads_back_what_the_program_sent() -> None:
-    props = {**RECORDED, "api_key": "sk-deploy-secret", "__provider": "pickled"}
+    props = {**RECORDED, "api_key": "sk-deploy-secret-0123456789abcde", "__provider": "pickled"}
     inputs = verify.read_inputs(props)
     assert (inputs.endpoint, inputs.model) == (RECORDED["endpoint"], RECORDED["model"])
-    assert inputs.api_key == "sk-deploy-secret"
+    assert inputs.api_key == "sk-deploy-secret-0123456789abcde"
     assert inputs.rerun_on == ("serving-spark-0-id", "serving-spark-1-id")
     assert (inputs.timeout_s, inputs.retry_window_s, inputs.warmup_timeout_s) == (120.0, 300.0, 300.0)
     assert inputs.min_decode_tokens_per_second is None, "absent: no decode threshold"
     assert (inputs.expected_answer, inputs.rollback_command) == ("Paris", "dsv41-exl3 rollback --stack dev")
-    assert "sk-deploy-secret" not in repr(inputs), "the key stays out of tracebacks"
+    assert "sk-deploy-secret-0123456789abcde" not in repr(inputs), "the key stays out of tracebacks"
 
 
 def test_state_from_before_the_expected_answer_reads_the_recipes_answer() -> None:
