@@ -118,10 +118,19 @@ def test_one_tripped_watchdog_stops_every_peers_rank_on_a_home_shared_by_four_no
     assert restarted.returncode == 0, restarted.stderr
     log = home / state / "watchdog.log"
     try:
+        def logged() -> list[str]:
+            return [line for line in log.read_text().splitlines() if d.name in line]
+
+        def peer_logged(peer: dict, lines: list[str]) -> bool:
+            return any(f"container={d.container(peer)} killed (asked by node-1)" in line for line in lines)
+
+        # A rank is seen stopped a moment before its "killed" line is written: wait for both.
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and any(running(d, n) for n in nodes):
+        while time.monotonic() < deadline and (
+            any(running(d, n) for n in nodes) or not all(peer_logged(p, logged()) for p in nodes[1:])
+        ):
             time.sleep(0.5)
-        lines = [line for line in log.read_text().splitlines() if d.name in line]
+        lines = logged()
         assert not any(running(d, n) for n in nodes), (
             "a trip on node-1 must stop every rank: "
             + json.dumps({n["index"]: running(d, n) for n in nodes})
@@ -129,7 +138,7 @@ def test_one_tripped_watchdog_stops_every_peers_rank_on_a_home_shared_by_four_no
             + "\n".join(lines[-30:])
         )
         for peer in nodes[1:]:
-            assert any(f"container={d.container(peer)} killed (asked by node-1)" in line for line in lines), (
+            assert peer_logged(peer, lines), (
                 f"node-{peer['index']}'s rank stopped at node-1's request, logged:\n" + "\n".join(lines[-30:])
             )
     finally:
