@@ -13,7 +13,8 @@ filesystem is the host's (the sim deploys with `weights.share: bind`).
     python3 -m sim.cluster status | env | clean
 
 State lives in <repo>/.state/sim (SIM_STATE_DIR overrides); sim.json there describes the running sim.
-The image's base root filesystem is cached in ${DSV41_CACHE:-~/.cache/dsv41-exl3}/sim and never deleted here.
+The image's base root filesystem, the registry's storage and each node's docker data root (its pulled images) are
+cached in ${DSV41_CACHE:-~/.cache/dsv41-exl3}/sim and never deleted here.
 
 The commands are here; what they use is in the modules beside this one: cluster_layout (the sim's facts
 and paths), cluster_procs (processes, cgroups, the power cut), cluster_network (probes, node names),
@@ -31,6 +32,7 @@ import sys
 from collections.abc import Sequence
 
 from sim.cluster_daemons import (
+    data_root_holder,
     ensure_keys,
     ensure_packages,
     reboot,
@@ -72,6 +74,7 @@ from sim.cluster_procs import (
     daemon_env,
     descendants,
     pid_alive,
+    power_cut,
     running_pid,
     stop_pid,
     unmount_leftovers,
@@ -89,6 +92,7 @@ __all__ = [
     "main",
     "node_index",
     "remove_containers",
+    "reset_node",
     "start_nodes",
     "status",
     "up",
@@ -100,17 +104,21 @@ __all__ = [
     "SSH_PORT",
     "cgroup2_root",
     "daemon_env",
+    "data_root_holder",
     "default_layout",
     "descendants",
     "image_ref",
     "machine_hosts",
     "node_hosts",
     "pid_alive",
+    "power_cut",
     "reboot",
     "registry_digest",
     "running_pid",
     "sshd_config",
+    "start_dockerd",
     "stop_pid",
+    "SimError",
 ]
 
 
@@ -143,28 +151,56 @@ def describe(layout: Layout, nodes: Sequence[int]) -> dict[str, object]:
     }
 
 
-def start_nodes(layout: Layout, indices: Sequence[int]) -> None:
+def start_nodes(layout: Layout, indices: Sequence[int]) -> list[int]:
     """As root, with the Debian packages installed: these nodes' directories, ssh keys (and every keyed node's
-    known_hosts and config entries) and names, then each one's dockerd and sshd (not waited for)."""
+    known_hosts and config entries) and names, then each one's dockerd and sshd (not waited for). Returns the
+    nodes whose dockerd it started (the others were running and are left as they are)."""
     require_root()
     ensure_packages()
     for i in indices:
         layout.node_dir(i).mkdir(parents=True, exist_ok=True)
     ensure_keys(layout, indices)
     write_machine_hosts(True)
+    started = []
     for i in indices:
-        start_dockerd(layout, i)
+        if start_dockerd(layout, i):
+            started.append(i)
         start_sshd(layout, i)
+    return started
+
+
+def reset_node(layout: Layout, i: int) -> None:
+    """A node `up` started: what an earlier run left in its (cached) data root goes, but the images. Containers
+    with a restart policy came back with the daemon, as after a reboot; an `up` is a fresh cluster, not a reboot."""
+    remove_containers(layout, i)
+    host, docker = layout.docker_host(i), tool("docker")
+
+    def listed(*what: str) -> list[str]:
+        out = subprocess.run([docker, "--host", host, *what], capture_output=True, text=True, timeout=60)
+        return out.stdout.split() if out.returncode == 0 else []
+
+    volumes = listed("volume", "ls", "-q")
+    if volumes:
+        subprocess.run([docker, "--host", host, "volume", "rm", "-f", *volumes], capture_output=True, timeout=120)
+    networks = listed("network", "ls", "-q", "--filter", "type=custom")
+    if networks:
+        subprocess.run([docker, "--host", host, "network", "rm", *networks], capture_output=True, timeout=120)
+    # Builds replaced under the same tag (cluster_images.build_image untags them): the disk is not the cache's.
+    subprocess.run([docker, "--host", host, "image", "prune", "-f"], capture_output=True, timeout=300)
+    if volumes or networks:
+        log(f"node {i}: removed {len(volumes)} volume(s), {len(networks)} network(s) an earlier run left")
 
 
 def up(layout: Layout, nodes: int, build: bool = True) -> None:
     if not 1 <= nodes <= MAX_NODES:
         raise SimError(f"SIM_NODES={nodes} out of range; use 1..{MAX_NODES} (default {DEFAULT_NODES})")
     indices = list(range(1, nodes + 1))
-    start_nodes(layout, indices)
+    started = start_nodes(layout, indices)
     start_registry(layout)
     start_hub(layout)
     wait_ready(layout, indices)
+    for i in started:
+        reset_node(layout, i)
     (layout.state / "sim.json").write_text(json.dumps(describe(layout, indices), indent=2) + "\n")
     if build:
         build_image(layout)
@@ -174,8 +210,10 @@ def up(layout: Layout, nodes: int, build: bool = True) -> None:
 def up_nodes(layout: Layout, indices: Sequence[int]) -> None:
     """Start only these nodes (dockerd + sshd), e.g. an extra node beside a running sim; the registry, the hub,
     the image and sim.json are left as they are (a node pulls from whichever registry serves 127.0.0.1:5000)."""
-    start_nodes(layout, indices)
+    started = start_nodes(layout, indices)
     wait_ready(layout, indices, with_registry=False)
+    for i in started:
+        reset_node(layout, i)
     log(f"up: node(s) {', '.join(map(str, indices))} ({', '.join(layout.node_ip(i) for i in indices)})")
 
 
@@ -254,7 +292,8 @@ def env_text(layout: Layout) -> str:
 
 
 def clean(layout: Layout) -> None:
-    """down, then delete the state dir (registry storage, node data roots, keys); the image cache stays."""
+    """down, then delete the state dir (keys, sockets, logs); the cache stays (base tarballs, the registry's
+    storage, the nodes' docker data roots: cache_dir())."""
     down(layout)
     if layout.state.exists():
         subprocess.run(["rm", "-rf", "--one-file-system", str(layout.state)], check=True, timeout=300)

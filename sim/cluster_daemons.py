@@ -98,21 +98,47 @@ def ensure_keys(layout: Layout, nodes: Sequence[int]) -> None:
 # --- daemons ---------------------------------------------------------------------------------------
 
 
-def start_dockerd(layout: Layout, i: int) -> None:
+def data_root_holder(root: Path) -> int | None:
+    """The pid of a dockerd already running on this data root (e.g. another checkout's sim), or None."""
+    want = str(root)
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        args = [a.decode(errors="replace") for a in argv]
+        if args and os.path.basename(args[0]) == "dockerd" and "--data-root" in args:
+            at = args.index("--data-root") + 1
+            if at < len(args) and args[at] == want:
+                return int(proc.name)
+    return None
+
+
+def start_dockerd(layout: Layout, i: int) -> bool:
+    """Node i's dockerd: adopted when it already answers (False), else started (True)."""
     d = layout.node_dir(i)
     pidfile, sock = d / "dockerd.pid", layout.socket(i)
     pid = running_pid(pidfile, "dockerd")
     if pid and docker_ping(sock):
         adopt(node_cgroup(layout, i), [pid, *descendants(pid)])  # dockerd and its containerd
-        return
+        return False
+    root = layout.data_root(i)
+    holder = data_root_holder(root)
+    if holder is not None:
+        raise SimError(
+            f"node {i}'s docker data root {root} is in use by dockerd pid {holder} (another checkout's sim?): "
+            "two daemons on one data root corrupt it; fix: `make sim-down` in that checkout (or kill the pid)"
+        )
     exec_root = d / "exec"
     if len(str(exec_root / "containerd" / "containerd-debug.sock")) > 100:
         raise SimError(
             f"state dir {layout.state} is too deep for dockerd's unix sockets (max ~100 chars); "
             "set SIM_STATE_DIR to a shorter path"
         )
-    for sub in ("root", "exec"):
-        (d / sub).mkdir(parents=True, exist_ok=True)
+    root.mkdir(parents=True, exist_ok=True)
+    exec_root.mkdir(parents=True, exist_ok=True)
     config = d / "daemon.json"
     config.write_text("{}\n")  # so the host's /etc/docker/daemon.json is never read
     log(f"node {i}: starting dockerd on {sock}")
@@ -125,7 +151,7 @@ def start_dockerd(layout: Layout, i: int) -> None:
                 "--config-file",
                 str(config),
                 "--data-root",
-                str(d / "root"),
+                str(root),
                 "--exec-root",
                 str(exec_root),
                 "--pidfile",
@@ -148,6 +174,7 @@ def start_dockerd(layout: Layout, i: int) -> None:
         d / "dockerd.log",
         node_cgroup(layout, i),
     )
+    return True
 
 
 def sshd_config(layout: Layout, i: int) -> str:

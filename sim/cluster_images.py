@@ -7,14 +7,13 @@ the registry serves for a tag.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
-from sim.cluster_layout import IMAGES, PROMETHEUS_BIN, PROMETHEUS_REPO, REGISTRY_ADDR, REPO, Layout, SimError
+from sim.cluster_layout import IMAGES, PROMETHEUS_BIN, PROMETHEUS_REPO, REGISTRY_ADDR, REPO, Layout, SimError, cache_dir
 from sim.cluster_network import docker_ping
 from sim.cluster_procs import daemon_env
 
@@ -22,8 +21,7 @@ from sim.cluster_procs import daemon_env
 def registry_storage() -> Path:
     """The registry's storage, outside the work tree (like the base tarballs): the images in it are keyed by
     their inputs, so a fresh clone's sim pushes nothing it already holds (the real image is ~6 GB)."""
-    cache = Path(os.environ.get("DSV41_CACHE") or Path.home() / ".cache" / "dsv41-exl3")
-    return cache / "sim" / "registry"
+    return cache_dir() / "sim" / "registry"
 
 
 def prometheus_version() -> str:

@@ -74,6 +74,13 @@ class Layout:
     def socket(self, i: int) -> Path:
         return self.node_dir(i) / "docker.sock"
 
+    @staticmethod
+    def data_root(i: int) -> Path:
+        """Node i's docker data root, outside the work tree like the registry's storage: a node keeps the images
+        it pulled across clones, as a Spark keeps its own (a fresh clone's first real-vLLM up does not pull ~6 GB
+        onto every node again). `up` removes what a previous run left in it but the images (cluster.reset_node)."""
+        return cache_dir() / "sim" / "nodes" / f"node-{i}"
+
     def cgroup_name(self, i: int) -> str:
         """Node i's cgroup v2 directory name, unique per state dir (two checkouts may each have a node i)."""
         return f"dsv41-sim-node-{i}-{hashlib.sha1(str(self.state).encode()).hexdigest()[:8]}"
@@ -143,6 +150,11 @@ class Layout:
             if suffix.isdigit():
                 found.append(int(suffix))
         return sorted(found)
+
+
+def cache_dir() -> Path:
+    """What the sim keeps between clones: base tarballs, the registry's storage, the nodes' docker data roots."""
+    return Path(os.environ.get("DSV41_CACHE") or Path.home() / ".cache" / "dsv41-exl3")
 
 
 def default_layout() -> Layout:

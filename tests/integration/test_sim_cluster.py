@@ -742,6 +742,23 @@ def test_reboot_is_a_power_cut_then_docker_restart_policies(reboot_node: tuple[i
     ps = on_node(node, ip, "docker ps --format '{{.Names}}'")
     assert ps.returncode == 0 and ps.stdout.split() == ["dsv41-reboot-unless"], ps.stdout + ps.stderr
 
+    # The node's data root is cached across clones: a run that ended with a power cut (a killed CI) leaves its
+    # containers, which come back with the daemon; the next `up` starts a fresh node that keeps only the images.
+    assert on_node(node, ip, "docker volume create dsv41-reboot-left >/dev/null").returncode == 0
+    cluster.power_cut(cluster.default_layout(), index)
+    again = subprocess.run(
+        [sys.executable, "-m", "sim.cluster", "up", "--node", str(index)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=STEP_TIMEOUT,
+    )
+    assert again.returncode == 0, again.stderr[-2000:]
+    left = on_node(node, ip, "docker ps -aq | wc -l; docker volume ls -q | wc -l; docker image inspect -f ok " + image)
+    assert left.returncode == 0 and left.stdout.split() == ["0", "0", "ok"], (
+        "after `up`: no container, no volume, the pulled image kept: " + left.stdout + left.stderr
+    )
+
 
 def test_the_sim_daemons_get_no_runtime_directory_of_their_caller(monkeypatch: pytest.MonkeyPatch) -> None:
     # A test session's XDG_RUNTIME_DIR (tests/conftest.py) inherited by a rebooted dockerd broke every later
@@ -750,3 +767,26 @@ def test_the_sim_daemons_get_no_runtime_directory_of_their_caller(monkeypatch: p
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
     env = cluster.daemon_env()
     assert not [k for k in env if k.startswith("XDG_") or "proxy" in k.lower()], env
+
+
+def test_a_node_data_root_another_dockerd_holds_is_refused_naming_the_pid(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The data roots are cached outside the clone, so two checkouts' sims could reach for the same one.
+    monkeypatch.setenv("DSV41_CACHE", str(tmp_path / "cache"))
+    layout = cluster.Layout(state=tmp_path / "state")
+    root = layout.data_root(1)
+    other = subprocess.Popen(
+        ["bash", "-c", f'exec -a dockerd {sys.executable} -c "import time; time.sleep(60)" --data-root {root}']
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while cluster.data_root_holder(root) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert cluster.data_root_holder(root) == other.pid
+        assert cluster.data_root_holder(layout.data_root(2)) is None
+        with pytest.raises(cluster.SimError, match=rf"{root} is in use by dockerd pid {other.pid}.*make sim-down"):
+            cluster.start_dockerd(layout, 1)
+    finally:
+        other.kill()
+        other.wait()

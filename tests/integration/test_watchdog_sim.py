@@ -118,6 +118,7 @@ def test_one_tripped_watchdog_stops_every_peers_rank_on_a_home_shared_by_four_no
     assert restarted.returncode == 0, restarted.stderr
     log = home / state / "watchdog.log"
     try:
+
         def logged() -> list[str]:
             return [line for line in log.read_text().splitlines() if d.name in line]
 
