@@ -383,7 +383,8 @@ def test_each_sshd_reaches_its_own_dockerd(sim: dict[str, Any]) -> None:
         proc = on_node(sim, node["ip"], "docker info --format '{{json .}}'")
         assert proc.returncode == 0, f"node {node['ip']}: {proc.stderr[-1000:]}"
         info = json.loads(proc.stdout)
-        assert info["DockerRootDir"] == f"{sim['state']}/node-{node['index']}/root"
+        # Outside the work tree, kept across clones: a node keeps the images it pulled (cluster_layout.data_root).
+        assert info["DockerRootDir"] == str(cluster.Layout.data_root(node["index"]))
         assert f"dsv41.sim.node=node-{node['index']}" in info["Labels"]
         assert "127.0.0.0/8" in info["RegistryConfig"]["InsecureRegistryCIDRs"]
         roots.append(info["DockerRootDir"])
