@@ -25,6 +25,9 @@ Throttle, for the staging bench: every file body (`resolve`) is sent at most at 
 connection (each download its own cap, as a CDN caps one stream), N from `--rate-per-connection`, else the env
 var SIM_HUB_RATE_PER_CONNECTION (read at start), overridden while the --faults file holds a line `rate:N`
 (`rate:0`: no cap). Listings and model info are never throttled.
+
+A line `revoked:TOKEN` makes every request carrying that bearer token a 401 (`Invalid credentials in Authorization
+header`), as the real hub answers a revoked or mistyped token even on a public repo.
 """
 
 from __future__ import annotations
@@ -55,12 +58,14 @@ class Faults:
     hidden: frozenset[str] = frozenset()  # absent everywhere
     unresolvable: frozenset[str] = frozenset()  # listed, but 404 on resolve
     rate: int | None = None  # `rate:N`: bytes per second per connection (0: no cap); None: the hub's own
+    revoked: frozenset[str] = frozenset()  # `revoked:TOKEN`: a token the hub refuses (401), as a revoked one
 
     @staticmethod
     def parse(entries: Iterable[str]) -> Faults:
         hidden: set[str] = set()
         unresolvable: set[str] = set()
         rate: int | None = None
+        revoked: set[str] = set()
         for raw in entries:
             entry = raw.strip()
             if not entry or entry.startswith("#"):
@@ -69,9 +74,11 @@ class Faults:
                 unresolvable.add(entry[len("listed:") :].strip().strip("/"))
             elif entry.startswith("rate:"):
                 rate = parse_rate(entry[len("rate:") :], "the faults file's rate: line")
+            elif entry.startswith("revoked:"):
+                revoked.add(entry[len("revoked:") :].strip())
             else:
                 hidden.add(entry.strip("/"))
-        return Faults(frozenset(hidden), frozenset(unresolvable), rate)
+        return Faults(frozenset(hidden), frozenset(unresolvable), rate, frozenset(revoked))
 
 
 def parse_rate(text: str, where: str) -> int:
@@ -273,6 +280,11 @@ def make_handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
 
         def _route(self) -> None:
             raw = [unquote(p) for p in urlsplit(self.path).path.strip("/").split("/")]
+            token = (self.headers.get("Authorization") or "").removeprefix("Bearer ").strip()
+            if token and token in hub.faults().revoked:
+                # The real hub refuses a bad token on every route, public repos included.
+                self._error(401, "Unauthorized", "Invalid credentials in Authorization header")
+                return
             if raw[:3] == ["api", "sim", "health"]:
                 self._send(200, _json_bytes({"ok": True, "repos": hub.commits}), {"Content-Type": "application/json"})
             elif raw[:2] == ["api", "models"] and len(raw) >= 6 and raw[4] == "tree":

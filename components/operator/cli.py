@@ -53,6 +53,11 @@ VERBS: dict[str, Verb] = {
         "ask the supervisor: status, pause, resume",
         "status|pause|resume [--stack NAME] [--json]",
     ),
+    "doctor": Verb(
+        "components.operator.doctor",
+        "read only, before the first up: each node's preflight checks, the image for its platform, the hub",
+        "[--stack NAME] [--json]",
+    ),
     "discover": Verb(
         "components.discover.discover",
         "read each Spark's config lines before the first up",

@@ -9,6 +9,8 @@
 #   LABEL_KEY         the stack label's key
 #   CONFIG_LABEL_KEY  the key of the label holding a container's config generation
 #   GENERATION        the generation this update asks for ("" = none known: stop every own container)
+#   REPORT            1: `dsv41-exl3 doctor` (with STOP=0): every check's result in the JSON line, refusals
+#                     included, and exit 0; 0: the program's preflight (a refusal exits 1)
 #   STOP              1: the stop phase (stop this stack's other-generation containers, then check memory);
 #                     0: the check phase (every check, those containers left serving, memory checked only if none)
 #   SHAPE             the container shape this update asks for, as SHAPE_FORMAT prints it
@@ -49,14 +51,17 @@ STOPPED=''
 CURRENT=''
 LEFT_SERVING=''
 GID_INDEX=''
-refuse() { FAILURES="$FAILURES$1$NL"; }  # every problem is reported, then one exit
-note() { FINDINGS="$FINDINGS$1$NL"; }
-# Progress on stderr: when the outer timeout kills the script, the last line says where it was.
-step() { echo "preflight $NODE: $1"; }
+CHECK=''
+RESULTS=''   # "check|ok|text" / "check|fail|text": what `dsv41-exl3 doctor` shows per check (REPORT=1)
+refuse() { FAILURES="$FAILURES$1$NL"; RESULTS="$RESULTS$CHECK|fail|$1$NL"; }  # all reported, then one exit
+note() { FINDINGS="$FINDINGS$1$NL"; RESULTS="$RESULTS$CHECK|ok|$1$NL"; }
+# step ID TEXT: the check that follows (its refusals and notes carry ID). Progress on stderr: when the outer
+# timeout kills the script, the last line says where it was.
+step() { CHECK=$1; RESULTS="$RESULTS$1|ok|$NL"; echo "preflight $NODE: $2"; }
 ge() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a + 0 >= b + 0) }'; }
 last_line() { printf '%s\n' "$1" | awk 'NF { l = $0 } END { print l }'; }
 
-step "docker"
+step docker "docker"
 if out=$(timeout "$DOCKER_TIMEOUT_S" docker version --format '{{.Server.Version}}' 2>&1); then
   DOCKER_OK=1
   note "docker server $(last_line "$out")"
@@ -67,7 +72,7 @@ else
 fi
 
 if [ -n "$ADDRESS" ]; then
-  step "$ADDRESS_KEY: $ADDRESS is an address of this node"
+  step address "$ADDRESS_KEY: $ADDRESS is an address of this node"
   # `local` when the kernel delivers to this node itself (127.0.0.3 too: all of 127.0.0.0/8 is lo's, which is how
   # the simulated cluster's nodes share one machine).
   given="$ADDRESS_HOST"
@@ -89,7 +94,7 @@ if [ -n "$ADDRESS" ]; then
 fi
 
 if command -v systemctl >/dev/null 2>&1; then
-  step "user systemd units"
+  step units "user systemd units"
   if [ -z "${XDG_RUNTIME_DIR:-}" ] && [ -d "/run/user/$(id -u)" ]; then
     XDG_RUNTIME_DIR="/run/user/$(id -u)"; export XDG_RUNTIME_DIR
   fi
@@ -106,7 +111,7 @@ else
 fi
 
 if [ "$DOCKER_OK" = 1 ]; then
-  step "other containers holding the GPU or RDMA devices"
+  step holders "other containers holding the GPU or RDMA devices"
   if running=$(timeout "$DOCKER_TIMEOUT_S" docker ps -q 2>&1); then
     if [ -n "$running" ]; then
       # shellcheck disable=SC2086 # ids are hex words
@@ -143,7 +148,7 @@ case "$WEIGHTS_ROOT" in  # ~ means the SSH user's home on the node, as in the co
   "~/"*) WEIGHTS_ROOT="$HOME/${WEIGHTS_ROOT#"~/"}" ;;
 esac
 if [ -n "$WEIGHTS_ROOT" ]; then
-  step "disk at $WEIGHTS_ROOT"
+  step disk "disk at $WEIGHTS_ROOT"
   d="$WEIGHTS_ROOT"
   while [ ! -e "$d" ]; do d=$(dirname "$d"); done
   free_k=$(df -Pk "$d" | awk 'NR == 2 { print $4 }')
@@ -181,7 +186,7 @@ EOF
 fi
 
 if [ -n "$WEIGHTS_ROOT" ] && [ "$CHECK_EXPORT" = 1 ]; then
-  step "NFS export path under $WEIGHTS_ROOT traversable by others"
+  step export-path "NFS export path under $WEIGHTS_ROOT traversable by others"
   # The workers' root is squashed to nobody on the export: it needs o+x on every directory of the
   # path. Checked from the leaves up; directories the staging has not created yet are skipped.
   paths=''
@@ -212,7 +217,7 @@ EOF
 fi
 
 if [ -n "$FABRIC_IF" ]; then
-  step "fabric interface statistics"
+  step fabric "fabric interface statistics"
   # the stall rule reads them while a rank loads in silence (components/gates/rank_stream.sh)
   rx="${DSV41_SYSFS_ROOT:-/sys}/class/net/$FABRIC_IF/statistics/rx_bytes"
   [ -r "$rx" ] || refuse "nodes[].fabricInterface $FABRIC_IF of $NODE has no statistics ($rx is not readable);\
@@ -220,7 +225,7 @@ if [ -n "$FABRIC_IF" ]; then
 fi
 
 if [ "$CHECK_RDMA" = 1 ]; then
-  step "RDMA: HCA ports and RoCE v2 GID index"
+  step rdma "RDMA: HCA ports and RoCE v2 GID index"
   [ -e "$DEVROOT/infiniband" ] || refuse "$DEVROOT/infiniband does not exist; fix: load the RDMA driver\
  (sudo modprobe mlx5_ib), or set check_rdma false for a node without RDMA"
   decision=$(sh -c "$GID_CHECK_SH" components/preflight/gid_check.sh)
@@ -242,7 +247,7 @@ fi
 # stopped only in the stop phase (STOP=1, which runs once every node holds the new image and passed its check
 # phase) and only when nothing above refused: until then the old ranks keep serving.
 if [ "$DOCKER_OK" = 1 ]; then
-  step "this stack's running containers (label $LABEL_KEY=$STACK_LABEL)"
+  step own-containers "this stack's running containers (label $LABEL_KEY=$STACK_LABEL)"
   # plain `docker ps` lists running, restarting and paused containers: all of them hold memory
   if listed=$(timeout "$DOCKER_TIMEOUT_S" docker ps --filter "label=$LABEL_KEY=$STACK_LABEL" \
            --format "{{.ID}} {{.Names}} {{.Label \"$CONFIG_LABEL_KEY\"}}" 2>&1); then
@@ -292,7 +297,7 @@ EOF
   fi
 fi
 
-step "MemAvailable"
+step memory "MemAvailable"
 mem_gib() {  # kB in /proc/meminfo are KiB
   awk '$1 == "MemAvailable:" { printf "%.2f", $2 / 1048576; found = 1 } END { exit !found }' "$MEMINFO" 2>/dev/null
 }
@@ -305,17 +310,21 @@ if MEM=$(mem_gib); then
       MEM=$(mem_gib) || break
     done
   fi
-  if [ -z "$CURRENT" ] && [ -z "$LEFT_SERVING" ] && ! ge "$MEM" "$MIN_MEM"; then
+  if [ -n "$CURRENT" ] || [ -n "$LEFT_SERVING" ]; then
+    note "MemAvailable $MEM GiB, not judged: this stack's ranks hold their memory (the stop phase checks it)"
+  elif ! ge "$MEM" "$MIN_MEM"; then
     refuse "MemAvailable is $MEM GiB, below the required $MIN_MEM GiB; fix: stop what holds memory on $NODE\
  (ps aux --sort=-rss | head; docker ps), or if it is page cache:\
  sync; echo 3 | sudo tee /proc/sys/vm/drop_caches"
+  else
+    note "MemAvailable $MEM GiB (needs $MIN_MEM)"
   fi
 else
   MEM=''
   refuse "cannot read MemAvailable from $MEMINFO; fix: this preflight needs a Linux /proc/meminfo"
 fi
 
-if [ -n "$FAILURES" ]; then
+if [ -n "$FAILURES" ] && [ "$REPORT" != 1 ]; then
   printf '%s' "$FAILURES" | awk -v node="$NODE" 'NF { print "preflight refused on node " node ": " $0 }'
   fail "${LINENO:-}" "refused: the problems are listed above; nothing is recorded, the next update checks again"
 fi
@@ -325,5 +334,6 @@ json_list() {  # newline-separated values -> JSON array of strings
     awk 'NF { printf "%s\"%s\"", (n++ ? "," : ""), $0 } END { printf "" }'
 }
 node_json=$(json_list "$NODE")
-printf '{"node":%s,"mem_available_gib":%s,"gid_index":%s,"stopped":[%s],"findings":[%s]}\n' \
-  "$node_json" "$MEM" "${GID_INDEX:-null}" "$(json_list "$STOPPED")" "$(json_list "$FINDINGS")" >&3
+printf '{"node":%s,"mem_available_gib":%s,"gid_index":%s,"stopped":[%s],"findings":[%s],"results":[%s]}\n' \
+  "$node_json" "${MEM:-null}" "${GID_INDEX:-null}" "$(json_list "$STOPPED")" "$(json_list "$FINDINGS")" \
+  "$(json_list "$RESULTS")" >&3

@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components import labels, scripts
+from components.access.addresses import Addresses
+from components.config import Node, Settings
 from components.preflight.gid import GidWanted, check_gid_wanted, check_hca_name, ipv4_mapped_gid, render_gid_check
 
 STACK_LABEL_KEY = labels.STACK_LABEL
@@ -117,6 +119,8 @@ class PreflightSpec:
     stop: bool = True
     """The stop phase (stop this stack's containers of another generation, then check memory); False: the check
     phase, which leaves them serving."""
+    report: bool = False
+    """`dsv41-exl3 doctor`: the check phase reporting every check's result and exiting 0 (parse_report)."""
     # The bounds below are the preflight's own steps, not operator settings (no config key): tests shorten them.
     command_timeout_s: int = 120
     stop_timeout_s: int = 30
@@ -179,6 +183,7 @@ class PreflightSpec:
                 math.isfinite(self.min_free_disk_gib) and self.min_free_disk_gib >= 0,
                 f"min_free_disk_gib {self.min_free_disk_gib!r} must be a non-negative number of GiB",
             )
+        check(not (self.report and self.stop), "report runs the check phase only: set stop False with report")
         check(bool(self.stack_label), "stack_label is empty; it must match the label on this stack's containers")
         if self.own_address is not None:
             try:
@@ -201,6 +206,33 @@ class PreflightSpec:
             raise ValueError(f"preflight for node {self.node_name!r}: " + "; ".join(errors))
 
 
+def node_spec(s: Settings, addresses: Addresses, stack: str, generation: str, n: Node) -> PreflightSpec:
+    """What the preflight checks on node `n`: the program's two phases and `dsv41-exl3 doctor` (operator/doctor.py)
+    run the same script from this one spec (the phase and `report` set by each)."""
+    copy_mode = s.weights.share == "copy"
+    own = addresses.of(n.name)
+    return PreflightSpec(
+        node_name=n.name,
+        fabric_ip=n.fabric_ip,
+        fabric_interface=n.fabric_interface,
+        ib_hcas=tuple(n.ib_hcas),
+        gid_index=n.gid_index,
+        check_rdma=bool(n.rdma_devices and n.ib_hcas),
+        # The head's includes the observability layer's bounds; each rank's start checks the same figure.
+        min_mem_available_gib=s.min_mem_available_gib_of(n),
+        # The head stages the weights; in copy mode each worker keeps its own copy: its disk is checked too.
+        weights_root=s.weights.root if n is s.head else (s.copy_root_of(n) if copy_mode else None),
+        min_free_disk_gib=s.preflight.min_free_disk_gib if n is s.head or copy_mode else None,
+        # The workers' root-squashed NFS mount must traverse every directory down to the export.
+        check_export_path=n is s.head and s.weights.share == "nfs",
+        stack_label=stack,
+        generation=generation,
+        container_shape=container_shape(s.container.ipc_mode, s.container.memlock_bytes),
+        # The head's listeners bind its address: it must be one of the head's own. A worker's is SSH's only.
+        own_address=OwnAddress(key=own.key, host=own.host, address=own.address) if n is s.head else None,
+    )
+
+
 def render_script(spec: PreflightSpec) -> str:
     """preflight.sh for one node under its one-line header of quoted values."""
     return scripts.render(
@@ -212,6 +244,7 @@ def render_script(spec: PreflightSpec) -> str:
             "CONFIG_LABEL_KEY": CONFIG_LABEL_KEY,
             "GENERATION": spec.generation,
             "STOP": "1" if spec.stop else "0",
+            "REPORT": "1" if spec.report else "0",
             "SHAPE": spec.container_shape,
             "SHAPE_FORMAT": SHAPE_FORMAT,
             "INSPECT_FORMAT": INSPECT_FORMAT,
@@ -319,3 +352,45 @@ def format_report(result: PreflightResult, spec: PreflightSpec) -> str:
     if result.stopped:
         parts.append(f"stopped {' '.join(result.stopped)}")
     return f"preflight {result.node}: ok: " + "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One check of the script on one node, as `dsv41-exl3 doctor` shows it."""
+
+    check: str
+    """The script's step id (`docker`, `disk`, `rdma`, `memory`, ...)."""
+    ok: bool
+    details: tuple[str, ...]
+    """What the node said: the refusals (each with its fix) when not ok, else its findings."""
+
+
+def parse_report(stdout: str, spec: PreflightSpec) -> list[CheckResult]:
+    """Every check the script ran with REPORT=1, in its order; a one-line ValueError on a malformed output."""
+    where = f"preflight report of node {spec.node_name}"
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    if not lines:
+        raise ValueError(f"{where} is empty; fix: run the preflight by hand on the node and read its stderr")
+    try:
+        obj = json.loads(lines[-1])
+    except json.JSONDecodeError:
+        raise ValueError(f"{where} does not end in a JSON line (last line: {lines[-1][:200]!r})") from None
+    if not isinstance(obj, dict) or obj.get("node") != spec.node_name:
+        raise ValueError(f"{where} is not this node's report: {lines[-1][:200]!r}")
+    order: list[str] = []
+    said: dict[str, list[str]] = {}
+    failed: set[str] = set()
+    for entry in _str_list(obj, "results", where):
+        check, status, text = (entry.split("|", 2) + ["", ""])[:3]
+        if not check or status not in ("ok", "fail"):
+            raise ValueError(f"{where}: result {entry[:200]!r} is not check|ok|text or check|fail|text")
+        if check not in said:
+            order.append(check)
+            said[check] = []
+        if status == "fail":
+            if check not in failed:  # a refusal replaces what the check noted before it
+                said[check] = []
+            failed.add(check)
+        if text and (status == "fail" or check not in failed):
+            said[check].append(text)
+    return [CheckResult(check=c, ok=c not in failed, details=tuple(said[c])) for c in order]

@@ -14,7 +14,7 @@ from components.access.wiring import Access
 from components.config import Node
 from components.image.wiring import Images
 from components.preflight.preflight import CHECK_COMPONENT, STOP_COMPONENT, Preflight, PreflightArgs, PreflightCheck
-from components.preflight.spec import OwnAddress, PreflightSpec, container_shape
+from components.preflight.spec import node_spec
 from components.wiring import Wiring
 
 
@@ -31,30 +31,8 @@ def node_spec_hash(w: Wiring, name: str) -> str:
 
 
 def _args(w: Wiring, access: Access, n: Node, stop_after: Sequence[pulumi.Resource]) -> PreflightArgs:
-    s = w.s
-    copy_mode = s.weights.share == "copy"
-    own = w.addresses.of(n.name)
     return PreflightArgs(
-        spec=PreflightSpec(
-            node_name=n.name,
-            fabric_ip=n.fabric_ip,
-            fabric_interface=n.fabric_interface,
-            ib_hcas=tuple(n.ib_hcas),
-            gid_index=n.gid_index,
-            check_rdma=bool(n.rdma_devices and n.ib_hcas),
-            # The head's includes the observability layer's bounds; each rank's start checks the same figure.
-            min_mem_available_gib=s.min_mem_available_gib_of(n),
-            # The head stages the weights; in copy mode each worker keeps its own copy: its disk is checked too.
-            weights_root=s.weights.root if n is s.head else (s.copy_root_of(n) if copy_mode else None),
-            min_free_disk_gib=s.preflight.min_free_disk_gib if n is s.head or copy_mode else None,
-            # The workers' root-squashed NFS mount must traverse every directory down to the export.
-            check_export_path=n is s.head and s.weights.share == "nfs",
-            stack_label=w.stack,
-            generation=w.generation,
-            container_shape=container_shape(s.container.ipc_mode, s.container.memlock_bytes),
-            # The head's listeners bind its address: it must be one of the head's own. A worker's is SSH's only.
-            own_address=OwnAddress(key=own.key, host=own.host, address=own.address) if n is s.head else None,
-        ),
+        spec=node_spec(w.s, w.addresses, w.stack, w.generation, n),
         connection=access[n.name].connection,
         # Re-run exactly when this node's container will be created or replaced.
         rerun_on=[w.generation, node_spec_hash(w, n.name)],

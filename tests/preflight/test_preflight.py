@@ -27,10 +27,12 @@ from components.preflight.preflight import Preflight, PreflightArgs
 from components.preflight.spec import (
     INSPECT_FORMAT,
     SHAPE_FORMAT,
+    CheckResult,
     OwnAddress,
     PreflightSpec,
     format_report,
     parse_output,
+    parse_report,
     render_command,
     render_script,
     wrap_in_timeout,
@@ -680,6 +682,70 @@ def test_all_problems_are_reported_together(node: FakeNode) -> None:
     for expected in ("MemAvailable is 60.00 GiB", "ray-head.service", "container comfyui", "no RoCE v2 GID entry"):
         assert expected in joined, f"{expected!r} missing from:\n{joined}"
     assert len(run.refusals) == 4
+
+
+def test_the_doctors_report_mode_gives_every_check_in_order_and_exits_0_on_a_healthy_node(node: FakeNode) -> None:
+    spec = make_spec(stop=False, report=True)
+    run = node.run(spec)
+    assert run.rc == 0, run.stderr
+    results = parse_report(run.stdout, spec)
+    assert [r.check for r in results] == ["docker", "units", "holders", "rdma", "own-containers", "memory"]
+    assert all(r.ok for r in results), results
+    memory = next(r for r in results if r.check == "memory")
+    assert memory.details == ("MemAvailable 120.00 GiB (needs 111.5)",)
+    assert not run.calls("stop"), "the doctor stops nothing"
+
+
+def test_the_doctors_report_mode_names_each_failed_check_with_its_fix_and_still_exits_0(node: FakeNode) -> None:
+    # The same four problems as the program's refusal above: the doctor shows them per check, the rest ok.
+    node.mem_available_kib = 60 * GIB_KIB
+    node.units = "ray-head.service enabled enabled\n"
+    node.containers = [container("c1c1c1", "comfyui", gpu=True)]
+    node.sysfs_case = "all-zero"
+    spec = make_spec(stop=False, report=True)
+    run = node.run(spec)
+    assert run.rc == 0, run.stderr
+    by_check = {r.check: r for r in parse_report(run.stdout, spec)}
+    assert {c for c, r in by_check.items() if not r.ok} == {"units", "holders", "rdma", "memory"}, by_check
+    assert by_check["docker"].ok and by_check["own-containers"].ok
+    for check, words in (
+        ("units", "systemctl --user disable --now ray-head.service"),
+        ("holders", "docker stop comfyui"),
+        ("memory", "MemAvailable is 60.00 GiB"),
+    ):
+        assert any(words in d and "fix:" in d for d in by_check[check].details), by_check[check]
+
+
+def test_the_doctors_report_does_not_judge_memory_the_stacks_own_ranks_hold(node: FakeNode) -> None:
+    node.mem_available_kib = 5 * GIB_KIB
+    node.containers = [container("a1a1a1", "dsv41-exl3-dev-spark-1", stack="dev", labels={"dsv41-exl3.config": "g1"})]
+    spec = make_spec(stop=False, report=True, generation="g1")
+    run = node.run(spec)
+    memory = next(r for r in parse_report(run.stdout, spec) if r.check == "memory")
+    assert memory.ok and "not judged" in memory.details[0], memory
+
+
+@pytest.mark.parametrize(
+    ("stdout", "message"),
+    [
+        ("", "is empty"),
+        ("not json", "does not end in a JSON line"),
+        ('{"node": "other", "results": []}', "is not this node's report"),
+        ('{"node": "spark-1", "results": ["docker|maybe|x"]}', "is not check|ok|text"),
+    ],
+)
+def test_a_malformed_report_is_refused_naming_the_node(stdout: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_report(stdout, make_spec(stop=False, report=True))
+
+
+def test_a_report_keeps_a_checks_notes_until_it_refuses() -> None:
+    line = json.dumps(
+        {"node": "spark-1", "results": ["disk|ok|", "disk|ok|12 GiB free", "disk|fail|too small; fix: x"]}
+    )
+    assert parse_report(line, make_spec(stop=False, report=True)) == [
+        CheckResult(check="disk", ok=False, details=("too small; fix: x",))
+    ]
 
 
 def test_hostile_values_are_quoted_not_executed(node: FakeNode, tmp_path: Path) -> None:

@@ -1,0 +1,189 @@
+"""`dsv41-exl3 doctor [--stack NAME] [--json]`: read only, about a minute, before anything is staged or started.
+
+What a first `pulumi up` would find hours in, each check per node with ok / fail and the fix:
+- over the stack's own SSH (each node's host key pinned as the program pins it): the preflight's check phase in
+  report mode (components/preflight/preflight.sh from the same spec the program runs before every rank,
+  spec.node_spec: docker, the head's address, leftover units, containers holding the GPU, disk under the weights
+  root, the NFS export path's traversal, the fabric interface, the HCAs and the RoCE v2 GID index, this stack's
+  containers, MemAvailable against the floor), then the serving image's manifest for the node's platform
+  (image/platforms.py);
+- from this machine: the hub, per repo of the staging plan (weights/hub_check.py).
+Exit 0: every check passed; 1: a check failed; 2: a usage error (a bad flag, an unreadable stack).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Literal
+
+import requests
+
+from components import host_keys
+from components.access.addresses import AddressError, Addresses, resolve
+from components.access.node_access import ssh_target
+from components.config import Node, Settings
+from components.image.platforms import decide, render_manifest_check
+from components.operator.exits import Exit
+from components.operator.stack_view import OperatorError, OperatorParser, read_stack, secrets_of
+from components.preflight.spec import CheckResult, node_spec, parse_report, render_command
+from components.serving import spec as serve_spec
+from components.ssh import KeyDirError, ssh_argv
+from components.weights.hub_check import Get, HubVerdict, check_hub
+
+Status = Literal["ok", "fail"]
+Run = Callable[[list[str], int], subprocess.CompletedProcess[str]]
+"""Run argv with a timeout in seconds; its captured output (tests pass a fake)."""
+Pin = Callable[[Sequence[host_keys.NodeAddress], str | None], dict[str, host_keys.Pin]]
+
+# Above the preflight's own `timeout` (spec.command_timeout_s) plus ssh's dial.
+SSH_TIMEOUT_S = 180
+
+
+@dataclass(frozen=True)
+class Row:
+    where: str
+    """A node's name, or `hub`."""
+    check: str
+    status: Status
+    detail: str
+    fix: str = ""
+
+
+def run_argv(argv: list[str], timeout_s: int) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        argv, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL, check=False
+    )
+
+
+def _split_fix(text: str) -> tuple[str, str]:
+    detail, _, fix = text.partition("; fix: ")
+    return detail.strip(), fix.strip()
+
+
+def preflight_rows(node: str, results: Sequence[CheckResult]) -> list[Row]:
+    rows = []
+    for r in results:
+        parts = [_split_fix(t) for t in r.details]
+        detail = "; ".join(d for d, _ in parts if d) or ("ok" if r.ok else "refused")
+        fix = "; ".join(f for _, f in parts if f)
+        rows.append(Row(node, r.check, "ok" if r.ok else "fail", detail, fix))
+    return rows
+
+
+def _said(done: subprocess.CompletedProcess[str]) -> str:
+    lines = [line.strip() for line in (done.stderr or "").splitlines() if line.strip()]
+    return lines[-1] if lines else f"exit {done.returncode}, no message"
+
+
+def check_node(s: Settings, addresses: Addresses, n: Node, stack: str, run: Run, pin: Pin) -> list[Row]:
+    """One node's rows: ssh, each preflight check in the script's order, the image. Stops at what blocks the rest."""
+    target = ssh_target(n, s.ssh, None)  # per-run key files: the doctor writes no stack state
+    where = n.name
+    try:
+        pinned = pin([host_keys.NodeAddress(node=n.name, host=n.host, port=n.port)], s.ssh.known_hosts_file)[n.name]
+    except host_keys.HostKeyError as error:
+        return [Row(where, "ssh", "fail", *_split_fix(" ".join(str(error).split())))]
+    key = f"host key {pinned.key.kind} {pinned.key.fingerprint()}" + (" (recorded now)" if pinned.recorded else "")
+    rows = [Row(where, "ssh", "ok", f"{n.user}@{n.host}:{n.port}, {key}")]
+    spec = replace(node_spec(s, addresses, stack, serve_spec.cluster_generation(s), n), stop=False, report=True)
+    try:
+        done = run(ssh_argv(target, render_command(spec)), SSH_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return [*rows, Row(where, "preflight", "fail", f"no answer within {SSH_TIMEOUT_S} s", "check the node")]
+    except (OSError, KeyDirError) as error:
+        return [Row(where, "ssh", "fail", f"cannot run ssh: {error}", "install openssh-client")]
+    if done.returncode == 255:
+        return [Row(where, "ssh", "fail", _said(done), "check nodes[].host, user, port and ssh.privateKey")]
+    if done.returncode != 0:
+        return [*rows, Row(where, "preflight", "fail", _said(done), "run the preflight by hand on the node")]
+    try:
+        rows += preflight_rows(where, parse_report(done.stdout, spec))
+    except ValueError as error:
+        return [*rows, Row(where, "preflight", "fail", str(error))]
+    try:
+        shown = run(ssh_argv(target, render_manifest_check(s.image)), SSH_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return [*rows, Row(where, "image", "fail", f"no answer within {SSH_TIMEOUT_S} s", "check the registry")]
+    if shown.returncode != 0:
+        return [*rows, Row(where, "image", "fail", _said(shown), "check docker on the node")]
+    verdict = decide(s.image, shown.stdout)
+    return [*rows, Row(where, "image", "ok" if verdict.ok else "fail", verdict.detail, verdict.fix)]
+
+
+def hub_rows(verdicts: Sequence[HubVerdict]) -> list[Row]:
+    return [Row("hub", v.repo, "ok" if v.ok else "fail", v.detail, v.fix) for v in verdicts]
+
+
+def doctor(
+    s: Settings, stack: str, run: Run = run_argv, pin: Pin = host_keys.pin_all, get: Get = requests.get
+) -> list[Row]:
+    """Every row: the nodes' in config order, then the hub's; the nodes and the hub are asked at once."""
+    try:
+        addresses = resolve(s.nodes)
+    except AddressError as error:
+        return [Row("config", "addresses", "fail", *_split_fix(" ".join(str(error).split())))]
+    with ThreadPoolExecutor(max_workers=len(s.nodes) + 1) as pool:
+        nodes = [pool.submit(check_node, s, addresses, n, stack, run, pin) for n in s.nodes]
+        hub = pool.submit(check_hub, s, get)
+        return [row for future in nodes for row in future.result()] + hub_rows(hub.result())
+
+
+# --- the command -------------------------------------------------------------------------------------------------
+
+MARK = {"ok": "ok  ", "fail": "FAIL"}
+
+
+def format_table(stack: str, rows: Sequence[Row]) -> str:
+    width = max([len(r.where) for r in rows] + [4])
+    check_width = max([len(r.check) for r in rows if r.where != "hub"] + [5])
+    lines = [f"doctor: stack {stack}"]
+    for r in rows:
+        check = r.check if r.where != "hub" else r.check.rsplit("/", 1)[-1]
+        lines.append(f"  {MARK[r.status]}  {r.where:<{width}}  {check:<{check_width}}  {r.detail}")
+        if r.fix:
+            lines.append(f"  {'':4}  {'':<{width}}  {'':<{check_width}}  fix: {r.fix}")
+    failed = sum(r.status == "fail" for r in rows)
+    lines.append(f"{len(rows)} checks, {failed} failed" if failed else f"{len(rows)} checks, all ok")
+    return "\n".join(lines)
+
+
+def as_json(stack: str, rows: Sequence[Row]) -> dict[str, Any]:
+    return {"stack": stack, "ok": all(r.status == "ok" for r in rows), "checks": [asdict(r) for r in rows]}
+
+
+def _parser(prog: str) -> OperatorParser:
+    parser = OperatorParser(
+        prog=prog,
+        allow_abbrev=False,
+        description="Read only: every node's preflight checks, the serving image for each node's platform, and the "
+        "hub, each with ok / FAIL and the fix, before the first `pulumi up`.",
+    )
+    parser.add_argument("--stack", help="the stack (default: the selected one)")
+    parser.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    return parser
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    prog: str = "dsv41-exl3 doctor",
+    run: Run = run_argv,
+    pin: Pin = host_keys.pin_all,
+    get: Get = requests.get,
+) -> int:
+    try:
+        options = _parser(prog).parse_args(argv)
+        view = read_stack(options.stack)
+    except OperatorError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return Exit.USAGE
+    rows = doctor(view.settings, view.name, run=run, pin=pin, get=get)
+    text = json.dumps(as_json(view.name, rows), indent=1) if options.json else format_table(view.name, rows)
+    for secret in secrets_of(view):  # nothing a node or the hub echoed back may show a credential
+        text = text.replace(secret, "[secret]")
+    print(text)
+    return Exit.OK if all(r.status == "ok" for r in rows) else Exit.FAILED
