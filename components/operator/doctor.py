@@ -31,6 +31,7 @@ from components.image.platforms import decide, render_manifest_check
 from components.operator.exits import Exit
 from components.operator.stack_view import OperatorError, OperatorParser, read_stack, secrets_of
 from components.preflight.spec import CheckResult, node_spec, parse_report, render_command
+from components.redaction import redact
 from components.serving import spec as serve_spec
 from components.ssh import KeyDirError, ssh_argv
 from components.weights.hub_check import Get, HubVerdict, check_hub
@@ -183,7 +184,8 @@ def main(
         return Exit.USAGE
     rows = doctor(view.settings, view.name, run=run, pin=pin, get=get)
     text = json.dumps(as_json(view.name, rows), indent=1) if options.json else format_table(view.name, rows)
-    for secret in secrets_of(view):  # nothing a node or the hub echoed back may show a credential
-        text = text.replace(secret, "[secret]")
+    # Nothing a node or the hub echoed back may show a credential, nor a line of a multi-line one (a key's body).
+    hidden = [p for x in secrets_of(view) for p in (x, *(ln.strip() for ln in x.splitlines() if len(ln.strip()) >= 16))]
+    text = redact(text, hidden, mask="[secret]", key_shapes=True)
     print(text)
     return Exit.OK if all(r.status == "ok" for r in rows) else Exit.FAILED

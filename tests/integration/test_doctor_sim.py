@@ -86,7 +86,7 @@ def test_doctor_passes_a_healthy_cluster_then_names_each_fault_with_its_fix(
     for expected in [(head, "ssh"), (head, "docker"), (head, "address"), (head, "disk"), (head, "memory"),
                      (head, "image"), (worker, "disk"), (worker, "image")]:  # fmt: skip
         assert expected in checks, sorted(checks)
-    assert sum(c["where"] == "hub" for c in healthy["checks"]) == 2
+    model_repo, engram_repo = [c["check"] for c in healthy["checks"] if c["where"] == "hub"]
 
     # Three faults at once: a token the hub refuses, the worker's docker stopped, a copy root it cannot create.
     token = f"hf_revoked{uuid.uuid4().hex}"
@@ -113,14 +113,14 @@ def test_doctor_passes_a_healthy_cluster_then_names_each_fault_with_its_fix(
         (worker, "docker"),
         (worker, "disk"),
         (worker, "image"),
-        ("hub", d.config["weights"]["modelRepo"]),
-        ("hub", d.config["weights"]["engramRepo"]),
+        ("hub", model_repo),
+        ("hub", engram_repo),
     }, json.dumps(list(bad))
     assert "docker is not reachable" in bad[(worker, "docker")]["detail"]
     assert "systemctl start docker" in bad[(worker, "docker")]["fix"]
     assert "cannot create" in bad[(worker, "disk")]["detail"] and bad[(worker, "disk")]["fix"]
-    assert "refused the token" in bad[("hub", d.config["weights"]["modelRepo"])]["detail"]
-    assert "weights.hfToken" in bad[("hub", d.config["weights"]["modelRepo"])]["fix"]
+    assert "refused the token" in bad[("hub", model_repo)]["detail"]
+    assert "weights.hfToken" in bad[("hub", model_repo)]["fix"]
     assert token not in json.dumps(broken), "the token itself is never printed"
     head_rows = [c for c in broken["checks"] if c["where"] == head]
     assert head_rows and all(c["status"] == "ok" for c in head_rows), "the head is still reported, all ok"
