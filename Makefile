@@ -17,7 +17,7 @@ VENV_STAMP := $(VENV)/.installed-$(REQ_HASH)
 WITH_ENV := . toolchain/env.sh &&
 
 .PHONY: stack move-state config-table help venv toolchain plugins env lint typecheck test-unit test-engine test-sim test clean clean-cache demo demo-down \
-	bench-heal bench-image bench-observability
+	bench-heal bench-image bench-observability bench-doctor
 
 venv: $(VENV_STAMP) ## the Python venv from the pinned requirements
 
@@ -153,6 +153,11 @@ bench: toolchain ## as root, ~21 min: the benchmarks -> BENCHMARKS.md
 	@test -f .state/sim/sim.json || $(MAKE) --no-print-directory sim-up
 	$(PY) -m pytest -p no:hypothesispytest -q bench
 	$(WITH_ENV) nice -n 5 $(PY) -m bench.run
+
+# doctor_s: `dsv41-exl3 doctor` on a two-node sim stack, nothing deployed (bench/doctor.py; the sim's nodes 1-2).
+bench-doctor: toolchain ## the doctor's time on sim nodes 1-2
+	@test -f .state/sim/sim.json || $(MAKE) --no-print-directory sim-up
+	$(WITH_ENV) $(PY) -m bench.doctor
 
 # heal_s: a killed worker until the supervisor verified again (bench/heal.py; the sim's nodes 1-2).
 bench-heal: toolchain ## the supervisor's heal time on sim nodes 1-2
