@@ -234,3 +234,83 @@ def decide_leftovers(probe: Probe) -> Finding:
             f"Only if you mean to remove them: `docker rm -f {names}` (or `pulumi destroy` of their stack)",
         )
     )
+
+
+# --- what `dsv41-exl3 doctor` asks besides (the same probe, the same report) --------------------------------------
+
+# Copy-on-write drivers: an image's layers are stored once. `vfs` copies every layer in full (the 22.5 GiB serving
+# image several times over) and is what docker falls back to when overlay is not supported by the filesystem.
+COW_DRIVERS = ("overlay2", "overlayfs", "btrfs", "zfs", "fuse-overlayfs", "io.containerd.snapshotter.v1")
+NO_LOGIN = ("nologin", "false")
+
+
+def decide_storage_driver(probe: Probe) -> Finding:
+    d = probe.docker
+    if d is None or not d.usable:
+        return Finding()  # decide_docker says why
+    driver = d.storage_driver
+    if driver is None:
+        return Finding(warnings=("docker's storage driver not reported (`docker info` has no Driver)",))
+    if driver in COW_DRIVERS:
+        return Finding(found=(f"storage driver: {driver}",))
+    return Finding(
+        warnings=(
+            f"docker's storage driver is {driver}: every layer of the 22.5 GiB serving image is copied in full, and "
+            "an extract can take longer than the pull; put /var/lib/docker on ext4 or xfs so docker uses overlay2 "
+            "(`docker info | grep -i 'storage driver'`)",
+        )
+    )
+
+
+def decide_memfree(probe: Probe, min_gib: float) -> Finding:
+    """MemFree against the preflight floor: page cache counts as available, but the GB10 driver does not reclaim it
+    by itself (docs/hardware.md), so a node full of the weights' cache passes MemAvailable and fails its load."""
+    free, available = probe.mem_free_kib, probe.mem_available_kib
+    if free is None:
+        return Finding(warnings=(f"MemFree not read ({probe.unavailable.get('memfree', 'no meminfo')})",))
+    gib = free / GIB_KIB
+    if gib >= min_gib:
+        return Finding(found=(f"memory: MemFree {gib:.1f} GiB (preflight needs {min_gib:g} GiB)",))
+    cache = f", MemAvailable {available / GIB_KIB:.1f} GiB" if available is not None else ""
+    return Finding(
+        warnings=(
+            f"MemFree {gib:.1f} GiB{cache} is below preflight.minMemAvailableGiB {min_gib:g}: the difference is "
+            "mostly page cache, which the GB10 driver does not give back to a CUDA allocation by itself; before "
+            "the up: `sync; echo 3 | sudo tee /proc/sys/vm/drop_caches`",
+        )
+    )
+
+
+def decide_login_shell(probe: Probe) -> Finding:
+    u = probe.user
+    if u is None or u.shell is None:
+        return Finding(warnings=("login shell not read (no getent on the node)",))
+    if not u.shell or u.shell.rsplit("/", 1)[-1] in NO_LOGIN:
+        return Finding(
+            undecided=(
+                Undecided(
+                    "nodes[].user",
+                    f"{u.name}'s login shell is {u.shell or 'empty'}: ssh runs no command as {u.name}",
+                    f"`sudo chsh -s /bin/bash {u.name}`, or give nodes[].user a user that can log in",
+                ),
+            )
+        )
+    return Finding(found=(f"login shell: {u.shell}",))
+
+
+def decide_nfs_server(probe: Probe) -> Finding:
+    """The head, for `share: nfs`: the server running (installed is decide_nfs's)."""
+    server = probe.nfs_server
+    if server is None:
+        return Finding(warnings=(f"nfs-server not checked ({probe.unavailable.get('nfsserver', 'not read')})",))
+    if server.active:
+        return Finding(found=("nfs-server: active",))
+    return Finding(
+        undecided=(
+            Undecided(
+                "weights.share",
+                f"nfs-server is {server.state} on the head: the export would fail after staging",
+                "`sudo systemctl enable --now nfs-server`, or `share: copy`",
+            ),
+        )
+    )

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-SECTIONS = ("user", "ip", "ib", "meminfo", "docker", "gpu", "disk", "nfs", "sudo", "leftovers")
+SECTIONS = ("user", "ip", "ib", "meminfo", "memfree", "docker", "gpu", "disk", "nfs", "nfsserver", "sudo", "leftovers")
 END = "end"
 UNAVAILABLE = "unavailable: "
 _SECTION = re.compile(r"^==([a-z]+)==$")
@@ -77,6 +77,8 @@ class Docker:
     server_version: str | None
     runtimes: tuple[str, ...]
     errors: tuple[str, ...]
+    storage_driver: str | None = None
+    """`docker info`'s `Driver` (overlay2, vfs, ...)."""
     """ServerErrors, else what docker printed besides its JSON (its error line)."""
 
     @property
@@ -117,6 +119,17 @@ class Nfs:
 
 
 @dataclass(frozen=True)
+class NfsServer:
+    exit_code: int
+    state: str
+    """`systemctl is-active nfs-server`'s answer: active, inactive, failed, ..."""
+
+    @property
+    def active(self) -> bool:
+        return self.exit_code == 0 and self.state == "active"
+
+
+@dataclass(frozen=True)
 class Sudo:
     sudo_true: int | None
     """`sudo -n true`'s exit status."""
@@ -143,6 +156,8 @@ class User:
     name: str
     uid: int | None
     home: str
+    shell: str | None = None
+    """The login shell (`getent passwd`); None when the node could not say."""
 
 
 @dataclass(frozen=True)
@@ -151,10 +166,12 @@ class Probe:
     interfaces: tuple[Interface, ...] | None = None
     rdma: Rdma | None = None
     mem_available_kib: int | None = None
+    mem_free_kib: int | None = None
     docker: Docker | None = None
     gpu: Gpu | None = None
     disk: Disk | None = None
     nfs: Nfs | None = None
+    nfs_server: NfsServer | None = None
     sudo: Sudo | None = None
     leftovers: Leftovers | None = None
     unavailable: dict[str, str] = field(default_factory=dict)
@@ -191,8 +208,12 @@ def parse_user(lines: list[str]) -> User:
         word, _, rest = line.partition(" ")
         values[word] = rest
     uid = values.get("uid", "").strip()
+    shell = values["shell"].strip() if "shell" in values else None
     return User(
-        name=values.get("name", "?").strip(), uid=int(uid) if uid.isdigit() else None, home=values.get("home", "")
+        name=values.get("name", "?").strip(),
+        uid=int(uid) if uid.isdigit() else None,
+        home=values.get("home", ""),
+        shell=shell,
     )
 
 
@@ -270,12 +291,20 @@ def parse_ib(lines: list[str]) -> Rdma:
     return Rdma(ports=tuple(ports), gids=tuple(gids), netdevs=tuple(netdevs))
 
 
-def parse_meminfo(lines: list[str]) -> int:
-    """MemAvailable in KiB (/proc/meminfo's `kB` are KiB)."""
+def _meminfo_kib(lines: list[str], key: str) -> int:
+    """/proc/meminfo's `key:` in KiB (its `kB` are KiB)."""
     for line in lines:
-        if m := re.match(r"^MemAvailable:\s+(\d+)\s*kB", line.strip()):
+        if m := re.match(rf"^{key}:\s+(\d+)\s*kB", line.strip()):
             return int(m.group(1))
-    raise ValueError("no `MemAvailable: N kB` line")
+    raise ValueError(f"no `{key}: N kB` line")
+
+
+def parse_meminfo(lines: list[str]) -> int:
+    return _meminfo_kib(lines, "MemAvailable")
+
+
+def parse_memfree(lines: list[str]) -> int:
+    return _meminfo_kib(lines, "MemFree")
 
 
 def parse_docker(lines: list[str]) -> Docker:
@@ -306,6 +335,7 @@ def parse_docker(lines: list[str]) -> Docker:
         server_version=str(data["ServerVersion"]) if data.get("ServerVersion") else None,
         runtimes=tuple(sorted(runtimes)) if isinstance(runtimes, dict) else (),
         errors=tuple(errors),
+        storage_driver=str(data["Driver"]) if data.get("Driver") else None,
     )
 
 
@@ -363,6 +393,11 @@ def parse_nfs(lines: list[str]) -> Nfs:
     return Nfs(installed=code == 0 and said.endswith(" installed") and said.split()[0] == "install", status=said)
 
 
+def parse_nfs_server(lines: list[str]) -> NfsServer:
+    code, rest = _exit_and_rest(lines)
+    return NfsServer(exit_code=code, state=_first(rest) or "no answer")
+
+
 def parse_sudo(lines: list[str]) -> Sudo:
     sudo_true = None
     listed = []
@@ -394,14 +429,22 @@ _PARSERS: dict[str, Any] = {
     "ip": parse_ip,
     "ib": parse_ib,
     "meminfo": parse_meminfo,
+    "memfree": parse_memfree,
     "docker": parse_docker,
     "gpu": parse_gpu,
     "disk": parse_disk,
     "nfs": parse_nfs,
+    "nfsserver": parse_nfs_server,
     "sudo": parse_sudo,
     "leftovers": parse_leftovers,
 }
-_FIELDS = {"ip": "interfaces", "ib": "rdma", "meminfo": "mem_available_kib"}
+_FIELDS = {
+    "ip": "interfaces",
+    "ib": "rdma",
+    "meminfo": "mem_available_kib",
+    "memfree": "mem_free_kib",
+    "nfsserver": "nfs_server",
+}
 
 
 def parse_probe(text: str) -> Probe:

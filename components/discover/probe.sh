@@ -28,6 +28,10 @@ section user
 echo "name $(id -un 2>/dev/null || echo '?')"
 echo "uid $(id -u 2>/dev/null || echo '?')"
 echo "home ${HOME:-}"
+# The login shell runs every command ssh sends: nologin / false run none (the program's and the doctor's alike).
+if has getent; then
+  echo "shell $(getent passwd "$(id -un)" 2>/dev/null | awk -F: '{ print $7 }')"
+fi
 
 section ip
 if ! has ip; then
@@ -98,6 +102,15 @@ else
 fi
 
 # `exit <status>`, then what docker printed (its JSON, or its error).
+# MemFree beside MemAvailable: the GB10 driver does not reclaim page cache by itself (docs/hardware.md), so a
+# host full of cache passes MemAvailable and still cannot allocate.
+section memfree
+if line=$(grep '^MemFree:' "$MEMINFO" 2>/dev/null); then
+  echo "$line"
+else
+  unavailable "no MemFree in $MEMINFO"
+fi
+
 section docker
 if has docker; then
   out=$(bounded docker info --format '{{json .}}' 2>&1)
@@ -142,6 +155,16 @@ if has dpkg-query; then
   printf '%s\n' "$out"
 else
   unavailable "no dpkg-query (not Debian or Ubuntu)"
+fi
+
+# `exit <status>` and `systemctl is-active nfs-server`'s answer: the export needs the server running, not only installed.
+section nfsserver
+if has systemctl; then
+  out=$(bounded systemctl is-active nfs-server 2>&1)
+  echo "exit $?"
+  printf '%s\n' "$out"
+else
+  unavailable "no systemctl (the NFS server's state is not known)"
 fi
 
 # `sudo-true <status>`, then `sudo-l <status> <command>` for each command the NFS export runs as root.

@@ -77,3 +77,30 @@ def decide(image: str, output: str) -> ImageVerdict:
         f"{image} has no {platform} build (builds: {', '.join(builds) or 'none listed'}): its pull would fail here",
         f"use an image built for {platform} (a Spark is linux/arm64: the recipe's image is)",
     )
+
+
+GPU_SCRIPT = "image/gpu_check.sh"
+GPU_TIMEOUT_S = 120  # a container start with the NVIDIA runtime: seconds, not minutes
+
+
+def render_gpu_check(image: str, gpus: str) -> str:
+    return scripts.render(GPU_SCRIPT, {"IMAGE": image, "GPUS": gpus, "TIMEOUT_S": GPU_TIMEOUT_S})
+
+
+def decide_gpu_in_container(image: str, gpus: str, output: str) -> ImageVerdict:
+    """gpu_check.sh's stdout: ok when nvidia-smi inside the image lists a GPU; an absent image is not judged."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    if lines[:1] == ["absent"]:
+        return ImageVerdict(True, f"not checked: {image} is not on the node yet (the up pulls it, then its ranks ask)")
+    if not lines or not lines[0].startswith("exit "):
+        return ImageVerdict(False, f"no answer from the GPU check (output: {output.strip()[:200]!r})")
+    listed = [line for line in lines[1:] if line.startswith("GPU ")]
+    if lines[0] == "exit 0" and listed:
+        return ImageVerdict(True, f"a container of the image sees {'; '.join(listed)}")
+    said = lines[-1] if len(lines) > 1 else lines[0]
+    return ImageVerdict(
+        False,
+        f"docker run --gpus {gpus} {image} nvidia-smi -L: {said}",
+        "install the NVIDIA Container Toolkit and register its runtime (`sudo nvidia-ctk runtime configure "
+        "--runtime=docker && sudo systemctl restart docker`), then `docker run --rm --gpus all IMAGE nvidia-smi -L`",
+    )

@@ -5,10 +5,14 @@ What a first `pulumi up` would find hours in, each check per node with ok / fail
   report mode (components/preflight/preflight.sh from the same spec the program runs before every rank,
   spec.node_spec: docker, the head's address, leftover units, containers holding the GPU, disk under the weights
   root, the NFS export path's traversal, the fabric interface, the HCAs and the RoCE v2 GID index, this stack's
-  containers, MemAvailable against the floor), then the serving image's manifest for the node's platform
-  (image/platforms.py);
+  containers, MemAvailable against the floor); then discovery's probe (components/discover/probe.sh, the same
+  report and decisions as `discover`): the login shell, docker's storage driver and runtimes, the GPU, MemFree
+  against the floor, and on the head with `share: nfs` the NFS server installed and running and `sudo -n` for
+  what the export runs; then the serving image's manifest for the node's platform and, where the image is already
+  on the node, a container of it seeing the GPU (image/platforms.py);
 - from this machine: the hub, per repo of the staging plan (weights/hub_check.py).
-Exit 0: every check passed; 1: a check failed; 2: a usage error (a bad flag, an unreadable stack).
+Each check is ok, warn (worth fixing, the up would still run) or fail (the up would fail on it).
+Exit 0: no check failed; 1: a check failed; 2: a usage error (a bad flag, an unreadable stack).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from typing import Any, Literal
 
 import requests
@@ -27,16 +32,34 @@ from components import host_keys
 from components.access.addresses import AddressError, Addresses, resolve
 from components.access.node_access import ssh_target
 from components.config import Node, Settings
-from components.image.platforms import decide, render_manifest_check
+from components.discover.checks import (
+    decide_docker,
+    decide_gpu,
+    decide_login_shell,
+    decide_memfree,
+    decide_nfs,
+    decide_nfs_server,
+    decide_storage_driver,
+)
+from components.discover.findings import Finding
+from components.discover.parse import Probe, ProbeError, parse_probe
+from components.discover.report import probe_script
+from components.image.platforms import (
+    ImageVerdict,
+    decide,
+    decide_gpu_in_container,
+    render_gpu_check,
+    render_manifest_check,
+)
 from components.operator.exits import Exit
 from components.operator.stack_view import OperatorError, OperatorParser, read_stack, secrets_of
 from components.preflight.spec import CheckResult, node_spec, parse_report, render_command
 from components.redaction import redact
 from components.serving import spec as serve_spec
-from components.ssh import KeyDirError, ssh_argv
+from components.ssh import KeyDirError, SshTarget, ssh_argv
 from components.weights.hub_check import Get, HubVerdict, check_hub
 
-Status = Literal["ok", "fail"]
+Status = Literal["ok", "warn", "fail"]
 Run = Callable[[list[str], int], subprocess.CompletedProcess[str]]
 """Run argv with a timeout in seconds; its captured output (tests pass a fake)."""
 Pin = Callable[[Sequence[host_keys.NodeAddress], str | None], dict[str, host_keys.Pin]]
@@ -76,6 +99,37 @@ def preflight_rows(node: str, results: Sequence[CheckResult]) -> list[Row]:
     return rows
 
 
+def finding_row(where: str, check: str, f: Finding) -> Row:
+    """One row from a discovery decision: what it could not decide fails, a warning warns."""
+    if f.undecided:
+        detail = "; ".join([*f.found, *(u.reason for u in f.undecided)])
+        return Row(where, check, "fail", detail, "; ".join(u.fix for u in f.undecided))
+    if f.warnings:
+        return Row(where, check, "warn", "; ".join([*f.found, *f.warnings]))
+    return Row(where, check, "ok", "; ".join(f.found) or "ok")
+
+
+def probe_rows(s: Settings, n: Node, probe: Probe, *, serving: bool) -> list[Row]:
+    """The probe's rows for one node. `serving`: this stack's ranks run there (they hold memory by design)."""
+    where, user = n.name, n.user
+    checks: list[tuple[str, Finding]] = [
+        ("login-shell", decide_login_shell(probe)),
+        ("storage-driver", decide_storage_driver(probe)),
+    ]
+    if n.gpus:
+        checks += [("docker-runtime", decide_docker(probe, user)), ("gpu", decide_gpu(probe))]
+    if not serving:
+        checks.append(("memfree", decide_memfree(probe, s.min_mem_available_gib_of(n))))
+    if n is s.nodes[0] and s.weights.share == "nfs":
+        checks.append(("nfs-server", decide_nfs(probe, user) + decide_nfs_server(probe)))
+    rows = [finding_row(where, check, f) for check, f in checks if f != Finding()]
+    if not n.gpus:
+        rows.append(
+            Row(where, "gpu", "ok", "not checked: the node's `gpus` is empty in the stack config (no GPU asked for)")
+        )
+    return rows
+
+
 def _said(done: subprocess.CompletedProcess[str]) -> str:
     lines = [line.strip() for line in (done.stderr or "").splitlines() if line.strip()]
     return lines[-1] if lines else f"exit {done.returncode}, no message"
@@ -103,17 +157,41 @@ def check_node(s: Settings, addresses: Addresses, n: Node, stack: str, run: Run,
     if done.returncode != 0:
         return [*rows, Row(where, "preflight", "fail", _said(done), "run the preflight by hand on the node")]
     try:
-        rows += preflight_rows(where, parse_report(done.stdout, spec))
+        results = parse_report(done.stdout, spec)
     except ValueError as error:
         return [*rows, Row(where, "preflight", "fail", str(error))]
+    rows += preflight_rows(where, results)
+    serving = any(r.check == "own-containers" and r.details for r in results)
+    rows += _probe(s, n, target, run, serving=serving)
+    rows.append(_image_row(where, target, run, "image", render_manifest_check(s.image), partial(decide, s.image)))
+    if n.gpus:
+        in_container = partial(decide_gpu_in_container, s.image, n.gpus)
+        rows.append(_image_row(where, target, run, "gpu-container", render_gpu_check(s.image, n.gpus), in_container))
+    return rows
+
+
+def _probe(s: Settings, n: Node, target: SshTarget, run: Run, *, serving: bool) -> list[Row]:
     try:
-        shown = run(ssh_argv(target, render_manifest_check(s.image)), SSH_TIMEOUT_S)
+        done = run(ssh_argv(target, probe_script()), SSH_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        return [*rows, Row(where, "image", "fail", f"no answer within {SSH_TIMEOUT_S} s", "check the registry")]
+        return [Row(n.name, "probe", "fail", f"no answer within {SSH_TIMEOUT_S} s", "check the node")]
+    try:
+        return probe_rows(s, n, parse_probe(done.stdout), serving=serving)
+    except ProbeError as error:
+        return [Row(n.name, "probe", "fail", f"{error}: {_said(done)}", "run `dsv41-exl3 discover` on the node")]
+
+
+def _image_row(
+    where: str, target: SshTarget, run: Run, check: str, script: str, verdict_of: Callable[[str], ImageVerdict]
+) -> Row:
+    try:
+        shown = run(ssh_argv(target, script), SSH_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return Row(where, check, "fail", f"no answer within {SSH_TIMEOUT_S} s", "check the registry and docker")
     if shown.returncode != 0:
-        return [*rows, Row(where, "image", "fail", _said(shown), "check docker on the node")]
-    verdict = decide(s.image, shown.stdout)
-    return [*rows, Row(where, "image", "ok" if verdict.ok else "fail", verdict.detail, verdict.fix)]
+        return Row(where, check, "fail", _said(shown), "check docker on the node")
+    verdict = verdict_of(shown.stdout)
+    return Row(where, check, "ok" if verdict.ok else "fail", verdict.detail, verdict.fix)
 
 
 def hub_rows(verdicts: Sequence[HubVerdict]) -> list[Row]:
@@ -136,7 +214,7 @@ def doctor(
 
 # --- the command -------------------------------------------------------------------------------------------------
 
-MARK = {"ok": "ok  ", "fail": "FAIL"}
+MARK = {"ok": "ok  ", "warn": "warn", "fail": "FAIL"}
 
 
 def format_table(stack: str, rows: Sequence[Row]) -> str:
@@ -149,12 +227,14 @@ def format_table(stack: str, rows: Sequence[Row]) -> str:
         if r.fix:
             lines.append(f"  {'':4}  {'':<{width}}  {'':<{check_width}}  fix: {r.fix}")
     failed = sum(r.status == "fail" for r in rows)
-    lines.append(f"{len(rows)} checks, {failed} failed" if failed else f"{len(rows)} checks, all ok")
+    warned = sum(r.status == "warn" for r in rows)
+    said = [f"{failed} failed"] * bool(failed) + [f"{warned} warned"] * bool(warned)
+    lines.append(f"{len(rows)} checks, {', '.join(said) or 'all ok'}")
     return "\n".join(lines)
 
 
 def as_json(stack: str, rows: Sequence[Row]) -> dict[str, Any]:
-    return {"stack": stack, "ok": all(r.status == "ok" for r in rows), "checks": [asdict(r) for r in rows]}
+    return {"stack": stack, "ok": all(r.status != "fail" for r in rows), "checks": [asdict(r) for r in rows]}
 
 
 def _parser(prog: str) -> OperatorParser:
@@ -188,4 +268,4 @@ def main(
     hidden = [p for x in secrets_of(view) for p in (x, *(ln.strip() for ln in x.splitlines() if len(ln.strip()) >= 16))]
     text = redact(text, hidden, mask="[secret]", key_shapes=True)
     print(text)
-    return Exit.OK if all(r.status == "ok" for r in rows) else Exit.FAILED
+    return Exit.OK if all(r.status != "fail" for r in rows) else Exit.FAILED

@@ -39,6 +39,8 @@ def probe_text(
     docker_exit: int = 0,
     df: str = "df_large.txt",
     nfs: str = "install ok installed",
+    nfs_server: str = "active",
+    shell: str = "/bin/bash",
     sudo_true: int = 1,
     sudo_l: int = 0,
     uid: int = 1000,
@@ -48,18 +50,21 @@ def probe_text(
     """A node's report as probe.sh prints it, from the fixtures; `replace` swaps a section's body (e.g. for
     `unavailable: ...`)."""
     mem = next(line for line in fixture(meminfo).splitlines() if line.startswith("MemAvailable:"))
+    free = next(line for line in fixture(meminfo).splitlines() if line.startswith("MemFree:"))
     disk = []
     for root in (*ROOTS, HOME):
         disk += [f"candidate ext2/ext3 {root}", f"df {df_line(df)}"]
     body = {
-        "user": f"name nvidia\nuid {uid}\nhome {HOME}",
+        "user": f"name nvidia\nuid {uid}\nhome {HOME}\nshell {shell}",
         "ip": ("format json\n" if ip.endswith(".json") else "format oneline\n") + fixture(ip).rstrip("\n"),
         "ib": fixture(ib).rstrip("\n"),
         "meminfo": mem,
+        "memfree": free,
         "docker": f"exit {docker_exit}\n" + fixture(docker).rstrip("\n"),
         "gpu": "exit 0\n" + fixture("nvidia_smi.txt").rstrip("\n"),
         "disk": "\n".join(disk),
         "nfs": f"exit {0 if nfs.endswith(' installed') and nfs.startswith('install') else 1}\n{nfs}",
+        "nfsserver": f"exit {0 if nfs_server == 'active' else 3}\n{nfs_server}",
         "sudo": f"sudo-true {sudo_true}\n" + "\n".join(f"sudo-l {sudo_l} {c}" for c in EXPORT_COMMANDS),
         "leftovers": "exit 0" + (f"\n{leftovers}" if leftovers else ""),
     }
@@ -142,9 +147,9 @@ def fake_node(
     sysfs: Path | None = None,
 ) -> FakeNode:
     """A tmp dir with a fake sysfs, a home, two candidate roots and one missing, and stand-ins on PATH for ip,
-    docker, df, dpkg-query, sudo, nvidia-smi and id. `ip` None: an `ip` without `-j` (old iproute2); `docker`
-    None: no docker installed; `nfs` None: the package was never installed; `sysfs`: an existing /sys tree instead
-    of one built from `ib`."""
+    docker, df, dpkg-query, sudo, nvidia-smi, id, getent and systemctl. `ip` None: an `ip` without `-j` (old
+    iproute2); `docker` None: no docker installed; `nfs` None: the package was never installed; `sysfs`: an
+    existing /sys tree instead of one built from `ib`."""
     bin_dir, home = tmp / "bin", tmp / "home" / "nvidia"
     bin_dir.mkdir(parents=True)
     # Only these real tools: a docker, sudo or ip installed here must not answer for the node.
@@ -189,6 +194,8 @@ def fake_node(
     )
     _script(bin_dir / "nvidia-smi", f'[ "$1" = -L ] || exit 9\nexec cat {q(str(FIXTURES / "nvidia_smi.txt"))}\n')
     _script(bin_dir / "id", 'case "$1" in -un) echo nvidia ;; -u) echo 1000 ;; *) exit 1 ;; esac\n')
+    _script(bin_dir / "getent", f'[ "$1 $2" = "passwd nvidia" ] || exit 2\necho nvidia:x:1000:1000::{home}:/bin/bash\n')
+    _script(bin_dir / "systemctl", '[ "$1 $2" = "is-active nfs-server" ] || exit 9\necho active\n')
     env = {
         "PATH": str(bin_dir),
         "HOME": str(home),

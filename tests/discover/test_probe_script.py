@@ -40,11 +40,18 @@ def test_the_probe_prints_every_section_as_the_captured_formats_read(tmp_path: P
     _same_table(probe.rdma, parse_ib(fixture("ib_head.txt").splitlines()))
     assert probe.interfaces == parse_ip(["format json", *fixture("ip_head.json").splitlines()])
     assert probe.mem_available_kib == 123_865_232
+    assert probe.mem_free_kib == 119_208_312
+    assert probe.nfs_server is not None and probe.nfs_server.active
+    assert probe.docker is not None and probe.docker.storage_driver == "overlay2"
     assert probe.docker is not None and probe.docker.usable and "nvidia" in probe.docker.runtimes
     assert probe.gpu is not None and probe.gpu.gpus[0].startswith("GPU 0: NVIDIA GB10")
     assert probe.nfs is not None and probe.nfs.installed
     assert probe.sudo is not None and probe.sudo.sudo_true == 1 and all(rc == 0 for _, rc in probe.sudo.listed)
-    assert probe.user is not None and (probe.user.name, probe.user.uid) == ("nvidia", 1000)
+    assert probe.user is not None and (probe.user.name, probe.user.uid, probe.user.shell) == (
+        "nvidia",
+        1000,
+        "/bin/bash",
+    )
     assert probe.disk is not None
     assert [c.path for c in probe.disk.candidates] == [*(str(r) for r in node.roots), str(node.home)]
     assert probe.disk.missing == (str(tmp_path / "missing"),)

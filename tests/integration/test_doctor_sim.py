@@ -84,7 +84,8 @@ def test_doctor_passes_a_healthy_cluster_then_names_each_fault_with_its_fix(
     checks = {(c["where"], c["check"]) for c in healthy["checks"]}
     head, worker = "node-1", f"node-{WORKER}"
     for expected in [(head, "ssh"), (head, "docker"), (head, "address"), (head, "disk"), (head, "memory"),
-                     (head, "image"), (worker, "disk"), (worker, "image")]:  # fmt: skip
+                     (head, "login-shell"), (head, "storage-driver"), (head, "gpu"), (head, "image"),
+                     (worker, "disk"), (worker, "memfree"), (worker, "image")]:  # fmt: skip
         assert expected in checks, sorted(checks)
     model_repo, engram_repo = [c["check"] for c in healthy["checks"] if c["where"] == "hub"]
 
@@ -123,7 +124,7 @@ def test_doctor_passes_a_healthy_cluster_then_names_each_fault_with_its_fix(
     assert "weights.hfToken" in bad[("hub", model_repo)]["fix"]
     assert token not in json.dumps(broken), "the token itself is never printed"
     head_rows = [c for c in broken["checks"] if c["where"] == head]
-    assert head_rows and all(c["status"] == "ok" for c in head_rows), "the head is still reported, all ok"
+    assert head_rows and all(c["status"] != "fail" for c in head_rows), "the head is still reported, none failed"
 
     # The hub gone: nothing answers on its address (the config otherwise healthy again).
     d.write_config({**original, "weights": {**original["weights"], "hfEndpoint": "http://127.0.0.1:9"}})

@@ -6,16 +6,19 @@ from __future__ import annotations
 import json
 import subprocess
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
 
 from components import host_keys
-from components.image.platforms import decide, registry_on_loopback
+from components.image.platforms import decide, decide_gpu_in_container, registry_on_loopback, render_gpu_check
 from components.operator import doctor
 from components.weights.hub_check import PLAIN_HTTP_CAP_BYTES, check_hub
+from tests.discover.nodes import probe_text
 from tests.operator import stacks
+from tests.support.configs import two_sparks
 from tests.support.host_keys import fake_host_key
 
 pytestmark = pytest.mark.timeout(60)
@@ -51,11 +54,21 @@ def done(stdout: str = "", stderr: str = "", returncode: int = 0) -> subprocess.
     return subprocess.CompletedProcess(["ssh"], returncode, stdout, stderr)
 
 
-class FakeSsh:
-    """Each node answers the preflight and the image check as told (by its SSH address)."""
+GPU_SEEN = "exit 0\nGPU 0: NVIDIA GB10 (UUID: GPU-5f0c)"
 
-    def __init__(self, preflight: dict[str, subprocess.CompletedProcess[str]], image: dict[str, str]) -> None:
+
+class FakeSsh:
+    """Each node answers the preflight, discovery's probe, the image and the GPU checks as told (by SSH address)."""
+
+    def __init__(
+        self,
+        preflight: dict[str, subprocess.CompletedProcess[str]],
+        image: dict[str, str],
+        probe: dict[str, str] | None = None,
+        gpu: dict[str, str] | None = None,
+    ) -> None:
         self.preflight, self.image = preflight, image
+        self.probe, self.gpu = probe or {}, gpu or {}
         self.calls: list[list[str]] = []
 
     def __call__(self, argv: list[str], timeout_s: int) -> subprocess.CompletedProcess[str]:
@@ -63,6 +76,10 @@ class FakeSsh:
         host = argv[-2].split("@", 1)[1]
         if "image/manifest_check.sh" in argv[-1]:
             return done(self.image[host])
+        if "discover/probe.sh" in argv[-1]:
+            return done(self.probe.get(host, probe_text()))
+        if "image/gpu_check.sh" in argv[-1]:
+            return done(self.gpu.get(host, GPU_SEEN))
         assert "preflight/preflight.sh" in argv[-1] and "REPORT=1" in argv[-1] and "STOP=0" in argv[-1], argv[-1]
         return self.preflight[host]
 
@@ -145,9 +162,12 @@ def test_a_healthy_cluster_passes_every_check_and_prints_one_row_each(
     result = json.loads(out)
     assert result["stack"] == stacks.STACK and result["ok"] is True
     rows = [(c["where"], c["check"], c["status"]) for c in result["checks"]]
-    per_node = ["ssh", "docker", "rdma", "memory", "image"]
-    assert rows[:10] == [(n, c, "ok") for n in ("spark-head", "spark-worker") for c in per_node]
-    assert [r[:2] for r in rows[10:]] == [
+    probed = ["login-shell", "storage-driver", "docker-runtime", "gpu", "memfree"]
+    head = ["ssh", "docker", "rdma", "memory", *probed, "nfs-server", "image", "gpu-container"]
+    worker = ["ssh", "docker", "rdma", "memory", *probed, "image", "gpu-container"]
+    expected = [("spark-head", c, "ok") for c in head] + [("spark-worker", c, "ok") for c in worker]
+    assert rows[: len(expected)] == expected
+    assert [r[:2] for r in rows[len(expected) :]] == [
         ("hub", "Mia-AiLab/DeepSeek-V4.1-Flash-EXL3-2.9bpw"),
         ("hub", stacks.view().settings.weights.engram_repo),
     ]
@@ -159,7 +179,7 @@ def test_a_healthy_cluster_passes_every_check_and_prints_one_row_each(
     assert "Range resume" in engram
 
     code, table, _ = run_doctor(capsys, monkeypatch)
-    assert code == 0 and table.splitlines()[-1] == "12 checks, all ok", table
+    assert code == 0 and table.splitlines()[-1] == f"{len(expected) + 2} checks, all ok", table
 
 
 def test_each_failure_is_named_with_its_fix_and_every_other_check_still_reported(
@@ -278,3 +298,98 @@ def test_the_hub_check_sends_the_token_only_in_a_header_and_names_a_dead_endpoin
     verdict = check_hub(stacks.view().settings, dead)[0]
     assert not verdict.ok and "did not answer (ConnectionError)" in verdict.detail
     assert PLAIN_HTTP_CAP_BYTES == 50 * 1000**3
+
+
+# --- discovery's probe, shared with `dsv41-exl3 discover` ----------------------------------------------------------
+
+
+def probe_checks(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, probe: str, **config: Any
+) -> tuple[int, dict[str, dict[str, str]]]:
+    ssh = FakeSsh(
+        {HEAD: done(report("spark-head", *HEALTHY)), WORKER: done(report("spark-worker", *HEALTHY))},
+        {HEAD: ARM64, WORKER: ARM64},
+        probe={HEAD: probe},
+    )
+    code, out, _ = run_doctor(capsys, monkeypatch, "--json", ssh=ssh, **config)
+    return code, {c["check"]: c for c in json.loads(out)["checks"] if c["where"] == "spark-head"}
+
+
+@pytest.mark.parametrize(
+    ("probe", "check", "status", "said", "fix"),
+    [
+        (probe_text(shell="/usr/sbin/nologin"), "login-shell", "fail", "ssh runs no command", "chsh -s /bin/bash"),
+        (probe_text(nfs_server="inactive"), "nfs-server", "fail", "nfs-server is inactive", "enable --now nfs-server"),
+        (probe_text(nfs="unknown ok not-installed"), "nfs-server", "fail", "not installed", "apt-get install"),
+        (probe_text(sudo_l=1), "nfs-server", "fail", "`sudo -n` is refused for /usr/sbin/exportfs", "NOPASSWD"),
+        (probe_text(meminfo="meminfo_busy.txt"), "memfree", "warn", "MemFree 36.9 GiB", ""),
+        (probe_text(replace={"gpu": "exit 9\nNVIDIA-SMI has failed"}), "gpu", "fail", "NVIDIA-SMI has failed", ""),
+    ],
+)
+def test_each_probe_decision_is_a_row_with_its_fix(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    probe: str,
+    check: str,
+    status: str,
+    said: str,
+    fix: str,
+) -> None:
+    code, checks = probe_checks(capsys, monkeypatch, probe)
+    assert checks[check]["status"] == status and said in checks[check]["detail"], checks[check]
+    assert fix in checks[check]["fix"] or fix in checks[check]["detail"], checks[check]
+    assert code == (1 if status == "fail" else 0), "a warning alone exits 0"
+    others = {c for c, row in checks.items() if row["status"] != "ok"}
+    assert others == {check}, "every other check of the node still reported, and ok"
+
+
+def test_a_vfs_storage_driver_warns_and_a_copy_mode_stack_without_gpus_skips_nfs_and_the_gpu(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    vfs = probe_text().replace('"Driver":"overlay2"', '"Driver":"vfs"', 1)
+    assert '"Driver":"vfs"' in vfs
+    code, checks = probe_checks(capsys, monkeypatch, vfs)
+    assert code == 0 and checks["storage-driver"]["status"] == "warn" and "vfs" in checks["storage-driver"]["detail"]
+
+    nodes = [{**n, "gpus": ""} for n in two_sparks()["nodes"]]
+    no_gpus = probe_text(nfs_server="inactive")
+    code, checks = probe_checks(capsys, monkeypatch, no_gpus, nodes=nodes, weights={"share": "copy"})
+    assert code == 0, checks
+    assert "nfs-server" not in checks and "docker-runtime" not in checks and "gpu-container" not in checks
+    assert checks["gpu"]["status"] == "ok" and "not checked" in checks["gpu"]["detail"]
+
+
+def test_the_gpu_in_a_container_is_judged_only_where_the_image_is_on_the_node() -> None:
+    image = "ghcr.io/miaai-lab/x:2.9bpw"
+    assert decide_gpu_in_container(image, "all", GPU_SEEN).ok
+    absent = decide_gpu_in_container(image, "all", "absent\n")
+    assert absent.ok and "not on the node yet" in absent.detail
+    refused = decide_gpu_in_container(
+        image, "all", "exit 125\ndocker: Error response from daemon: could not select device driver \"\" with "
+        "capabilities: [[gpu]]."
+    )  # fmt: skip
+    assert not refused.ok and "could not select device driver" in refused.detail and "nvidia-ctk" in refused.fix
+    assert not decide_gpu_in_container(image, "all", "exit 0\nNo devices were found").ok
+
+
+@pytest.mark.parametrize(
+    ("docker", "printed"),
+    [
+        ('[ "$1 $2" = "image inspect" ] && exit 1\nexit 9', "absent"),
+        (
+            '[ "$1 $2" = "image inspect" ] && exit 0\n[ "$*" = "run --rm --gpus all --entrypoint nvidia-smi IMG -L" ]'
+            ' || exit 9\necho "GPU 0: NVIDIA GB10 (UUID: GPU-5f0c)"',
+            GPU_SEEN,
+        ),
+    ],
+)
+def test_the_gpu_check_script_never_pulls_and_runs_nvidia_smi_in_the_image(
+    tmp_path: Path, docker: str, printed: str
+) -> None:
+    (tmp_path / "docker").write_text(f"#!/bin/sh\n{docker}\n")
+    (tmp_path / "docker").chmod(0o755)
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin"}
+    ran = subprocess.run(
+        ["sh", "-c", render_gpu_check("IMG", "all")], env=env, capture_output=True, text=True, timeout=30, check=False
+    )
+    assert ran.returncode == 0 and ran.stdout.strip() == printed, ran
