@@ -23,45 +23,35 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import shutil
 import sys
 import tempfile
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import requests
 
+from components.operator import rank_log
 from sim.deploy import REPO, Deployment, Tool, docker_on, remove_deployment, tool_deployment
 
 DEFAULT_OUT = REPO / "tests" / "support" / "fixtures" / "real-vllm"
 PORT, MASTER_PORT = 18877, 29641
 
 TOOL = Tool("sim.record", "run through `make record-real`", scratch="record", stack="record", passphrase="record-only")
-_STAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+Z) ?")
 
 
 def merged_log(d: Deployment, node: dict[str, Any], since: str | None = None) -> list[tuple[float, str]]:
-    """The rank's stdout and stderr in one list ordered by docker's timestamps: (epoch seconds, line).
-
-    Lines split on newlines only: a progress bar's carriage returns stay inside its line, as docker keeps it."""
+    """The rank's stdout and stderr in one list ordered by docker's timestamps: (epoch seconds, line)."""
     args = ["logs", "--timestamps", *(["--since", since] if since else []), d.container(node)]
     proc = docker_on(node["index"], *args)
-    out: list[tuple[float, str]] = []
-    for line in (proc.stdout + proc.stderr).split("\n"):
-        m = _STAMP.match(line)
-        if m:
-            stamp = datetime.fromisoformat(m.group(1)[:26].rstrip("Z") + "+00:00").timestamp()
-            out.append((stamp, line[m.end() :]))
-    return sorted(out, key=lambda p: p[0])
+    return rank_log.merged_lines(proc.stdout + proc.stderr)
 
 
 def write_log(path: Path, lines: list[tuple[float, str]], origin: float) -> None:
-    """JSON lines: {"t": seconds since `origin`, "text": the line as the rank printed it}."""
+    """JSON lines: {"t": seconds since `origin`, "text": the line as the rank printed it} (operator/rank_log.py)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps({"t": round(t - origin, 3), "text": text}) + "\n" for t, text in lines))
+    path.write_text(rank_log.as_jsonl(lines, origin))
 
 
 def inspect(d: Deployment, node: dict[str, Any]) -> dict[str, Any]:
@@ -150,18 +140,8 @@ def record_boot(d: Deployment, out: Path) -> float:
     head, worker = d.sim["nodes"][0], d.sim["nodes"][1]
     for role, node in (("head", head), ("worker", worker)):
         info = inspect(d, node)
-        write_json(
-            out / "boot" / f"{role}.argv.json",
-            {
-                "entrypoint": info["Config"]["Entrypoint"],
-                "cmd": info["Config"]["Cmd"],
-                "envNames": sorted(e.partition("=")[0] for e in info["Config"]["Env"]),
-            },
-        )
-    started = min(
-        datetime.fromisoformat(inspect(d, n)["State"]["StartedAt"][:26].rstrip("Z") + "+00:00").timestamp()
-        for n in (head, worker)
-    )
+        write_json(out / "boot" / f"{role}.argv.json", rank_log.argv_record(info))
+    started = min(rank_log.docker_time(inspect(d, n)["State"]["StartedAt"]) for n in (head, worker))
     for role, node in (("head", head), ("worker", worker)):
         write_log(out / "boot" / f"{role}.log.jsonl", merged_log(d, node), started)
     return started

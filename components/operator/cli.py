@@ -58,6 +58,11 @@ VERBS: dict[str, Verb] = {
         "read only, before the first up: each node's preflight checks, the image for its platform, the hub",
         "[--stack NAME] [--json]",
     ),
+    "report": Verb(
+        "components.operator.report",
+        "one .tar.gz to attach to an issue: config (secrets masked), versions, history, records, rank logs",
+        "[--stack NAME] [--out FILE]",
+    ),
     "discover": Verb(
         "components.discover.discover",
         "read each Spark's config lines before the first up",

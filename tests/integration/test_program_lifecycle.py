@@ -12,6 +12,9 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
+import tarfile
 import tempfile
 import threading
 import uuid
@@ -177,7 +180,18 @@ def test_secrets_appear_nowhere_in_plain_text(fresh: Deployment) -> None:
     inspect = docker_on(worker["index"], "inspect", fresh.container(worker)).stdout
     # The head reads its key from a file: its inspect (env, args, mounts) must not show it (issue 35).
     head_inspect = docker_on(head["index"], "inspect", fresh.container(head)).stdout
+    bundle = report_bundle(fresh)
+    assert {"config.json", "versions.json", "history.json", "records.json", "memory.json"} <= set(bundle), sorted(
+        bundle
+    )
+    for role in ("head", "worker"):
+        assert {f"boot/{role}.argv.json", f"boot/{role}.log.jsonl"} <= set(bundle), sorted(bundle)
+        first = json.loads(bundle[f"boot/{role}.log.jsonl"].splitlines()[0])
+        assert set(first) == {"t", "text"}, first  # sim/record.py's format: the conformance suite reads it
+    assert json.loads(bundle["config.json"])["config"]["dsv41-exl3:serve"]["apiKey"] == "[secret]"
+    assert any(r["name"] == "verify" for r in json.loads(bundle["records.json"])), bundle["records.json"]
     places = {
+        "report bundle (dsv41-exl3 report)": "\n".join(bundle.values()),
         "stack export": exported,
         "preview --diff": preview.stdout + preview.stderr,
         "up output and verbose log": "\n".join(fresh.lines) + up.stderr,
@@ -190,6 +204,30 @@ def test_secrets_appear_nowhere_in_plain_text(fresh: Deployment) -> None:
         for what, value in secrets.items():
             assert value not in text, f"the {what} appears in plain text in {where}"
     assert len(argv) > 100, "the argv sampler must have seen the up's processes"
+
+
+def report_bundle(d: Deployment) -> dict[str, str]:
+    """`dsv41-exl3 report` of the stack, unpacked: member path (under the bundle's top directory) -> text."""
+    out = Path(tempfile.mkdtemp(prefix="dsv41-report-")) / "report.tar.gz"
+    env = {**os.environ, **d.env, "PATH": f"{d.pulumi_root / 'bin'}:{os.environ['PATH']}"}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "components", "report", "--stack", d.name, "--out", str(out)],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        with tarfile.open(out) as tar:
+            return {
+                m.name.split("/", 1)[1]: tar.extractfile(m).read().decode()  # type: ignore[union-attr]
+                for m in tar.getmembers()
+                if m.isfile()
+            }
+    finally:
+        shutil.rmtree(out.parent, ignore_errors=True)
 
 
 def _secret(value: str) -> Any:
