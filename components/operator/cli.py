@@ -61,7 +61,7 @@ VERBS: dict[str, Verb] = {
     "report": Verb(
         "components.operator.report",
         "one .tar.gz to attach to an issue: config (secrets masked), versions, history, records, rank logs",
-        "[--stack NAME] [--out FILE]",
+        "[--stack NAME] [--out FILE] [--json]",
     ),
     "discover": Verb(
         "components.discover.discover",

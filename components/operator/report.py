@@ -1,4 +1,4 @@
-"""`dsv41-exl3 report [--stack NAME] [--out FILE]`: one `.tar.gz` an owner attaches to an issue, read only.
+"""`dsv41-exl3 report [--stack NAME] [--out FILE] [--json]`: one `.tar.gz` an owner attaches to an issue, read only.
 
 What a deployment did, without a secret in it:
 - `config.json`: the stack file's config, each value the secrets provider marked `secure` shown as `[secret]`
@@ -259,6 +259,7 @@ def _parser(prog: str) -> OperatorParser:
     )
     parser.add_argument("--stack", help="the stack (default: the selected one)")
     parser.add_argument("--out", type=Path, help="the file to write (default: ./dsv41-exl3-report-STACK-TIME.tar.gz)")
+    parser.add_argument("--json", action="store_true", help="print the file and its parts as one JSON object")
     return parser
 
 
@@ -280,5 +281,8 @@ def main(
     out = options.out or Path(f"{top}.tar.gz")
     parts = collect(view, stack, run, get)
     write_bundle(out, top, parts)
-    print(f"report: {out} ({len(parts)} parts: {', '.join(sorted(parts))})")
+    if options.json:
+        print(json.dumps({"stack": view.name, "out": str(out), "parts": sorted(parts)}))
+    else:
+        print(f"report: {out} ({len(parts)} parts: {', '.join(sorted(parts))})")
     return Exit.OK

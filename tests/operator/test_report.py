@@ -187,4 +187,7 @@ def test_main_writes_one_tar_gz_and_a_bad_flag_is_a_usage_error(
     assert all(n.startswith(f"dsv41-exl3-report-{stacks.STACK}-") for n in names)
     assert any(n.endswith("/boot/worker.log.jsonl") for n in names)
     assert str(out) in capsys.readouterr().out
+    assert report.main(["--out", str(tmp_path / "j.tar.gz"), "--json"], run=FakeRun(), get=fake_get) == 0
+    said = json.loads(capsys.readouterr().out)
+    assert said["out"] == str(tmp_path / "j.tar.gz") and "boot/head.log.jsonl" in said["parts"]
     assert report.main(["--outt", "x"], run=FakeRun(), get=fake_get) == 2
