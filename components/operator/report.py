@@ -7,7 +7,8 @@ What a deployment did, without a secret in it:
   as the last verified up recorded it, and vLLM's own version (`GET /version` on the endpoint);
 - `history.json`: the stack's last updates, each with its kind, result, start and end, and resource changes;
 - `records.json`: the gates' and the verifier's records from the state (when each passed, how long it waited,
-  the ready gate's phases, the rendezvous' joins), the timings of the last up's phases;
+  the ready gate's phases with their times, the rendezvous' joins, the verifier's latency); the state keeps no
+  duration for staging or the pull, so those phases show only in history.json's update times;
 - `boot/<role>.argv.json`, `boot/<role>.log.jsonl`: each rank's argv, its environment's names, and its log since
   it started, in the recording format of `sim/record.py` (operator/rank_log.py), so a GB10 run can join the stand-in's
   conformance fixtures as it is (docs/development.md);
