@@ -43,8 +43,10 @@ def ipv4_mapped_gid(fabric_ip: str) -> str:
             f"fabric_ip {fabric_ip!r} is not an IPv4 address; RoCE v2 GID resolution needs the node's "
             "IPv4 address on the CX-7 fabric interface (e.g. 192.168.100.1)"
         ) from None
-    mapped = ipaddress.IPv6Address(f"::ffff:{addr}").exploded
-    return mapped
+    # From the bytes, not IPv6Address.exploded: Python 3.13 writes an IPv4-mapped address's last 32 bits dotted
+    # (`...:ffff:192.168.100.1`), which no sysfs GID matches; sysfs always prints eight hex groups.
+    packed = bytes(10) + b"\xff\xff" + addr.packed
+    return ":".join(packed[i : i + 2].hex() for i in range(0, 16, 2))
 
 
 def check_hca_name(name: str) -> str:
