@@ -16,7 +16,7 @@ REQ_HASH := $(shell cat requirements.txt requirements-dev.txt pyproject.toml | s
 VENV_STAMP := $(VENV)/.installed-$(REQ_HASH)
 WITH_ENV := . toolchain/env.sh &&
 
-.PHONY: stack move-state config-table help venv toolchain plugins env lint typecheck test-unit test-engine test-sim test clean clean-cache demo demo-down \
+.PHONY: stack move-state config-table help venv venv-next test-python toolchain plugins env lint typecheck test-unit test-engine test-sim test clean clean-cache demo demo-down \
 	bench-heal bench-image bench-observability bench-doctor
 
 venv: $(VENV_STAMP) ## the Python venv from the pinned requirements
@@ -60,16 +60,27 @@ lint: venv ## ruff check, ruff format --check, shellcheck of the node scripts
 	@scripts=$$(find components -name '*.sh' | sort); echo "shellcheck $$(echo $$scripts | wc -w) node scripts"; \
 	  [ -z "$$scripts" ] || $(VENV)/bin/shellcheck --shell=sh --severity=style $$scripts
 
-typecheck: venv ## mypy (strict on components/), then bench and sim
+typecheck: venv ## mypy (strict on components/), then bench and sim; the program against PYTHON_NEXT's stdlib too
 	$(VENV)/bin/mypy
 	$(VENV)/bin/mypy bench sim
+	$(VENV)/bin/mypy --python-version $(PYTHON_NEXT)
 
 # JUNIT_DIR (set by .ci/run): each tier writes its tests' times there, for the run's slowest-tests report.
-junit = $(if $(JUNIT_DIR),--junitxml=$(JUNIT_DIR)/$(1).xml)
+junit = $(if $(JUNIT_DIR),--junitxml=$(JUNIT_DIR)/$(1)$(JUNIT_TAG).xml)
 
 # Two xdist workers (CI has two cores); xdist merges the workers' JUnit results into one file.
 test-unit: venv ## pure logic and components under the recording mock, on two workers
 	$(PY) -m pytest -n 2 -m "not engine and not sim" $(call junit,test-unit) tests bench
+
+# The unit and engine tiers under the second Python (toolchain/versions.env PYTHON_NEXT, which toolchain/python.sh
+# finds or builds), in a venv of its own. CI runs those two tiers there and the sim tier under the main venv's
+# Python (the floor of requires-python); typecheck checks the code against both.
+VENV_NEXT := venv-$(PYTHON_NEXT)
+venv-next: ## the venv of the second Python (PYTHON_NEXT in toolchain/versions.env)
+	@$(MAKE) --no-print-directory venv PYTHON="$$(bash toolchain/python.sh)" VENV=$(VENV_NEXT)
+
+test-python: venv-next ## the unit and engine tiers under the second Python
+	$(MAKE) --no-print-directory test-unit test-engine VENV=$(VENV_NEXT) JUNIT_TAG=-py$(PYTHON_NEXT)
 
 # DSV41_REQUIRE_TOOLCHAIN turns the engine tests' "toolchain not built" skip into a failure.
 # Hypothesis is not used there, and its plugin's late import trips a CPython 3.11.7 compiler bug after
@@ -84,11 +95,11 @@ test-sim: toolchain sim-up ## as root: end to end on the simulated cluster
 	$(WITH_ENV) DSV41_REQUIRE_TOOLCHAIN=1 DSV41_REQUIRE_SIM=1 $(INTEGRATION_PYTEST) -m sim $(call junit,test-sim) \
 	    tests/integration tests/toolchain
 
-test: lint typecheck test-unit test-engine test-sim ## everything CI runs after installing
+test: lint typecheck test-python test-sim ## everything CI runs after installing
 
 # Stack state and its passphrase live outside the tree (toolchain/env.sh), as does the toolchain cache.
 clean: ## remove the venv and tool caches (keeps .state/)
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(VENV_NEXT) .mypy_cache .ruff_cache .pytest_cache
 	find . -name __pycache__ -type d -prune -not -path './.git/*' -exec rm -rf {} +
 
 # Usage: make stack STACK=sparks [FORCE=1] [HOSTS="user@head user@worker" [IDENTITY=~/.ssh/id_ed25519]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -32,7 +33,8 @@ def project_copy(tmp_path: Path) -> Path:
     shutil.copy(ROOT / "pyproject.toml", dest / "pyproject.toml")  # the type checker's settings
     if (ROOT / ".mypy_cache").is_dir():  # as warm as the user's own tree after `make typecheck`
         shutil.copytree(ROOT / ".mypy_cache", dest / ".mypy_cache")
-    (dest / "venv").symlink_to(ROOT / "venv")  # Pulumi.yaml's `virtualenv: venv`
+    # Pulumi.yaml's `virtualenv: venv`: the venv running these tests (`make test-python` runs them under another)
+    (dest / "venv").symlink_to(sys.prefix)
     return dest
 
 

@@ -18,6 +18,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 import tarfile
 import tempfile
 import uuid
@@ -75,7 +76,7 @@ def old_program(dest: Path, commit: str) -> Path:
     ).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(dest, filter="data")
-    (dest / "venv").symlink_to(REPO / "venv")
+    (dest / "venv").symlink_to(sys.prefix)  # the venv running these tests
     return dest
 
 
