@@ -57,7 +57,8 @@ from components.ssh import ssh_argv
 SECRET = "[secret]"
 # How Pulumi marks a secret value in an exported state (sdk/go/common/resource/sig: "secret").
 _SECRET_SIG = "4dabf18193072939515e22adb298388d"
-_DYNAMIC = "pulumi-python:dynamic:Resource"
+# Every dynamic resource's type: `pulumi-python:dynamic/<module>:<Class>` (gates:ReadyGate, verify:Verifier, ...).
+_DYNAMIC = "pulumi-python:dynamic"
 SSH_TIMEOUT_S = 60
 Run = Callable[[list[str], int], subprocess.CompletedProcess[str]]
 
@@ -99,10 +100,12 @@ def gate_records(deployment: dict[str, Any]) -> list[dict[str, Any]]:
     """The dynamic resources' outputs (the gates, the verifier, live ranks), their inputs' provider code left out."""
     records = []
     for resource in deployment.get("resources") or []:
-        if resource.get("type") != _DYNAMIC:
+        kind = str(resource.get("type", ""))
+        if not kind.startswith(_DYNAMIC):
             continue
         outputs = {k: v for k, v in (resource.get("outputs") or {}).items() if not k.startswith("__")}
-        records.append({"name": str(resource.get("urn", "")).rsplit("::", 1)[-1], "outputs": masked_state(outputs)})
+        name = str(resource.get("urn", "")).rsplit("::", 1)[-1]
+        records.append({"name": name, "type": kind.rsplit(":", 1)[-1], "outputs": masked_state(outputs)})
     return records
 
 

@@ -77,8 +77,8 @@ class FakeStack:
             deployment={
                 "resources": [
                     {
-                        "type": "pulumi-python:dynamic:Resource",
-                        "urn": "urn:pulumi:s::dsv41-exl3::dsv41-exl3:x$pulumi-python:dynamic:Resource::ready",
+                        "type": "pulumi-python:dynamic/gates:ReadyGate",
+                        "urn": "urn:pulumi:s::dsv41-exl3::dsv41-exl3:x$pulumi-python:dynamic/gates:ReadyGate::ready",
                         "outputs": {
                             "__provider": "pickled code",
                             "passed_at": "2026-12-07T10:00:30Z",
@@ -130,6 +130,7 @@ def test_the_bundle_has_every_part_and_no_credential_even_when_echoed(tmp_path: 
     (ready,) = json.loads(parts["records.json"])
     assert ready == {
         "name": "ready",
+        "type": "ReadyGate",
         "outputs": {
             "passed_at": "2026-12-07T10:00:30Z",
             "elapsed_s": 29.5,
