@@ -82,7 +82,7 @@ def prometheus(tmp: Path, config: str = "global: {}\n") -> Iterator[str]:
             try:
                 if api(base, "/api/v1/status/buildinfo").get("status") == "success":
                     break
-            except OSError:
+            except (OSError, ValueError):  # not listening yet, or a plain-text 503 while its TSDB opens
                 pass
             if proc.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"prometheus did not start:\n{(tmp / 'prometheus.log').read_text()[-2000:]}")
