@@ -108,6 +108,9 @@ class Deployment:
     """From the last preview or up's engine events: resource name -> the step ops planned for it."""
     fields: dict[str, set[str]] = field(default_factory=dict)
     """From the same events: resource name -> the input fields whose difference planned the step."""
+    last_verified: tuple[str, dict[int, str], Mapping[str, Any]] | None = None
+    """The last up that verified: the config it deployed (canonical JSON), each rank's container id and running
+    state just after it, and its outputs (the end-to-end tests' `ensure_verified` compares them with now)."""
 
     @property
     def name(self) -> str:
@@ -133,7 +136,20 @@ class Deployment:
 
     def up(self, **kwargs: Any) -> auto.UpResult:
         self.lines = []
-        return self.stack.up(on_output=self.lines.append, color="never", **kwargs)
+        self.last_verified = None
+        result = self.stack.up(on_output=self.lines.append, color="never", **kwargs)
+        if verification_of(self, result.outputs) is None:
+            self.last_verified = (canonical(self.config), self.rank_states(), result.outputs)
+        return result
+
+    def rank_states(self) -> dict[int, str]:
+        """Each rank's container id and whether it runs (`<id> true`), by node index ("" where there is none)."""
+        return {
+            n["index"]: docker_on(
+                n["index"], "inspect", "-f", "{{.Id}} {{.State.Running}}", self.container(n)
+            ).stdout.strip()
+            for n in self.sim["nodes"]
+        }
 
     def up_fails(self, **kwargs: Any) -> tuple[str, float]:
         """Runs an up that must fail; returns the whole output and its wall time."""
@@ -182,18 +198,32 @@ class Deployment:
         return proc
 
 
-def assert_verified(d: Deployment, outputs: Mapping[str, Any]) -> None:
-    verification = outputs["verification"].value
+def canonical(config: Mapping[str, Any]) -> str:
+    return json.dumps(config, sort_keys=True)
+
+
+def verification_of(d: Deployment, outputs: Mapping[str, Any]) -> str | None:
+    """None when the outputs say the stack verified with real logprobs at the expected endpoint, else why not."""
+    verification = outputs["verification"].value if "verification" in outputs else None
+    if not verification:
+        return f"no verification in the outputs: {sorted(outputs)}"
     # The stack's expected answer: the recipe's Paris, or none for real vLLM's random-weight model.
     expected = d.config.get("gates", {}).get("expectedAnswer", "Paris")
     if expected not in verification["answer"]:
-        raise AssertionError(f"the verified answer does not say {expected!r}: {verification}")
+        return f"the verified answer does not say {expected!r}: {verification}"
     if not (verification["logprobs"] and all(-9999.0 < x["logprob"] <= 0 for x in verification["logprobs"])):
-        raise AssertionError(f"the verified logprobs are not real: {verification}")
+        return f"the verified logprobs are not real: {verification}"
     head = d.sim["nodes"][0]["ip"]
     endpoint = f"http://{head}:{d.config['serve']['port']}/v1"
     if outputs["endpoint"].value != endpoint:
-        raise AssertionError(f"endpoint {outputs['endpoint'].value!r}, expected {endpoint!r}")
+        return f"endpoint {outputs['endpoint'].value!r}, expected {endpoint!r}"
+    return None
+
+
+def assert_verified(d: Deployment, outputs: Mapping[str, Any]) -> None:
+    why = verification_of(d, outputs)
+    if why is not None:
+        raise AssertionError(why)
 
 
 def new_deployment(
