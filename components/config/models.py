@@ -22,7 +22,19 @@ from components.config.declare import setting
 from components.verify.verdict import VERIFY_EXPECTED
 
 NAMESPACE = "dsv41-exl3"
-RECIPE_IMAGE = "ghcr.io/miaai-lab/deepseek-v4.1-flash-exl3-2x-dgx-sparks:2.9bpw"
+# Every default image is pinned by digest (a tag moves; two nodes pulling it minutes apart can run two builds).
+# The serving image: the recipe's tag at the digest the launcher's own runbooks pin as "the pinned recipe image"
+# (MiaAI-Lab/DeepSeek-v4.1-Flash-EXL3-2x-DGX-Sparks, docs/cooperative-moe-quickstart.md).
+RECIPE_IMAGE = (
+    "ghcr.io/miaai-lab/deepseek-v4.1-flash-exl3-2x-dgx-sparks:2.9bpw"
+    "@sha256:2f0cf3adc0f989c1d446be274df864eb799630175f604c3b22b71b7205971dce"
+)
+# Prometheus 3.15.0 and node_exporter 1.12.1: their multi-arch index digests (arm64 among them), as pinned alike
+# by unrelated public repositories; docs/development.md says how they were chosen and how to move them.
+PROMETHEUS_IMAGE = "prom/prometheus:v3.15.0@sha256:efd719c99d83b060d9daefdcf00360461adf279f45ef5391f8d111892118753e"
+NODE_EXPORTER_IMAGE = (
+    "prom/node-exporter:v1.12.1@sha256:1b4e4438faca4dd7e001dd445d161a4a2091b0fededa84093b3a8dfeae1f1be0"
+)
 RECIPE_SERVED_NAME = "DeepSeek-v4.1-Flash-EXL3"
 
 # The launcher's rule for --long-prefill-token-threshold: a chunk keeps this many tokens of the
@@ -650,12 +662,12 @@ class Observability(_Model):
         shown="`supervisor.enabled`",
     )
     prometheus_image: str = setting(
-        "prom/prometheus:v2.42.0",
+        PROMETHEUS_IMAGE,
         "the Prometheus server's image, pulled on the head (the simulated cluster builds one from Debian's "
         "`prometheus` package)",
     )
     node_exporter_image: str = setting(
-        "prom/node-exporter:v1.5.0",
+        NODE_EXPORTER_IMAGE,
         "the node exporter's image, pulled on every node; empty: no node exporter",
     )
     port: int = setting(18390, "Prometheus' port on the head's address (`prometheusUrl`)", ge=1024, le=65535)
@@ -692,7 +704,7 @@ class Observability(_Model):
     @classmethod
     def _image(cls, v: str) -> str:
         if v and not _IMAGE.fullmatch(v):
-            raise ValueError("must be a docker image reference, e.g. `prom/prometheus:v2.42.0`")
+            raise ValueError(f"must be a docker image reference, e.g. `{PROMETHEUS_IMAGE}`")
         return v
 
 

@@ -51,7 +51,7 @@ def mismatch(image: str, pulled: Mapping[str, PulledImage]) -> str | None:
     if other is None:
         return None
     what = "repo digest" if by_digest else "image id"
-    repo = image.rsplit(":", 1)[0] if ":" in image.rsplit("/", 1)[-1] else image
+    repo = image_repo(image)
 
     def show(node: str) -> str:
         p = known[node]
@@ -64,6 +64,12 @@ def mismatch(image: str, pulled: Mapping[str, PulledImage]) -> str | None:
         f"(e.g. {repo}@sha256:...), or "
         f"remove the image on {other} (docker image rm {image}) so the next `pulumi up` pulls it again"
     )
+
+
+def image_repo(image: str) -> str:
+    """The reference without its digest and tag: `registry:5000/name` of `registry:5000/name:tag@sha256:...`."""
+    name = image.split("@", 1)[0]
+    return name.rsplit(":", 1)[0] if ":" in name.rsplit("/", 1)[-1] else name
 
 
 def checked_image_ids(

@@ -174,3 +174,23 @@ class TestDocuments:
                 assert v == defaults[path], f"Pulumi.dev.yaml: {path} = {v!r}, declared default {defaults[path]!r}"
                 checked += 1
         assert checked >= 20
+
+
+# Every key whose value is a container image, by its name (a new image key is caught by its name alone).
+IMAGE_KEYS = [d for d in declared_in(Settings) if d.key.rsplit(".", 1)[-1].lower().endswith("image")]
+
+
+def test_the_image_keys_are_found() -> None:
+    keys = {d.key for d in IMAGE_KEYS}
+    assert {"image", "observability.prometheusImage", "observability.nodeExporterImage"} <= keys, keys
+
+
+@pytest.mark.parametrize("d", IMAGE_KEYS, ids=lambda d: d.key)
+def test_every_default_image_is_pinned_by_digest(d: Declared) -> None:
+    # A tag moves: two nodes pulling it minutes apart can run two builds, and a rebuilt tag changes what an
+    # unchanged stack deploys. The tag stays beside the digest for the reader; docker pulls the digest.
+    if not d.default:
+        return  # a key whose default deploys no image
+    assert re.fullmatch(r"[^@\s]+:[A-Za-z0-9_][A-Za-z0-9_.-]*@sha256:[0-9a-f]{64}", d.default), (
+        f"{d.key} defaults to {d.default!r}: pin it as `name:tag@sha256:<digest of the multi-arch index>`"
+    )

@@ -9,7 +9,7 @@ import pytest
 
 from components.config import parse
 from components.deployment import deploy
-from components.image.image_check import ImageMismatch, PulledImage, checked_image_ids, mismatch
+from components.image.image_check import ImageMismatch, PulledImage, checked_image_ids, image_repo, mismatch
 from tests.support import recording
 from tests.support.graph import CONTAINER, FIXTURES, config
 
@@ -85,3 +85,16 @@ def test_the_deployment_passes_the_agreed_id_to_every_container() -> None:
 
     rec = recording.run(lambda: deploy(parse(config()), "dev"), {**FIXTURES, REMOTE_IMAGE: same})
     assert {c.inputs["image"] for c in rec.of_type(CONTAINER)} == {"sha256:one"}
+
+
+@pytest.mark.parametrize(
+    ("image", "repo"),
+    [
+        ("ghcr.io/o/n:2.9bpw@sha256:" + "a" * 64, "ghcr.io/o/n"),
+        ("127.0.0.1:5000/o/n:tag", "127.0.0.1:5000/o/n"),
+        ("127.0.0.1:5000/o/n@sha256:" + "b" * 64, "127.0.0.1:5000/o/n"),
+        ("prom/prometheus", "prom/prometheus"),
+    ],
+)
+def test_the_fix_names_the_repo_of_a_reference_with_a_digest_or_a_registry_port(image: str, repo: str) -> None:
+    assert image_repo(image) == repo
