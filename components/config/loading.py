@@ -104,6 +104,9 @@ def _pydantic_problems(err: ValidationError, raw: Mapping[str, Any], hidden: lis
             msg = "is required"
         elif e["type"] == "extra_forbidden":
             msg = "is not a known key: check the spelling against the README's configuration table"
+        elif e["type"] in ("less_than_equal", "greater_than_equal") and "ctx" in e:
+            bound = e["ctx"].get("le", e["ctx"].get("ge"))
+            msg = f"{msg}: set it to {bound} or {'less' if e['type'] == 'less_than_equal' else 'more'}"
         problems.append(f"`{key}` = {_show(_lookup(raw, loc), key, hidden)}: {msg}")
     # A union reports each member; one line per key is enough.
     return list(dict.fromkeys(problems))

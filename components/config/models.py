@@ -41,6 +41,11 @@ RECIPE_SERVED_NAME = "DeepSeek-v4.1-Flash-EXL3"
 # batch for other requests, so a short chat is not stuck behind a long prefill.
 LONG_PREFILL_HEADROOM_TOKENS = 256
 
+# No wait or timeout is longer than a day: one beyond it is a typo (minutes for seconds) that would leave a hung
+# step holding the update, and the supervisor away, for days.
+DAY_SECONDS = 86400
+DAY_MINUTES = 1440
+
 _PLACEHOLDER = re.compile(r"^\s*$|^<.*>$|^CHANGE[-_ ]?ME$", re.IGNORECASE)
 # A hostname (RFC 1123 labels) or an IP literal; never `user@host` or `host:port`.
 _LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
@@ -285,7 +290,7 @@ class Weights(_Model):
         "mounts at `/engram-src`, and refuses a repo whose index or shards hold no such tensors",
     )
     revision: str = setting("main", "the Hub branch, tag or commit of both repos")
-    stage_timeout_minutes: int = setting(720, "bound on the staging command", ge=1)
+    stage_timeout_minutes: int = setting(720, "bound on the staging command", ge=1, le=DAY_MINUTES)
 
     @field_validator("root", "copy_root")
     @classmethod
@@ -520,7 +525,7 @@ class Watchdog(_Model):
     )
     # As the launcher's guard: a sample a second, act on the second low one (a host short of unified memory
     # wedges in seconds), and the watchdog kills rather than waits out a stop grace.
-    sample_seconds: int = setting(1, "as the upstream guard", ge=1)
+    sample_seconds: int = setting(1, "as the upstream guard", ge=1, le=60)
     consecutive_samples: int = setting(
         2, "acts within about 2 s of the floor, with `docker kill` (no stop grace)", ge=1
     )
@@ -550,7 +555,7 @@ class Container(_Model):
 
 class Gates(_Model):
     # Longer than torch's ~600 s store timeout, so vLLM's own DistStoreError usually arrives first.
-    rendezvous_timeout_seconds: int = setting(720, "longer than torch's ~600 s store timeout", ge=1)
+    rendezvous_timeout_seconds: int = setting(720, "longer than torch's ~600 s store timeout", ge=1, le=DAY_SECONDS)
     # A first boot after an NCCL topology change can spend ~36 min in JIT.
     ready_timeout_seconds: int = setting(
         2700,
@@ -558,6 +563,7 @@ class Gates(_Model):
         "`VLLM_ENGINE_READY_TIMEOUT_S` is derived: rendezvousTimeoutSeconds + readyTimeoutSeconds + 300 (3720 s), "
         "so the gate is the bound that acts (changing either gate timeout therefore replaces the ranks)",
         ge=1,
+        le=DAY_SECONDS,
     )
     # The recipe's launcher calls a hang after 420 s of log silence; weight streaming over NFS is quieter (a real
     # headless worker prints nothing while it loads), so the ready gate counts its containers' memory and block I/O
@@ -567,11 +573,13 @@ class Gates(_Model):
         "no new log line from any rank, and no progress signal moving (each rank container's memory and block "
         "I/O; each node's NFS reads, fabric rx and MemAvailable: docs/checks.md), for this long fails the update",
         ge=1,
+        le=DAY_SECONDS,
     )
     verify_timeout_seconds: int = setting(
         300,
         "the verifier's retry window and the bound of its warm-up request (the judged request: min(120, this))",
         ge=1,
+        le=DAY_SECONDS,
     )
     min_decode_tokens_per_second: float | None = setting(
         None, "enables the decode probe; below it the update fails", gt=0, shown="(off)"
@@ -715,7 +723,7 @@ class Settings(_Model):
     ssh: Ssh = Ssh()
     weights: Weights = Weights()
     image: str = setting(RECIPE_IMAGE, "the serving image, pulled on every node")
-    image_pull_timeout_minutes: int = setting(90, "create timeout of each node's pull (22.5 GiB)", ge=1)
+    image_pull_timeout_minutes: int = setting(90, "create timeout of each node's pull (22.5 GiB)", ge=1, le=DAY_MINUTES)
     serve: Serve = Serve()
     preflight: Preflight = Preflight()
     watchdog: Watchdog = Watchdog()

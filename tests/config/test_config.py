@@ -645,3 +645,36 @@ def test_every_listener_port_clash_is_refused_naming_both_keys() -> None:
     raw = two_sparks(supervisor={"port": 18390}, observability={"enabled": True})  # 18390 is Prometheus' default
     assert "`observability.port` = 18390 is also `supervisor.port`" in "\n".join(problems_of(raw))
     parse(two_sparks(observability={"enabled": True}))  # the defaults never clash
+
+
+# Every timeout and wait the config takes, with the most it allows: a day (in its own unit).
+TIMEOUTS_AT_MOST_A_DAY = [
+    ("gates.rendezvousTimeoutSeconds", 86400),
+    ("gates.readyTimeoutSeconds", 86400),
+    ("gates.stallSeconds", 86400),
+    ("gates.verifyTimeoutSeconds", 86400),
+    ("weights.stageTimeoutMinutes", 1440),
+    ("imagePullTimeoutMinutes", 1440),
+]
+
+
+@pytest.mark.parametrize(("key", "day"), TIMEOUTS_AT_MOST_A_DAY)
+def test_a_timeout_beyond_a_day_is_refused_with_key_value_and_fix(key: str, day: int) -> None:
+    # Minutes typed where seconds go, or one zero too many: a hung step would hold the update for days.
+    parse(_set(two_sparks(), key, day))  # a day is allowed
+    problems = problems_of(_set(two_sparks(), key, day + 1))
+    mine = [p for p in problems if p.startswith(f"`{key}` = {day + 1}:")]
+    assert mine and f"set it to {day} or less" in mine[0], problems
+
+
+def test_a_declared_timeout_is_in_the_list_above() -> None:
+    from components.config import Settings
+    from components.config import declarations as declared_in
+
+    timeouts = {d.key for d in declared_in(Settings) if "timeout" in d.key.lower()}
+    assert timeouts <= {k for k, _ in TIMEOUTS_AT_MOST_A_DAY}, timeouts
+
+
+def test_a_bound_below_names_the_fix_too() -> None:
+    (mine,) = [p for p in problems_of(_set(two_sparks(), "watchdog.sampleSeconds", 0)) if "sampleSeconds" in p]
+    assert "set it to 1 or more" in mine, mine
